@@ -1,0 +1,48 @@
+// Helpers shared by the test suites: comparisons against eager LibTorch.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <sstream>
+#include <string>
+
+namespace crucible::testing {
+
+/// Why `actual` is not close to `expected` (shape, dtype or the largest
+/// element difference), or "" when it is. Tolerances as torch.testing's
+/// assert_close: |a - e| <= atol + rtol * |e|.
+inline std::string mismatch(const at::Tensor& actual, const at::Tensor& expected, double rtol, double atol) {
+  std::ostringstream os;
+  if (actual.defined() != expected.defined()) return "one tensor is undefined";
+  if (!actual.defined()) return "";
+  if (actual.sizes() != expected.sizes()) {
+    os << "sizes differ: " << actual.sizes() << " vs " << expected.sizes();
+    return os.str();
+  }
+  if (actual.scalar_type() != expected.scalar_type()) {
+    os << "dtypes differ: " << actual.scalar_type() << " vs " << expected.scalar_type();
+    return os.str();
+  }
+  if (actual.numel() == 0) return "";
+  auto a = actual.to(at::kDouble).cpu(), e = expected.to(at::kDouble).cpu();
+  auto diff = (a - e).abs();
+  auto bound = atol + rtol * e.abs();
+  auto bad = (diff > bound) | (a.isnan() != e.isnan());
+  if (!bad.any().item<bool>()) return "";
+  os << "max |diff| " << diff.nan_to_num(0).max().item<double>() << " at " << bad.sum().item<int64_t>()
+     << " element(s) (rtol " << rtol << ", atol " << atol << ")";
+  return os.str();
+}
+
+}  // namespace crucible::testing
+
+/// REQUIRE that two tensors are close; on failure the message says by how much.
+#define REQUIRE_CLOSE(actual, expected, rtol, atol)                                       \
+  do {                                                                                    \
+    const std::string crucible_mismatch_ = crucible::testing::mismatch(actual, expected, rtol, atol); \
+    INFO(crucible_mismatch_);                                                             \
+    REQUIRE(crucible_mismatch_.empty());                                                  \
+  } while (0)
+
+/// REQUIRE bitwise equality (same sizes, dtype and values, NaNs equal).
+#define REQUIRE_EQUAL_TENSORS(actual, expected) REQUIRE_CLOSE(actual, expected, 0.0, 0.0)
