@@ -1,6 +1,8 @@
 #include <crucible/ir/error.h>
 #include <crucible/ir/interpreter.h>
 
+#include "describe.h"
+
 #include <ATen/core/List.h>
 #include <ATen/core/stack.h>
 #include <c10/util/Exception.h>
@@ -10,6 +12,8 @@
 #include <unordered_map>
 
 namespace crucible::ir {
+
+using detail::describe;
 
 // Note [Interpreter plan]
 // The constructor turns the graph into flat arrays so that run() does no
@@ -55,11 +59,6 @@ struct Step {
   uint32_t args_begin, args_end;        // in Plan::args
   uint32_t returns_begin, returns_end;  // in Plan::returns
 };
-
-std::string describe(const Node* n) {
-  std::string s = n->num_results() > 0 ? "%" + n->result()->name() : std::string("node");
-  return s + " (" + n->target() + ")";
-}
 
 }  // namespace
 

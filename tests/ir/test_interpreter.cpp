@@ -2,6 +2,7 @@
 // and the errors it throws.
 #include <crucible/ir/error.h>
 #include <crucible/ir/interpreter.h>
+#include <crucible/ir/verifier.h>
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -128,6 +129,7 @@ TEST_CASE("interpreter runs a 24-op graph exactly as direct ATen calls", "[ir][i
   const std::vector<at::Tensor> expected{ln_mean, ln_rstd, index, index2, split[1], add_s, contiguous, cl,
                                          mx,      mx_idx,  sq,    sq,     x,        scale};
   REQUIRE(B.g.num_nodes() - 9 >= 24);  // 7 placeholders, the constant, the output
+  REQUIRE_NOTHROW(verify(B.g));
 
   Interpreter interp(B.g);
   std::vector<at::Tensor> inputs{x, w, b, img, conv_w, conv_b, idx};

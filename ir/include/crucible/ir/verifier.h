@@ -1,0 +1,30 @@
+// The graph verifier: the invariants every stage may assume of a Graph, and
+// that the pass manager checks between passes (MLIR's verifier, FX's
+// Graph.lint).
+#pragma once
+
+#include <crucible/ir/graph.h>
+
+namespace crucible::ir {
+
+/// Checks that `graph` is well formed and throws IrError naming the first
+/// node at fault (and what to fix) if it is not:
+///  * structure: placeholders first, then constants and calls, exactly one
+///    output node, last; placeholders and constants have one result;
+///  * order: every Value a node reads is defined earlier in this graph;
+///  * use lists: each Value's users() lists exactly the nodes that read it,
+///    once per mention;
+///  * schema: a call has one argument per schema argument, each of the kind
+///    the schema type takes (Tensor: a tensor Value; Tensor?: a tensor Value
+///    or None; Tensor[] / Tensor?[]: a list of Values (None only in Tensor?[]);
+///    int, float, bool, Scalar, int[], ScalarType, ...: a constant of that
+///    type or a Value of that type), and one result per schema return of the
+///    return's type, with at least one for a Tensor[] return;
+///  * metadata: every tensor Value has TensorMeta;
+///  * signature: one InputSpec per placeholder and one OutputSpec per output;
+///    input_index present for gradients and mutated inputs and in range;
+///    duplicate_of names an earlier placeholder;
+///  * names: Value names are unique and Graph::find_value finds each Value.
+void verify(const Graph& graph);
+
+}  // namespace crucible::ir

@@ -1,0 +1,195 @@
+#include <crucible/ir/error.h>
+#include <crucible/ir/verifier.h>
+
+#include "describe.h"
+
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace crucible::ir {
+
+namespace {
+
+[[noreturn]] void fail(const Node* n, const std::string& what) {
+  throw IrError("verify: node " + detail::describe(n) + ": " + what);
+}
+
+std::string describe(const Argument& a) {
+  if (a.is_value()) return "%" + a.value()->name() + " (" + a.value()->type()->str() + ")";
+  if (a.is_value_list()) return "a list of " + std::to_string(a.value_list().size()) + " Values";
+  if (a.constant().isNone()) return "None";
+  return "a constant of type " + a.constant().type()->str();
+}
+
+bool is_tensor_type(const c10::TypePtr& t) { return t->kind() == c10::TypeKind::TensorType; }
+
+bool is_optional_tensor_type(const c10::TypePtr& t) {
+  auto opt = t->cast<c10::OptionalType>();
+  return opt && is_tensor_type(opt->getElementType());
+}
+
+// Whether a non-tensor Value or constant of type `actual` may stand where the
+// schema says `formal` (the boxed convention's type: ScalarType, Layout and
+// MemoryFormat are ints, SymInt is int). Scalar takes bools too.
+bool fits(const c10::TypePtr& actual, const c10::TypePtr& formal) {
+  if (actual->isSubtypeOf(*formal)) return true;
+  return formal->kind() == c10::TypeKind::NumberType && actual->kind() == c10::TypeKind::BoolType;
+}
+
+void check_argument(const Node* n, const c10::Argument& formal, const Argument& a) {
+  c10::TypePtr type = formal.type();
+  auto bad = [&](const std::string& expected) {
+    fail(n, "argument '" + formal.name() + "' (" + type->str() + ") takes " + expected + ", got " + describe(a));
+  };
+  if (auto opt = type->cast<c10::OptionalType>()) {
+    if (a.is_constant() && a.constant().isNone()) return;
+    type = opt->getElementType();
+  }
+  if (is_tensor_type(type)) {
+    if (!a.is_value() || !a.value()->is_tensor())
+      bad(a.is_constant() && a.constant().isTensor() ? "a tensor Value (tensor constants are constant nodes: Graph::add_constant)"
+                                                      : "a tensor Value");
+    return;
+  }
+  if (auto list = type->cast<c10::ListType>();
+      list && (is_tensor_type(list->getElementType()) || is_optional_tensor_type(list->getElementType()))) {
+    const bool optional = is_optional_tensor_type(list->getElementType());
+    if (!a.is_value_list()) bad("a list of tensor Values");
+    for (Value* v : a.value_list()) {
+      if (!v && !optional) bad("a list of tensor Values without None (None is for Tensor?[])");
+      if (v && !v->is_tensor()) bad("a list of tensor Values, and %" + v->name() + " is a " + v->type()->str());
+    }
+    return;
+  }
+  if (a.is_value_list()) bad("a constant or a Value (lists of Values are for Tensor[] and Tensor?[])");
+  if (a.is_value()) {
+    if (!fits(a.value()->type(), type)) bad("a constant or a Value of that type");
+    return;
+  }
+  if (a.constant().isNone()) bad("a value (the argument is not optional)");
+  if (!fits(a.constant().type(), type)) bad("a constant of that type");
+}
+
+void check_results(const Node* n) {
+  const auto& rets = n->schema().returns();
+  size_t list_returns = 0;
+  for (const auto& r : rets)
+    if (auto l = r.type()->cast<c10::ListType>(); l && is_tensor_type(l->getElementType())) ++list_returns;
+  const size_t fixed = rets.size() - list_returns;
+  if (list_returns > 1) fail(n, "the schema has several Tensor[] returns, which the IR cannot split into results");
+  if (list_returns == 0 ? n->num_results() != fixed : n->num_results() <= fixed)
+    fail(n, "has " + std::to_string(n->num_results()) + " results, the schema returns " + std::to_string(rets.size()) +
+                (list_returns ? " values including a Tensor[] that needs at least one result" : " values") +
+                "; build it with Graph::add_call (and list_size for Tensor[])");
+  size_t next = 0;
+  for (const auto& r : rets) {
+    const bool list = r.type()->cast<c10::ListType>() && is_tensor_type(r.type()->expectRef<c10::ListType>().getElementType());
+    const size_t count = list ? n->num_results() - fixed : 1;
+    for (size_t j = 0; j < count; ++j, ++next) {
+      const Value* v = n->result(next);
+      const c10::TypePtr& expected = list ? c10::TensorType::get() : r.type();
+      if (*v->type() != *expected)
+        fail(n, "result %" + v->name() + " has type " + v->type()->str() + ", the schema returns " + expected->str());
+    }
+  }
+}
+
+void check_signature(const Graph& g, size_t num_placeholders, size_t num_outputs) {
+  const auto& sig = g.signature();
+  if (sig.inputs.size() != num_placeholders)
+    throw IrError("verify: the signature has " + std::to_string(sig.inputs.size()) + " input specs for " +
+                  std::to_string(num_placeholders) + " placeholders; keep one InputSpec per placeholder");
+  if (sig.outputs.size() != num_outputs)
+    throw IrError("verify: the signature has " + std::to_string(sig.outputs.size()) + " output specs for " +
+                  std::to_string(num_outputs) + " outputs; keep one OutputSpec per output");
+  for (size_t i = 0; i < sig.inputs.size(); ++i)
+    if (auto d = sig.inputs[i].duplicate_of; d && *d >= i)
+      throw IrError("verify: input " + std::to_string(i) + " is marked duplicate_of " + std::to_string(*d) +
+                    ", which is not an earlier placeholder");
+  for (size_t i = 0; i < sig.outputs.size(); ++i) {
+    const OutputSpec& o = sig.outputs[i];
+    const bool needs_input = o.kind == OutputKind::Gradient || o.kind == OutputKind::MutatedInput ||
+                             o.kind == OutputKind::MutatedInputMetadata;
+    const std::string what = "verify: output " + std::to_string(i) + " (" + std::string(to_string(o.kind)) + ")";
+    if (needs_input && !o.input_index) throw IrError(what + " has no input_index; say which placeholder it belongs to");
+    if (o.input_index && *o.input_index >= num_placeholders)
+      throw IrError(what + " refers to input " + std::to_string(*o.input_index) + ", but the graph has " +
+                    std::to_string(num_placeholders) + " placeholders");
+  }
+}
+
+}  // namespace
+
+void verify(const Graph& graph) {
+  std::unordered_set<const Value*> defined;
+  std::unordered_map<const Value*, std::vector<const Node*>> readers;
+  std::unordered_set<std::string_view> names;
+  size_t num_placeholders = 0;
+  const Node* output = nullptr;
+  bool seen_non_placeholder = false;
+
+  for (const Node* n : graph.nodes()) {
+    if (n->graph() != &graph) fail(n, "belongs to another graph");
+    if (output) fail(n, "comes after the output node, which must be last");
+    switch (n->kind()) {
+      case NodeKind::Placeholder:
+        if (seen_non_placeholder) fail(n, "placeholders must come before every other node");
+        if (n->num_results() != 1 || !n->args().empty()) fail(n, "a placeholder has one result and no arguments");
+        ++num_placeholders;
+        break;
+      case NodeKind::Constant:
+        if (n->num_results() != 1 || !n->args().empty()) fail(n, "a constant has one result and no arguments");
+        break;
+      case NodeKind::Call: {
+        const auto& formals = n->schema().arguments();
+        if (n->args().size() != formals.size())
+          fail(n, "has " + std::to_string(n->args().size()) + " arguments, the schema takes " +
+                      std::to_string(formals.size()) + " (" + toString(n->schema()) + ")");
+        for (size_t i = 0; i < formals.size(); ++i) check_argument(n, formals[i], n->args()[i]);
+        check_results(n);
+        break;
+      }
+      case NodeKind::Output:
+        if (graph.output_node() != n) fail(n, "is not the graph's output node; a graph has exactly one");
+        for (const Argument& a : n->args())
+          if (!a.is_value()) fail(n, "the output node returns Values only, got " + describe(a));
+        output = n;
+        break;
+    }
+    if (!n->is_placeholder()) seen_non_placeholder = true;
+
+    for (const Argument& a : n->args())
+      for (Value* v : a.values()) {
+        if (v->node()->graph() != &graph) fail(n, "reads %" + v->name() + ", a Value of another graph");
+        if (!defined.count(v))
+          fail(n, "reads %" + v->name() + " before it is defined; nodes must be in topological order");
+        readers[v].push_back(n);
+      }
+    for (const auto& r : n->results()) {
+      if (r->node() != n) fail(n, "result %" + r->name() + " points at another node");
+      if (r->is_tensor() && !r->has_meta()) fail(n, "tensor result %" + r->name() + " has no TensorMeta; set it with Value::set_meta");
+      if (!names.insert(r->name()).second) fail(n, "result name %" + r->name() + " is used twice");
+      if (graph.find_value(r->name()) != r.get())
+        fail(n, "result %" + r->name() + " is not what Graph::find_value finds under its name; rename through Graph::rename");
+      defined.insert(r.get());
+    }
+  }
+  if (!output) throw IrError("verify: the graph has no output node; call Graph::set_output");
+
+  // Use lists against the arguments, as multisets.
+  for (const Node* n : graph.nodes())
+    for (const auto& r : n->results()) {
+      std::vector<const Node*> users(r->users().begin(), r->users().end());
+      std::vector<const Node*> expected = readers[r.get()];
+      std::sort(users.begin(), users.end());
+      std::sort(expected.begin(), expected.end());
+      if (users != expected)
+        fail(n, "the use list of %" + r->name() + " has " + std::to_string(users.size()) + " entries, but " +
+                    std::to_string(expected.size()) + " argument(s) read it; edit arguments through Node::set_arg");
+    }
+
+  check_signature(graph, num_placeholders, output->args().size());
+}
+
+}  // namespace crucible::ir
