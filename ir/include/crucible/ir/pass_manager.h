@@ -1,0 +1,97 @@
+// The pass manager: runs a list of named graph passes, verifying the graph
+// between them, with instruments around each pass for timing and dumps
+// (TVM's PassContext instruments, MLIR's verify-each and print-after-change).
+#pragma once
+
+#include <crucible/ir/graph.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace crucible::ir {
+
+/// A named graph-to-graph rewrite. Passes are plain functions: timing,
+/// dumping and verification are added around them by the PassManager.
+struct Pass {
+  std::string name;
+  std::function<void(Graph&)> run;
+};
+
+/// Hooks around every pass (TVM's PassInstrument): should_run can skip a
+/// pass (it is skipped if any instrument says no), before_pass and
+/// after_pass see the graph around it; `changed` says whether the pass
+/// changed the graph (a structural fingerprint of it differs).
+class PassInstrument {
+ public:
+  virtual ~PassInstrument() = default;
+  virtual bool should_run(std::string_view /*pass*/, const Graph& /*graph*/) { return true; }
+  virtual void before_pass(std::string_view /*pass*/, const Graph& /*graph*/) {}
+  virtual void after_pass(std::string_view /*pass*/, const Graph& /*graph*/, bool /*changed*/) {}
+};
+
+/// Wall time of each pass run, in milliseconds (the pass alone, plus the
+/// linear-time change check; not the verification).
+class TimingInstrument : public PassInstrument {
+ public:
+  struct Entry {
+    std::string pass;
+    double ms;
+    bool changed;
+  };
+  void before_pass(std::string_view pass, const Graph& graph) override;
+  void after_pass(std::string_view pass, const Graph& graph, bool changed) override;
+  /// One entry per pass run, in order.
+  const std::vector<Entry>& entries() const { return entries_; }
+  /// A table: one line per pass run ("dce  0.012 ms  changed") and a total line.
+  std::string report() const;
+
+ private:
+  std::vector<Entry> entries_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+struct PassManagerOptions {
+  /// Verify (verifier.h) the graph before the first pass and after each one.
+  bool verify = true;
+  std::vector<std::shared_ptr<PassInstrument>> instruments;
+};
+
+/// Runs passes in order over a graph.
+class PassManager {
+ public:
+  explicit PassManager(std::vector<Pass> passes, PassManagerOptions options = {});
+  /// Runs every pass (unless an instrument's should_run says no). Throws
+  /// IrError if the graph fails verification on entry, naming the pass after
+  /// which it fails verification, or naming the pass that threw.
+  void run(Graph& graph) const;
+  const std::vector<Pass>& passes() const { return passes_; }
+
+ private:
+  std::vector<Pass> passes_;
+  PassManagerOptions options_;
+};
+
+/// Passes by name, so pass lists can be data (a CLI flag, a config file).
+class PassRegistry {
+ public:
+  /// A registry holding Crucible's passes: "dce" (dce.h) and "cse" (cse.h).
+  static PassRegistry builtin();
+  /// Adds a pass; throws IrError if its name is taken.
+  void add(Pass pass);
+  /// The pass called `name`; throws IrError listing the known names otherwise.
+  const Pass& get(std::string_view name) const;
+  /// The passes called `names`, in that order (for PassManager).
+  std::vector<Pass> passes(const std::vector<std::string>& names) const;
+  /// Every registered name, sorted.
+  std::vector<std::string> names() const;
+
+ private:
+  std::map<std::string, Pass, std::less<>> passes_;
+};
+
+}  // namespace crucible::ir

@@ -1,0 +1,175 @@
+#include <crucible/ir/cse.h>
+#include <crucible/ir/dce.h>
+#include <crucible/ir/error.h>
+#include <crucible/ir/pass_manager.h>
+#include <crucible/ir/verifier.h>
+
+#include "constant_key.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace crucible::ir {
+
+namespace {
+
+using detail::hash_mix;
+
+size_t hash_str(std::string_view s) { return std::hash<std::string_view>{}(s); }
+
+void hash_meta(size_t& h, const TensorMeta& m) {
+  for (int64_t s : m.sizes) hash_mix(h, static_cast<size_t>(s));
+  hash_mix(h, m.sizes.size());
+  for (int64_t s : m.strides) hash_mix(h, static_cast<size_t>(s));
+  hash_mix(h, static_cast<size_t>(m.storage_offset));
+  hash_mix(h, static_cast<size_t>(m.dtype));
+  hash_mix(h, std::hash<c10::Device>{}(m.device));
+  hash_mix(h, m.requires_grad);
+}
+
+// A structural fingerprint of everything the text form shows: node kinds,
+// targets, arguments, constants, result names, types and metadata, sources,
+// tags and the signature. Equal graphs hash equal; a pass that changes any
+// of it changes the hash (but for collisions, which a 64-bit hash makes
+// negligible for "did this pass do anything").
+size_t fingerprint(const Graph& g) {
+  size_t h = g.num_nodes();
+  for (const Node* n : g.nodes()) {
+    hash_mix(h, static_cast<size_t>(n->kind()));
+    hash_mix(h, hash_str(n->target()));
+    for (const Argument& a : n->args()) {
+      if (a.is_value()) {
+        hash_mix(h, hash_str(a.value()->name()));
+      } else if (a.is_value_list()) {
+        hash_mix(h, a.value_list().size());
+        for (const Value* v : a.value_list()) hash_mix(h, v ? hash_str(v->name()) : 0);
+      } else {
+        hash_mix(h, detail::hash_constant(a.constant()));
+      }
+    }
+    if (n->is_constant()) hash_mix(h, detail::hash_constant(n->constant_value()));
+    for (const auto& r : n->results()) {
+      hash_mix(h, hash_str(r->name()));
+      hash_mix(h, static_cast<size_t>(r->type()->kind()));
+      if (r->has_meta()) hash_meta(h, r->meta());
+    }
+    hash_mix(h, hash_str(n->source()));
+    for (const auto& t : n->tags()) hash_mix(h, hash_str(t));
+  }
+  for (const InputSpec& s : g.signature().inputs) {
+    hash_mix(h, static_cast<size_t>(s.kind));
+    hash_mix(h, hash_str(s.target));
+    hash_mix(h, s.duplicate_of ? *s.duplicate_of + 1 : 0);
+  }
+  for (const OutputSpec& s : g.signature().outputs) {
+    hash_mix(h, static_cast<size_t>(s.kind));
+    hash_mix(h, s.input_index ? *s.input_index + 1 : 0);
+  }
+  return h;
+}
+
+}  // namespace
+
+// --- instruments ------------------------------------------------------------------
+
+void TimingInstrument::before_pass(std::string_view, const Graph&) { start_ = std::chrono::steady_clock::now(); }
+
+void TimingInstrument::after_pass(std::string_view pass, const Graph&, bool changed) {
+  const std::chrono::duration<double, std::milli> ms = std::chrono::steady_clock::now() - start_;
+  entries_.push_back({std::string(pass), ms.count(), changed});
+}
+
+std::string TimingInstrument::report() const {
+  size_t width = 5;
+  for (const Entry& e : entries_) width = std::max(width, e.pass.size());
+  std::string out;
+  char line[64];
+  double total = 0;
+  auto row = [&](const std::string& name, double ms, const char* note) {
+    out += name;
+    out.append(width + 2 - name.size(), ' ');
+    std::snprintf(line, sizeof line, "%10.3f ms%s\n", ms, note);
+    out += line;
+  };
+  for (const Entry& e : entries_) {
+    row(e.pass, e.ms, e.changed ? "  changed" : "");
+    total += e.ms;
+  }
+  row("total", total, "");
+  return out;
+}
+
+// --- the manager ------------------------------------------------------------------
+
+PassManager::PassManager(std::vector<Pass> passes, PassManagerOptions options)
+    : passes_(std::move(passes)), options_(std::move(options)) {}
+
+void PassManager::run(Graph& graph) const {
+  if (options_.verify) {
+    try {
+      verify(graph);
+    } catch (const IrError& e) {
+      throw IrError(std::string("pass manager: the input graph is invalid, before any pass ran: ") + e.what());
+    }
+  }
+  const auto& instruments = options_.instruments;
+  for (const Pass& pass : passes_) {
+    const bool skip = std::any_of(instruments.begin(), instruments.end(),
+                                  [&](const auto& i) { return !i->should_run(pass.name, graph); });
+    if (skip) continue;
+    const size_t before = instruments.empty() ? 0 : fingerprint(graph);
+    for (const auto& i : instruments) i->before_pass(pass.name, graph);
+    try {
+      pass.run(graph);
+    } catch (const std::exception& e) {
+      throw IrError("pass '" + pass.name + "' failed: " + e.what());
+    }
+    if (!instruments.empty()) {
+      const bool changed = fingerprint(graph) != before;
+      for (const auto& i : instruments) i->after_pass(pass.name, graph, changed);
+    }
+    if (options_.verify) {
+      try {
+        verify(graph);
+      } catch (const IrError& e) {
+        throw IrError("pass '" + pass.name + "' left an invalid graph: " + e.what());
+      }
+    }
+  }
+}
+
+// --- the registry -----------------------------------------------------------------
+
+PassRegistry PassRegistry::builtin() {
+  PassRegistry r;
+  r.add({"dce", [](Graph& g) { eliminate_dead_code(g); }});
+  r.add({"cse", [](Graph& g) { eliminate_common_subexpressions(g); }});
+  return r;
+}
+
+void PassRegistry::add(Pass pass) {
+  if (passes_.count(pass.name)) throw IrError("pass registry: a pass named '" + pass.name + "' is already registered");
+  std::string name = pass.name;
+  passes_.emplace(std::move(name), std::move(pass));
+}
+
+const Pass& PassRegistry::get(std::string_view name) const {
+  if (auto it = passes_.find(name); it != passes_.end()) return it->second;
+  std::string known;
+  for (const auto& [n, _] : passes_) known += (known.empty() ? "" : ", ") + n;
+  throw IrError("unknown pass '" + std::string(name) + "'; registered passes: " + known);
+}
+
+std::vector<Pass> PassRegistry::passes(const std::vector<std::string>& names) const {
+  std::vector<Pass> r;
+  for (const auto& n : names) r.push_back(get(n));
+  return r;
+}
+
+std::vector<std::string> PassRegistry::names() const {
+  std::vector<std::string> r;
+  for (const auto& [n, _] : passes_) r.push_back(n);
+  return r;
+}
+
+}  // namespace crucible::ir
