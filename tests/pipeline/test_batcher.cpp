@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "catch.h"
+#include "data_dir.h"
 #include "testing.h"
 
 using namespace crucible::pipeline;
@@ -52,7 +53,7 @@ TEST_CASE("batches cover the data in a seeded order", "[pipeline][batcher]") {
 }
 
 TEST_CASE("shuffling Fashion-MNIST is reproducible from the seed", "[pipeline][batcher][data]") {
-  FashionMnist train = load_fashion_mnist(Split::Train);
+  FashionMnist train = load_fashion_mnist(Split::Train, fashion_mnist_test_dir());
   Batcher a(train.images, train.labels, {.batch_size = 64, .seed = 42});
   Batcher same(train.images, train.labels, {.batch_size = 64, .seed = 42});
   Batcher other(train.images, train.labels, {.batch_size = 64, .seed = 43});

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "catch.h"
+#include "data_dir.h"
 #include "testing.h"
 
 using namespace crucible::pipeline;
@@ -20,7 +21,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kDir = kFashionMnistDir;
+const std::string kDir = fashion_mnist_test_dir();
 
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -47,8 +48,8 @@ fs::path temp_gz(const std::string& name, const std::string& raw) {
 }  // namespace
 
 TEST_CASE("Fashion-MNIST splits have the published sizes and labels", "[pipeline][data]") {
-  FashionMnist train = load_fashion_mnist(Split::Train);
-  FashionMnist test = load_fashion_mnist(Split::Test);
+  FashionMnist train = load_fashion_mnist(Split::Train, kDir);
+  FashionMnist test = load_fashion_mnist(Split::Test, kDir);
   REQUIRE(train.images.sizes() == at::IntArrayRef{60000, 1, 28, 28});
   REQUIRE(train.labels.sizes() == at::IntArrayRef{60000});
   REQUIRE(test.images.sizes() == at::IntArrayRef{10000, 1, 28, 28});
@@ -75,7 +76,7 @@ TEST_CASE("Fashion-MNIST normalization uses the training set's statistics", "[pi
   REQUIRE(std::abs(raw.images.std().item<double>() - kFashionMnistStd) < 1e-3);
   // Normalized, the training set is about zero-mean and unit-variance
   // (margins: the constants' 4-digit rounding, divided by std).
-  FashionMnist norm = load_fashion_mnist(Split::Train);
+  FashionMnist norm = load_fashion_mnist(Split::Train, kDir);
   REQUIRE(std::abs(norm.images.mean().item<double>()) < 3e-3);
   REQUIRE(std::abs(norm.images.std().item<double>() - 1) < 3e-3);
   // Float rounding of (x - mean) / std in either order: 1e-6 relative.
