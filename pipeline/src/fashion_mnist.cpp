@@ -4,10 +4,13 @@
 #include <ATen/ATen.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <memory>
+#include <vector>
 #include <sys/stat.h>
 
 namespace crucible::pipeline {

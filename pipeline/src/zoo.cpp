@@ -15,6 +15,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include <cmath>
+#include <limits>
 
 namespace crucible::pipeline {
 namespace {
