@@ -1,0 +1,15 @@
+// The runtime library's exception type.
+#pragma once
+
+#include <crucible/ir/error.h>
+
+namespace crucible::runtime {
+
+/// Thrown by the runtime library: a wrapper chain misused, a compiled call
+/// given inputs it cannot take, malformed arguments to same().
+class WrapperError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace crucible::runtime
