@@ -1,0 +1,36 @@
+// Decomposition tables: ops rewritten into other ATen ops while tracing, as
+// make_fx's `decomposition_table` does (torch/fx/experimental/proxy_tensor.py).
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace crucible::tracer {
+
+/// A decomposition, in the dispatcher's boxed convention: on entry `stack`
+/// holds exactly the op's arguments in schema order; on return it must hold
+/// exactly the op's results in schema order. It computes them with ordinary
+/// ATen calls (at::add, at::_foreach_mul, Tensor::copy_ ...), which the tracer
+/// records in place of the decomposed op. It runs below autograd.
+using Decomposition = std::function<void(const c10::OperatorHandle& op, std::vector<c10::IValue>& stack)>;
+
+/// Op schema name with overload ("aten::_foreach_add_.List") → decomposition.
+/// make_fx throws TraceError for a name the dispatcher does not know.
+using DecompositionTable = std::unordered_map<std::string, Decomposition>;
+
+/// The table torch.distributed._spmd compiles train steps with
+/// (SPMD_DECOMP_TABLE in torch/distributed/_spmd/api.py): in-place
+/// `_foreach_*_` ops and `_fused_adam_` become their functional variants
+/// followed by `copy_` into the mutated inputs, so the update reads as plain
+/// functional math plus explicit write-backs; `native_layer_norm_backward`
+/// becomes pointwise ops and reductions (torch._decomp's formula). Only ops
+/// this LibTorch registers are included. Extend it with your own entries:
+/// `auto t = spmd_decomposition_table(); t["aten::foo"] = ...;`.
+DecompositionTable spmd_decomposition_table();
+
+}  // namespace crucible::tracer

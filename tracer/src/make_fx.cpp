@@ -1,0 +1,215 @@
+#include "trace_session.h"
+
+#include <crucible/tracer/error.h>
+#include <crucible/tracer/make_fx.h>
+
+#include <ATen/ATen.h>
+#include <ATen/FunctionalTensorWrapper.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <mutex>
+
+namespace crucible::tracer {
+namespace detail {
+
+// Note [The tracing dispatch key]
+// The tracer is a boxed fallback on c10::DispatchKey::Fake (a key LibTorch
+// reserves for out-of-tree fake tensors and otherwise leaves unused), switched
+// on for the tracing thread with IncludeDispatchKeyGuard. Fake sits below
+// the autograd keys, ADInplaceOrView and Functionalize and above
+// BackendSelect and the backends, so the fallback sees:
+//  * the ops autograd dispatches, after CompositeImplicitAutograd ops have
+//    decomposed (their kernels run at the autograd keys, above Fake);
+//  * the ops the autograd engine runs for .backward() / torch::autograd::grad:
+//    the engine carries the thread's dispatch-key state into the backward pass;
+//  * factory ops with no tensor argument (the TLS key is part of every
+//    dispatch key set, and BackendSelect is below it);
+//  * under functionalization, the functional ops the Functionalize kernels
+//    call on the unwrapped tensors.
+// The fallback excludes the key while it runs the op (redispatching with the
+// keys after Fake), so what kernels call inside is not recorded.
+
+namespace {
+
+std::mutex g_trace_mutex;
+std::atomic<TraceSession*> g_active{nullptr};
+thread_local bool t_tracing = false;
+
+void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  if (TraceSession* s = g_active.load(std::memory_order_acquire)) {
+    s->on_op(op, ks, *stack);
+    return;
+  }
+  // The key survived its trace (a thread that copied the tracing thread's state).
+  c10::impl::ExcludeDispatchKeyGuard off(c10::DispatchKey::Fake);
+  op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake), stack);
+}
+
+// The tensor the traced function runs on in place of `t`: a copy with the same
+// sizes, strides, storage offset and dtype, on the meta device in fake mode,
+// so tracing never writes to the caller's tensors.
+at::Tensor traced_copy(const at::Tensor& t, TraceMode mode) {
+  auto opts = t.options().requires_grad(false);
+  if (mode == TraceMode::Fake) opts = opts.device(at::kMeta);
+  const int64_t storage_numel = t.has_storage()
+                                    ? static_cast<int64_t>(t.storage().nbytes()) / static_cast<int64_t>(t.element_size())
+                                    : t.numel();
+  at::Tensor c = at::empty({storage_numel}, opts).as_strided(t.sizes(), t.strides(), t.storage_offset());
+  if (mode == TraceMode::Real) c.copy_(t.detach());
+  return c.detach();
+}
+
+struct ActiveTrace {
+  explicit ActiveTrace(TraceSession& s) { g_active.store(&s, std::memory_order_release); }
+  ~ActiveTrace() { g_active.store(nullptr, std::memory_order_release); }
+  ActiveTrace(const ActiveTrace&) = delete;
+  ActiveTrace& operator=(const ActiveTrace&) = delete;
+};
+
+struct Teardown {
+  const std::function<void()>& fn;
+  ~Teardown() {
+    if (fn) fn();
+  }
+};
+
+}  // namespace
+
+// Note [Functionalization]
+// With TraceOptions::functionalize the traced function runs on
+// FunctionalTensorWrappers (at::functionalization::impl::to_functional_tensor)
+// with the Functionalize key also in the thread's include set, so factory
+// results are wrapped too. LibTorch's Functionalize kernels turn every
+// in-place op into its functional variant and every view into a view op
+// whose base is regenerated (view_scatter ops) when an alias is mutated; the
+// tracer, below Functionalize, records only those functional ops on the
+// unwrapped tensors. At the end each output and each input is synced;
+// an input whose wrapper saw a data or metadata mutation contributes its final
+// value as an extra output (MutatedInput, or MutatedInputMetadata when only
+// its sizes/strides changed), in input order, after the function's outputs.
+// Module state (functional_call) is swapped into the module's own tensors,
+// which cannot be wrappers: an in-place op on a parameter or buffer stays in
+// the graph, and make_fx throws TraceError naming it.
+TraceResult trace(const std::vector<TraceInput>& inputs, const TraceHooks& hooks, const TraceOptions& options) {
+  if (t_tracing)
+    throw TraceError("make_fx called while this thread is already tracing; nested traces are not supported");
+  std::lock_guard<std::mutex> lock(g_trace_mutex);
+  TraceResult result;
+  ir::Graph& graph = result.graph;
+  TraceSession session(graph, options);
+
+  std::vector<at::Tensor> traced(inputs.size());
+  std::vector<bool> wrapped(inputs.size(), false);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const TraceInput& in = inputs[i];
+    if (!in.tensor.defined()) throw TraceError("input " + std::to_string(i) + " (" + in.name + ") is an undefined tensor");
+    if (in.spec.duplicate_of) {
+      traced[i] = traced.at(*in.spec.duplicate_of);
+      wrapped[i] = false;
+      graph.add_placeholder(in.name, ir::TensorMeta::of(in.tensor), in.spec);
+      continue;
+    }
+    at::Tensor copy = traced_copy(in.tensor, options.mode);
+    ir::Value* v = session.add_input(copy, in.name, in.spec);
+    ir::TensorMeta meta = v->meta();
+    meta.requires_grad = in.tensor.requires_grad();
+    v->set_meta(meta);
+    const bool module_state = in.spec.kind == ir::InputKind::Parameter || in.spec.kind == ir::InputKind::Buffer;
+    wrapped[i] = options.functionalize && !module_state;
+    traced[i] = wrapped[i] ? at::functionalization::impl::to_functional_tensor(copy) : copy;
+    if (in.tensor.requires_grad()) traced[i].requires_grad_(true);
+  }
+  result.input_mutations.resize(inputs.size());
+
+  std::vector<TraceOutput> outputs;
+  {
+    if (hooks.setup) hooks.setup(traced);
+    Teardown teardown{hooks.teardown};
+    t_tracing = true;
+    struct ResetFlag {
+      ~ResetFlag() { t_tracing = false; }
+    } reset_flag;
+    ActiveTrace active(session);
+    c10::impl::IncludeDispatchKeyGuard trace_on(c10::DispatchKey::Fake);
+    std::optional<c10::impl::IncludeDispatchKeyGuard> functionalize_on;
+    std::optional<at::functionalization::impl::FunctionalizationReapplyViewsGuard> reapply_views;
+    if (options.functionalize) {
+      functionalize_on.emplace(c10::DispatchKey::Functionalize);
+      reapply_views.emplace(true);
+    }
+
+    outputs = hooks.body(traced);
+
+    if (options.functionalize) {
+      // See Note [Functionalization].
+      for (TraceOutput& o : outputs) {
+        if (o.tensor.defined() && at::functionalization::impl::isFunctionalTensor(o.tensor)) {
+          at::functionalization::impl::sync(o.tensor);
+          o.tensor = at::functionalization::impl::from_functional_tensor(o.tensor);
+        }
+      }
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        if (!wrapped[i]) continue;
+        at::functionalization::impl::sync(traced[i]);
+        auto* w = at::functionalization::impl::unsafeGetFunctionalWrapper(traced[i]);
+        InputMutation& m = result.input_mutations[i];
+        m.data = w->has_data_mutation();
+        m.metadata = w->has_metadata_mutation();
+        if (m.data || m.metadata)
+          outputs.push_back({at::functionalization::impl::from_functional_tensor(traced[i]),
+                             ir::OutputSpec{m.data ? ir::OutputKind::MutatedInput : ir::OutputKind::MutatedInputMetadata, i}});
+      }
+    }
+  }
+
+  std::vector<ir::Value*> values;
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    if (!outputs[o].tensor.defined())
+      throw TraceError("output " + std::to_string(o) + " of the traced function is an undefined tensor");
+    c10::impl::ExcludeDispatchKeyGuard no_trace(c10::DispatchKey::Fake);
+    values.push_back(session.value_of(outputs[o].tensor, "output " + std::to_string(o)));
+  }
+  graph.set_output(values);
+  for (size_t o = 0; o < outputs.size(); ++o) graph.signature().outputs[o] = outputs[o].spec;
+
+  if (options.functionalize) {
+    for (ir::Node* n : graph.nodes())
+      if (n->is_mutating())
+        throw TraceError("functionalize: " + n->target() +
+                         " writes to module state (a parameter or buffer) in place, which functionalization "
+                         "cannot remove for state swapped into a module; trace without functionalize");
+  }
+  return result;
+}
+
+TORCH_LIBRARY_IMPL(_, Fake, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&trace_fallback>()); }
+
+}  // namespace detail
+
+TraceResult make_fx(const TensorFn& fn, const std::vector<at::Tensor>& example_inputs, const TraceOptions& options) {
+  std::vector<detail::TraceInput> inputs;
+  for (size_t i = 0; i < example_inputs.size(); ++i)
+    inputs.push_back({example_inputs[i], "arg" + std::to_string(i), ir::InputSpec{}});
+  detail::TraceHooks hooks;
+  hooks.body = [&](const std::vector<at::Tensor>& traced) {
+    std::vector<detail::TraceOutput> outs;
+    for (at::Tensor& t : fn(traced)) outs.push_back({std::move(t), ir::OutputSpec{}});
+    return outs;
+  };
+  return detail::trace(inputs, hooks, options);
+}
+
+TraceResult make_fx(const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& x,
+                    const TraceOptions& options) {
+  return make_fx([&](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{fn(in[0])}; }, {x}, options);
+}
+
+TraceResult make_fx(const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& fn, const at::Tensor& x,
+                    const at::Tensor& y, const TraceOptions& options) {
+  return make_fx([&](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{fn(in[0], in[1])}; }, {x, y},
+                 options);
+}
+
+}  // namespace crucible::tracer

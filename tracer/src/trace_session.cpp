@@ -1,0 +1,318 @@
+#include "trace_session.h"
+
+#include <crucible/tracer/error.h>
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/graph_task.h>
+
+#include <functional>
+#include <sstream>
+
+namespace crucible::tracer::detail {
+
+// Note [Value tracking]
+// The tracer sees tensors, the graph wants Values. A tensor maps to the Value
+// of the op (or placeholder) that produced it:
+//  * first by TensorImpl*: the common case, and the one that follows in-place
+//    ops — their result IS the mutated tensor, and it is re-mapped to the
+//    op's result Value so later reads depend on the mutation;
+//  * then by (storage, offset, dtype, sizes, strides): autograd unpacks saved
+//    outputs into fresh TensorImpls sharing the storage (and .data /
+//    variable_data() make such shallow copies too), which the first key misses;
+//  * then, if another Value lives on the same storage, as an aten::as_strided
+//    of it: an alias made outside the dispatcher (offsets are absolute in the
+//    storage, so any Value on it serves as the base; the interpreter re-creates
+//    the same aliasing because it runs the same kernels);
+//  * else the tensor was not derived from the inputs and becomes a constant
+//    node holding a copy of it (taken before the op that first reads it runs).
+// The maps hold weak references to every TensorImpl and StorageImpl they key
+// on: a weak reference keeps the object's memory, so no address is reused for
+// another tensor while the trace runs.
+
+namespace {
+
+std::string meta_string(const at::Tensor& t) {
+  std::ostringstream os;
+  os << t.scalar_type() << t.sizes();
+  return os.str();
+}
+
+// Ops whose result's value or shape depends on tensor data: a graph cannot
+// hold the control flow or shapes that follow from them.
+const char* data_dependent_reason(const std::string& name) {
+  if (name == "aten::_local_scalar_dense")
+    return "reads a tensor element into a C++ number (Tensor::item(), Scalar conversion)";
+  if (name == "aten::is_nonzero") return "reads a tensor's value to decide a C++ bool (if (tensor) ...)";
+  if (name == "aten::equal") return "compares tensor values into a C++ bool";
+  if (name == "aten::nonzero" || name == "aten::masked_select" || name == "aten::_unique" ||
+      name == "aten::_unique2" || name == "aten::unique_dim" || name == "aten::unique_consecutive" ||
+      name == "aten::unique_dim_consecutive" || name == "aten::bincount" || name == "aten::repeat_interleave.Tensor")
+    return "returns a tensor whose shape depends on tensor values";
+  return nullptr;
+}
+
+}  // namespace
+
+size_t TraceSession::ViewKeyHash::operator()(const ViewKey& k) const {
+  size_t h = std::hash<const void*>()(k.storage) ^ (std::hash<int64_t>()(k.offset) * 31) ^
+             (static_cast<size_t>(k.dtype) << 7);
+  for (int64_t s : k.sizes) h = h * 1000003 ^ std::hash<int64_t>()(s);
+  for (int64_t s : k.strides) h = h * 998244353 ^ std::hash<int64_t>()(s);
+  return h;
+}
+
+TraceSession::TraceSession(ir::Graph& graph, const TraceOptions& options) : graph_(graph), options_(options) {
+  for (const auto& [name, fn] : options_.decompositions) {
+    try {
+      ir::resolve_operator(name);
+    } catch (const ir::IrError& e) {
+      throw TraceError(std::string("decomposition table: ") + e.what());
+    }
+    if (!fn) throw TraceError("decomposition table: the entry for " + name + " holds no function");
+  }
+}
+
+const TraceSession::OpInfo& TraceSession::info(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema* key = &op.schema();
+  auto it = ops_.find(key);
+  if (it != ops_.end()) return it->second;
+  OpInfo i;
+  i.name = ir::operator_name(op);
+  i.data_dependent = data_dependent_reason(op.schema().name());
+  if (!i.data_dependent) i.data_dependent = data_dependent_reason(i.name);
+  if (auto d = options_.decompositions.find(i.name); d != options_.decompositions.end()) i.decomposition = &d->second;
+  return ops_.emplace(key, std::move(i)).first->second;
+}
+
+ir::Value* TraceSession::add_input(const at::Tensor& t, const std::string& name, ir::InputSpec spec) {
+  ir::Value* v = graph_.add_placeholder(name, ir::TensorMeta::of(t), std::move(spec));
+  define(v, t);
+  return v;
+}
+
+void TraceSession::define(ir::Value* v, const at::Tensor& t, bool alias_base) {
+  if (!t.defined()) return;
+  v->set_meta(ir::TensorMeta::of(t));
+  by_impl_.insert_or_assign(t.unsafeGetTensorImpl(), ImplEntry{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), v});
+  if (!t.has_storage()) return;
+  const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  by_view_[ViewKey{storage, t.storage_offset(), t.scalar_type(), t.sizes().vec(), t.strides().vec()}] = v;
+  if (alias_base) by_storage_.insert_or_assign(storage, StorageEntry{t.storage().getWeakStorageImpl(), v});
+}
+
+ir::Value* TraceSession::lookup(const at::Tensor& t) {
+  if (auto it = by_impl_.find(t.unsafeGetTensorImpl()); it != by_impl_.end()) return it->second.value;
+  if (!t.has_storage()) return nullptr;
+  const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  ViewKey key{storage, t.storage_offset(), t.scalar_type(), t.sizes().vec(), t.strides().vec()};
+  if (auto it = by_view_.find(key); it != by_view_.end()) {
+    by_impl_.insert_or_assign(t.unsafeGetTensorImpl(),
+                             ImplEntry{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), it->second});
+    return it->second;
+  }
+  auto s = by_storage_.find(storage);
+  if (s == by_storage_.end() || s->second.value->meta().dtype != t.scalar_type()) return nullptr;
+  // An alias made outside the dispatcher. See Note [Value tracking].
+  static const c10::OperatorHandle as_strided = ir::resolve_operator("aten::as_strided");
+  ir::Node* n = graph_.add_call(as_strided, {s->second.value, t.sizes().vec(), t.strides().vec(), t.storage_offset()});
+  define(n->result(), t);
+  return n->result();
+}
+
+ir::Value* TraceSession::value_of(const at::Tensor& t, const std::string& user) {
+  if (ir::Value* v = lookup(t)) return v;
+  if (t.is_meta())
+    throw TraceError(user + " reads a meta tensor " + meta_string(t) +
+                     " that is not derived from the traced inputs; a fake-mode trace cannot capture its "
+                     "value: pass it as an input");
+  const int64_t bytes = static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
+  if (bytes > options_.max_constant_bytes)
+    throw TraceError(user + " reads a tensor " + meta_string(t) + " (" + std::to_string(bytes) +
+                     " bytes) that is not derived from the traced inputs; it would become a constant larger than "
+                     "TraceOptions::max_constant_bytes (" + std::to_string(options_.max_constant_bytes) +
+                     "). Pass it to the traced function as an input (module state is lifted by functional_call)");
+  at::Tensor copy = at::empty_strided(t.sizes(), t.strides(), t.options().requires_grad(false));
+  copy.copy_(t.detach());
+  ir::Value* v = graph_.add_constant(copy);
+  // Not a base for aliases: the copy does not share the original's storage.
+  define(v, t, /*alias_base=*/false);
+  v->set_meta(ir::TensorMeta::of(copy));
+  return v;
+}
+
+ir::Argument TraceSession::argument(const c10::IValue& iv, const c10::Argument& formal, const std::string& user) {
+  if (iv.isTensor()) {
+    const at::Tensor& t = iv.toTensor();
+    if (!t.defined()) return iv;
+    return value_of(t, user);
+  }
+  if (iv.isTensorList()) {
+    ir::Argument::ValueList vs;
+    for (const at::Tensor& t : iv.toTensorList()) {
+      if (!t.defined()) throw TraceError(user + ": argument '" + formal.name() + "' holds an undefined tensor");
+      vs.push_back(value_of(t, user));
+    }
+    return vs;
+  }
+  if (iv.isList()) {
+    auto list_type = formal.type()->cast<c10::ListType>();
+    auto opt = list_type ? list_type->getElementType()->cast<c10::OptionalType>() : nullptr;
+    if (opt && opt->getElementType()->kind() == c10::TypeKind::TensorType) {
+      ir::Argument::ValueList vs;
+      for (const c10::IValue& e : iv.toListRef()) {
+        const bool present = e.isTensor() && e.toTensor().defined();
+        vs.push_back(present ? value_of(e.toTensor(), user) : nullptr);
+      }
+      return vs;
+    }
+  }
+  return iv;
+}
+
+// Note [Fake mode]
+// In fake mode the inputs are meta tensors and ops run on their Meta kernels,
+// which compute output metadata only. C++ has fewer Meta kernels than Python
+// (which registers many in torch/_meta_registrations.py): aten::relu, for one,
+// has none in LibTorch 2.11. When an op has none (the dispatcher throws
+// NotImplementedError), the tracer runs it once on zero-filled CPU tensors of
+// the same sizes, strides, offsets and dtypes and turns its outputs back into
+// meta tensors: outputs that are inputs (in-place ops) or views of inputs
+// stay aliases of the meta inputs, others become fresh meta tensors. This
+// costs the op's CPU time and memory for that op, and is exact for every op
+// whose output metadata does not depend on values (the ops a graph can hold).
+void TraceSession::run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack, size_t base) {
+  const auto after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake);
+  if (options_.mode != TraceMode::Fake) {
+    op.redispatchBoxed(after, &stack);
+    return;
+  }
+  std::vector<c10::IValue> args(stack.begin() + static_cast<std::ptrdiff_t>(base), stack.end());
+  try {
+    op.redispatchBoxed(after, &stack);
+  } catch (const c10::NotImplementedError&) {
+    stack.resize(base);
+    run_on_cpu(op, std::move(args), stack);
+  }
+}
+
+void TraceSession::run_on_cpu(const c10::OperatorHandle& op, std::vector<c10::IValue> args, torch::jit::Stack& stack) {
+  // See Note [Fake mode].
+  std::vector<std::pair<at::Tensor, at::Tensor>> stand_ins;  // meta, cpu
+  auto to_cpu = [&](const at::Tensor& t) -> at::Tensor {
+    if (!t.defined() || !t.is_meta()) return t;
+    const int64_t storage_numel = static_cast<int64_t>(t.storage().nbytes()) / static_cast<int64_t>(t.element_size());
+    at::Tensor cpu = at::zeros({storage_numel}, t.options().device(at::kCPU).requires_grad(false))
+                         .as_strided(t.sizes(), t.strides(), t.storage_offset());
+    stand_ins.emplace_back(t, cpu);
+    return cpu;
+  };
+  const size_t base = stack.size();
+  for (c10::IValue& a : args) {
+    if (a.isTensor()) {
+      stack.emplace_back(to_cpu(a.toTensor()));
+    } else if (a.isTensorList()) {
+      std::vector<at::Tensor> ts;
+      for (const at::Tensor& t : a.toTensorList()) ts.push_back(to_cpu(t));
+      stack.emplace_back(ts);
+    } else if (a.isList() && a.toListRef().size() > 0 && a.toListRef()[0].isTensor()) {
+      c10::List<std::optional<at::Tensor>> ts;
+      for (const c10::IValue& e : a.toListRef())
+        ts.push_back(e.isTensor() ? std::optional<at::Tensor>(to_cpu(e.toTensor())) : std::nullopt);
+      stack.emplace_back(ts);
+    } else {
+      stack.push_back(std::move(a));
+    }
+  }
+  try {
+    op.callBoxed(stack);
+  } catch (const c10::Error& e) {
+    throw TraceError("fake mode: " + ir::operator_name(op) +
+                     " has no Meta kernel and failed on zero-filled CPU stand-ins (" + e.what_without_backtrace() +
+                     "); trace in TraceMode::Real instead");
+  }
+  auto to_meta = [&](const at::Tensor& r) -> at::Tensor {
+    if (!r.defined() || !r.device().is_cpu()) return r;
+    for (auto& [meta, cpu] : stand_ins) {
+      if (r.unsafeGetTensorImpl() == cpu.unsafeGetTensorImpl()) {
+        if (meta.sizes() != r.sizes() || meta.strides() != r.strides() || meta.storage_offset() != r.storage_offset())
+          meta.as_strided_(r.sizes(), r.strides(), r.storage_offset());
+        return meta;
+      }
+      if (r.storage().is_alias_of(cpu.storage())) return meta.as_strided(r.sizes(), r.strides(), r.storage_offset());
+    }
+    return at::empty_strided(r.sizes(), r.strides(), r.options().device(at::kMeta));
+  };
+  for (size_t i = base; i < stack.size(); ++i) {
+    if (stack[i].isTensor()) {
+      stack[i] = to_meta(stack[i].toTensor());
+    } else if (stack[i].isTensorList()) {
+      std::vector<at::Tensor> ts;
+      for (const at::Tensor& t : stack[i].toTensorList()) ts.push_back(to_meta(t));
+      stack[i] = ts;
+    }
+  }
+}
+
+void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack) {
+  const auto& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
+  const size_t base = stack.size() - nargs;
+  const OpInfo& i = info(op);
+  if (i.data_dependent)
+    throw TraceError(i.name + " " + i.data_dependent +
+                     ": data-dependent control flow and shapes cannot be captured in a graph. Compute the value "
+                     "outside the traced function and pass it in, or keep the decision in tensors "
+                     "(at::where instead of if, masks instead of nonzero)");
+  if (i.decomposition) {
+    std::vector<c10::IValue> local(stack.begin() + static_cast<std::ptrdiff_t>(base), stack.end());
+    stack.resize(base);
+    {
+      // Its ATen calls are traced (the Fake key stays on), below autograd.
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      c10::impl::ExcludeDispatchKeyGuard no_functionalize(c10::DispatchKey::Functionalize);
+      (*i.decomposition)(op, local);
+    }
+    if (local.size() != schema.returns().size())
+      throw TraceError("the decomposition of " + i.name + " left " + std::to_string(local.size()) +
+                       " values on the stack; the schema returns " + std::to_string(schema.returns().size()));
+    for (auto& r : local) stack.push_back(std::move(r));
+    return;
+  }
+
+  c10::impl::ExcludeDispatchKeyGuard no_trace(c10::DispatchKey::Fake);
+  std::vector<ir::Argument> args;
+  args.reserve(nargs);
+  for (size_t a = 0; a < nargs; ++a) args.push_back(argument(stack[base + a], schema.arguments()[a], i.name));
+
+  run(op, ks, stack, base);
+
+  std::optional<size_t> list_size;
+  const size_t nret = schema.returns().size();
+  for (size_t r = 0; r < nret; ++r) {
+    const c10::IValue& iv = stack[base + r];
+    if (!iv.isTensorList()) continue;
+    const size_t n = iv.toTensorList().size();
+    if (list_size && *list_size != n)
+      throw TraceError(i.name + " returns Tensor[] lists of different lengths, which the graph cannot hold");
+    list_size = n;
+  }
+  ir::Node* node = graph_.add_call(op, std::move(args), list_size);
+  // The autograd engine sets its graph task while it runs backward nodes.
+  if (torch::autograd::get_current_graph_task_id() != -1) node->add_tag("backward");
+  size_t k = 0;
+  for (size_t r = 0; r < nret; ++r) {
+    const c10::IValue& iv = stack[base + r];
+    if (iv.isTensor()) {
+      define(node->result(k++), iv.toTensor());
+    } else if (iv.isTensorList()) {
+      for (const at::Tensor& t : iv.toTensorList()) define(node->result(k++), t);
+    } else {
+      ++k;
+    }
+  }
+}
+
+}  // namespace crucible::tracer::detail
