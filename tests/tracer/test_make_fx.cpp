@@ -1,0 +1,227 @@
+// make_fx on plain functions: every test interprets the traced graph and
+// compares it with eager LibTorch on the same inputs.
+#include "catch.h"
+#include "testing.h"
+#include "tracer_testing.h"
+
+#include <crucible/tracer/error.h>
+#include <crucible/tracer/make_fx.h>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <cmath>
+
+using crucible::testing::clones;
+using crucible::testing::count_calls;
+using crucible::testing::run_traced;
+using crucible::tracer::make_fx;
+using crucible::tracer::TraceError;
+using crucible::tracer::TraceOptions;
+using Tensors = std::vector<at::Tensor>;
+
+// Tolerances: the interpreter runs the same kernels in the same order as
+// eager, so results are bitwise equal unless stated otherwise.
+
+TEST_CASE("make_fx records a function's ops and replays them", "[tracer]") {
+  at::manual_seed(0);
+  auto fn = [](const Tensors& in) {
+    auto h = at::matmul(in[0], in[1]).relu();
+    return Tensors{h.sum(1), h * 2.0};
+  };
+  Tensors inputs = {at::randn({4, 3}), at::randn({3, 5})};
+  auto r = make_fx(fn, inputs);
+  REQUIRE(r.graph.placeholders().size() == 2);
+  REQUIRE(r.graph.outputs().size() == 2);
+  REQUIRE(r.graph.placeholders()[0]->meta().sizes == std::vector<int64_t>{4, 3});
+  REQUIRE(count_calls(r.graph, "aten::relu") == 1);
+  auto expected = fn(inputs);
+  auto actual = run_traced(r, inputs);
+  REQUIRE_EQUAL_TENSORS(actual[0], expected[0]);
+  REQUIRE_EQUAL_TENSORS(actual[1], expected[1]);
+  // The example inputs are not written to, and results carry metadata.
+  REQUIRE(r.graph.outputs()[0]->meta().sizes == std::vector<int64_t>{4});
+}
+
+TEST_CASE("make_fx sees composite ops decomposed and factory ops with no tensor argument", "[tracer]") {
+  auto fn = [](const Tensors& in) { return Tensors{at::linear(in[0], in[1]) + at::ones({2}, at::kFloat)}; };
+  Tensors inputs = {at::randn({3, 4}), at::randn({2, 4})};
+  auto r = make_fx(fn, inputs);
+  REQUIRE(count_calls(r.graph, "aten::linear") == 0);  // CompositeImplicitAutograd: decomposed above the tracer
+  REQUIRE(count_calls(r.graph, "aten::ones") == 1);
+  REQUIRE_EQUAL_TENSORS(run_traced(r, inputs)[0], fn(inputs)[0]);
+}
+
+TEST_CASE("make_fx: softmax and cross-entropy", "[tracer]") {
+  at::manual_seed(1);
+  auto fn = [](const Tensors& in) {
+    auto logits = at::matmul(in[0], in[1]);
+    return Tensors{at::softmax(logits, 1), at::cross_entropy_loss(logits, in[2])};
+  };
+  Tensors inputs = {at::randn({6, 5}), at::randn({5, 4}), at::randint(0, 4, {6}, at::kLong)};
+  auto r = make_fx(fn, inputs);
+  auto expected = fn(inputs);
+  auto actual = run_traced(r, inputs);
+  REQUIRE_EQUAL_TENSORS(actual[0], expected[0]);
+  REQUIRE_EQUAL_TENSORS(actual[1], expected[1]);
+}
+
+TEST_CASE("make_fx: causal self-attention (matmul, masked_fill, softmax)", "[tracer]") {
+  at::manual_seed(2);
+  const int64_t T = 5, C = 8;
+  auto fn = [&](const Tensors& in) {
+    auto qkv = at::matmul(in[0], in[1]);  // [T, 3C]
+    auto parts = qkv.split(C, 1);
+    auto att = at::matmul(parts[0], parts[1].transpose(0, 1)) / std::sqrt(static_cast<double>(C));
+    auto mask = at::ones({T, T}, at::kBool).triu(1);
+    att = att.masked_fill(mask, -std::numeric_limits<float>::infinity()).softmax(-1);
+    return Tensors{at::matmul(att, parts[2])};
+  };
+  Tensors inputs = {at::randn({T, C}), at::randn({C, 3 * C})};
+  auto r = make_fx(fn, inputs);
+  REQUIRE(count_calls(r.graph, "aten::split.Tensor") == 1);  // a Tensor[] result
+  REQUIRE_EQUAL_TENSORS(run_traced(r, inputs)[0], fn(inputs)[0]);
+}
+
+TEST_CASE("make_fx: embedding", "[tracer]") {
+  at::manual_seed(3);
+  auto fn = [](const Tensors& in) { return Tensors{at::embedding(in[0], in[1]).sum(-1)}; };
+  Tensors inputs = {at::randn({10, 4}), at::tensor({1, 3, 3, 9}, at::kLong)};
+  auto r = make_fx(fn, inputs);
+  REQUIRE_EQUAL_TENSORS(run_traced(r, inputs)[0], fn(inputs)[0]);
+}
+
+TEST_CASE("make_fx: dropout replays eager's randomness when the generator is re-seeded", "[tracer]") {
+  // The graph holds the RNG op itself (aten::native_dropout / bernoulli), which
+  // draws from the default CPU generator when it runs; seeding that generator
+  // the same way before the eager run and before the interpreted run makes
+  // both draw the same mask.
+  auto fn = [](const Tensors& in) { return Tensors{at::dropout(in[0] * 3.0, 0.5, /*train=*/true)}; };
+  Tensors inputs = {at::randn({16, 16})};
+  auto r = make_fx(fn, inputs);
+  bool has_rng = false;
+  for (auto* n : r.graph.nodes()) has_rng |= n->is_nondeterministic();
+  REQUIRE(has_rng);
+  at::manual_seed(42);
+  auto expected = fn(inputs);
+  at::manual_seed(42);
+  auto actual = run_traced(r, inputs);
+  REQUIRE_EQUAL_TENSORS(actual[0], expected[0]);
+}
+
+TEST_CASE("make_fx: in-place ops on intermediates and on inputs", "[tracer]") {
+  at::manual_seed(4);
+  auto fn = [](const Tensors& in) {
+    auto x = in[0];
+    auto y = x * 2.0;
+    y.add_(1.0).relu_();
+    x.mul_(3.0);  // an input written in place
+    return Tensors{y * x};
+  };
+  Tensors inputs = {at::randn({3, 4})};
+  const at::Tensor before = inputs[0].clone();
+  auto r = make_fx(fn, inputs);
+  // Reads after an in-place op depend on it: the output reads the mul_'s result.
+  REQUIRE(count_calls(r.graph, "aten::mul_.Scalar") == 1);
+  Tensors eager_in = clones(inputs), graph_in = clones(inputs);
+  auto expected = fn(eager_in);
+  auto actual = run_traced(r, graph_in);
+  REQUIRE_EQUAL_TENSORS(actual[0], expected[0]);
+  REQUIRE_EQUAL_TENSORS(graph_in[0], eager_in[0]);  // the graph writes the input, as eager did
+  // Tracing worked on a copy: the example input itself is unchanged.
+  REQUIRE_EQUAL_TENSORS(inputs[0], before);
+}
+
+TEST_CASE("make_fx: views followed by mutation", "[tracer]") {
+  at::manual_seed(5);
+  auto fn = [](const Tensors& in) {
+    auto y = in[0] + 1.0;  // [4, 6]
+    y.view({-1}).add_(1.0);
+    y.transpose(0, 1).mul_(2.0);
+    y.slice(0, 0, 2).sub_(0.5);
+    y.select(1, 3).fill_(7.0);
+    y.as_strided({2, 2}, {1, 6}, 1).mul_(-1.0);
+    auto z = y.select(0, 2).expand({3, 6}) * 2.0;
+    return Tensors{y, z};
+  };
+  Tensors inputs = {at::randn({4, 6})};
+  auto r = make_fx(fn, inputs);
+  auto expected = fn(clones(inputs));
+  auto actual = run_traced(r, clones(inputs));
+  REQUIRE_EQUAL_TENSORS(actual[0], expected[0]);
+  REQUIRE_EQUAL_TENSORS(actual[1], expected[1]);
+}
+
+TEST_CASE("make_fx: multi-result ops", "[tracer]") {
+  at::manual_seed(6);
+  auto fn = [](const Tensors& in) {
+    auto [values, indices] = at::max(in[0], 1);
+    auto [top, top_idx] = at::topk(in[0], 2);
+    auto [out, mean, rstd] = at::native_layer_norm(in[0], {5}, {}, {}, 1e-5);
+    auto chunks = in[0].chunk(2, 0);
+    return Tensors{values, indices, top, top_idx, out, mean, rstd, chunks[1] * 2.0};
+  };
+  Tensors inputs = {at::randn({4, 5})};
+  auto r = make_fx(fn, inputs);
+  auto expected = fn(inputs);
+  auto actual = run_traced(r, inputs);
+  REQUIRE(actual.size() == expected.size());
+  for (size_t i = 0; i < actual.size(); ++i) REQUIRE_EQUAL_TENSORS(actual[i], expected[i]);
+}
+
+TEST_CASE("make_fx rejects data-dependent ops, naming them", "[tracer]") {
+  at::Tensor x = at::randn({4});
+  REQUIRE_THROWS_WITH(make_fx([](const at::Tensor& t) { return t * t.sum().item<float>(); }, x),
+                      CRUCIBLE_HAS_SUBSTR("aten::_local_scalar_dense"));
+  REQUIRE_THROWS_WITH(make_fx([](const at::Tensor& t) { return at::nonzero(t); }, x),
+                      CRUCIBLE_HAS_SUBSTR("aten::nonzero"));
+  REQUIRE_THROWS_WITH(make_fx([](const at::Tensor& t) { return t.sum().is_nonzero() ? t : -t; }, x),
+                      CRUCIBLE_HAS_SUBSTR("data-dependent"));  // is_nonzero decomposes to _local_scalar_dense
+  REQUIRE_THROWS_WITH(make_fx([](const at::Tensor& t) { return at::equal(t, t) ? t : -t; }, x),
+                      CRUCIBLE_HAS_SUBSTR("data-dependent"));
+  REQUIRE_THROWS_AS(make_fx([](const at::Tensor& t) { return t.masked_select(t > 0); }, x), TraceError);
+}
+
+TEST_CASE("make_fx: tensors not derived from inputs become constants; large ones are refused", "[tracer]") {
+  at::manual_seed(7);
+  at::Tensor bias = at::randn({4});
+  auto fn = [&](const at::Tensor& t) { return t + bias; };
+  at::Tensor x = at::randn({3, 4});
+  auto r = make_fx(fn, x);
+  size_t constants = 0;
+  for (auto* n : r.graph.nodes()) constants += n->is_constant();
+  REQUIRE(constants == 1);
+  REQUIRE_EQUAL_TENSORS(run_traced(r, {x})[0], fn(x));
+
+  at::Tensor big = at::randn({1024, 1024});  // 4 MiB
+  REQUIRE_THROWS_WITH(make_fx([&](const at::Tensor& t) { return at::matmul(t, big); }, at::randn({2, 1024})),
+                      CRUCIBLE_HAS_SUBSTR("max_constant_bytes"));
+  TraceOptions roomy;
+  roomy.max_constant_bytes = int64_t{8} << 20;
+  REQUIRE_NOTHROW(make_fx([&](const at::Tensor& t) { return at::matmul(t, big); }, at::randn({2, 1024}), roomy));
+}
+
+TEST_CASE("make_fx: a joint trace of torch::autograd::grad tags the backward ops", "[tracer]") {
+  at::manual_seed(8);
+  auto fn = [](const Tensors& in) {
+    auto w = in[1];
+    auto loss = at::matmul(in[0], w).relu().pow(2).mean();
+    auto grads = torch::autograd::grad({loss}, {w});
+    return Tensors{loss.detach(), grads[0]};
+  };
+  Tensors inputs = {at::randn({8, 4}), at::randn({4, 3}).requires_grad_()};
+  auto r = make_fx(fn, inputs);
+  REQUIRE(r.graph.placeholders()[1]->meta().requires_grad);
+  size_t backward = 0, forward = 0;
+  for (auto* n : r.graph.nodes()) {
+    if (!n->is_call()) continue;
+    (n->has_tag("backward") ? backward : forward)++;
+  }
+  REQUIRE(backward > 0);
+  REQUIRE(forward > 0);
+  REQUIRE(count_calls(r.graph, "aten::threshold_backward") == 1);
+  auto expected = fn(inputs);
+  auto actual = run_traced(r, {inputs[0], inputs[1].detach()});
+  REQUIRE_EQUAL_TENSORS(actual[0], expected[0]);
+  REQUIRE_EQUAL_TENSORS(actual[1], expected[1]);
+}
