@@ -28,6 +28,16 @@ struct SavedState {
   at::Tensor grad;
 };
 
+// Tensor::set_data refuses to turn a CPU tensor into a meta one (fake mode),
+// so the swap between devices copies the TensorImpl's metadata directly,
+// which is what set_data does once its checks pass.
+void swap_data(const at::Tensor& t, const at::Tensor& data) {
+  if (t.device() == data.device())
+    t.set_data(data);
+  else
+    t.unsafeGetTensorImpl()->shallow_copy_from(data.getIntrusivePtr());
+}
+
 }  // namespace
 
 TraceResult functional_call(torch::nn::Module& module, const ModuleFn& fn, const std::vector<at::Tensor>& example_inputs,
@@ -60,12 +70,12 @@ TraceResult functional_call(torch::nn::Module& module, const ModuleFn& fn, const
       const at::Tensor& t = state[i];
       saved.push_back({t, t.variable_data(), t.grad()});
       if (t.grad().defined()) t.mutable_grad() = at::Tensor();
-      t.set_data(traced[i]);
+      swap_data(t, traced[i]);
     }
   };
   hooks.teardown = [&] {
     for (SavedState& s : saved) {
-      s.tensor.set_data(s.data);
+      swap_data(s.tensor, s.data);
       if (s.grad.defined() || s.tensor.grad().defined()) s.tensor.mutable_grad() = s.grad;
     }
   };

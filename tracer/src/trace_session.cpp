@@ -146,7 +146,8 @@ ir::Value* TraceSession::value_of(const at::Tensor& t, const std::string& user) 
 ir::Argument TraceSession::argument(const c10::IValue& iv, const c10::Argument& formal, const std::string& user) {
   if (iv.isTensor()) {
     const at::Tensor& t = iv.toTensor();
-    if (!t.defined()) return iv;
+    // An undefined tensor passed for a Tensor? argument means None.
+    if (!t.defined()) return formal.type()->kind() == c10::TypeKind::OptionalType ? c10::IValue() : iv;
     return value_of(t, user);
   }
   if (iv.isTensorList()) {
@@ -256,6 +257,18 @@ void TraceSession::run_on_cpu(const c10::OperatorHandle& op, std::vector<c10::IV
   }
 }
 
+// Functionalize kernels first run a mutating op on meta copies of its
+// arguments, made outside the dispatcher, to raise eager's shape errors; such
+// calls read meta tensors the trace never saw and are not part of the program.
+bool TraceSession::is_shape_check(const torch::jit::Stack& stack, size_t base) {
+  for (size_t a = base; a < stack.size(); ++a) {
+    if (!stack[a].isTensor()) continue;
+    const at::Tensor& t = stack[a].toTensor();
+    if (t.defined() && t.is_meta() && !lookup(t)) return true;
+  }
+  return false;
+}
+
 void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack) {
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
@@ -283,6 +296,10 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
   }
 
   c10::impl::ExcludeDispatchKeyGuard no_trace(c10::DispatchKey::Fake);
+  if (options_.functionalize && is_shape_check(stack, base)) {
+    op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake), &stack);
+    return;
+  }
   std::vector<ir::Argument> args;
   args.reserve(nargs);
   for (size_t a = 0; a < nargs; ++a) args.push_back(argument(stack[base + a], schema.arguments()[a], i.name));

@@ -85,6 +85,7 @@ class TraceSession {
   ir::Value* lookup(const at::Tensor& t);
   void define(ir::Value* v, const at::Tensor& t, bool alias_base = true);
   ir::Argument argument(const c10::IValue& iv, const c10::Argument& formal, const std::string& user);
+  bool is_shape_check(const torch::jit::Stack& stack, size_t base);
   void run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack, size_t base);
   void run_on_cpu(const c10::OperatorHandle& op, std::vector<c10::IValue> args, torch::jit::Stack& stack);
 
