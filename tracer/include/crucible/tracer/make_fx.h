@@ -63,7 +63,11 @@ using TensorFn = std::function<std::vector<at::Tensor>(const std::vector<at::Ten
 /// autograd (forward ops, and the backward ops of any torch::autograd::grad
 /// or .backward() call inside `fn`, tagged "backward"). Placeholders are the
 /// example inputs (meta and requires_grad taken from them); tensor results
-/// carry the metadata of the tensors the ops produced. The graph replays the
+/// carry the metadata of the tensors the ops produced (requires_grad is false
+/// on them: the tracer runs below autograd; an undefined result, such as a
+/// gradient a backward op was told not to compute, has no metadata). An op is
+/// tagged "backward" when the autograd engine runs it, i.e. while a graph task
+/// is current (torch::autograd::get_current_graph_task_id() != -1). The graph replays the
 /// function: interpreting it on the same inputs gives the same outputs (RNG
 /// ops draw from the generator they drew from while tracing).
 ///
