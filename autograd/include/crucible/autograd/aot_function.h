@@ -32,6 +32,14 @@ struct AotState;
 // was traced with contiguous tangents); an undefined incoming gradient (an
 // output the loss does not use) is passed as zeros.
 
+// Note [Duplicated inputs]
+// The function is always traced on distinct copies of its inputs, so f(x, x)
+// compiles as a function of two leaves; at runtime the autograd Function gets
+// x twice and the engine accumulates both gradients into x, as eager's two
+// uses of one leaf do. This is what the seed's AOTDedupeWrapper achieves by
+// removing duplicates; it is sound here because functions that mutate their
+// inputs are refused (a mutation through one would be seen through the other).
+
 // Note [AOT cache guards]
 // A compilation is valid for the input metadata it was traced with: each
 // input's sizes, strides, dtype, device and requires_grad, and grad mode. A
