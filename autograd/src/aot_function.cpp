@@ -4,7 +4,12 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <crucible/runtime/metrics.h>
+#include <crucible/runtime/timing.h>
 
+#include <atomic>
+#include <chrono>
+#include <optional>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
@@ -12,6 +17,10 @@
 namespace crucible::autograd {
 
 namespace {
+
+void record_metrics(const std::string& compile_id, const char* kind, const ir::Graph& g, double compile_ms,
+                    double backend_ms, std::string reason);
+double elapsed_ms(std::chrono::steady_clock::time_point since);
 
 // What the autograd path compiled for one input metadata.
 // See Note [AOT dispatch].
@@ -27,9 +36,15 @@ struct CompiledGraphs : torch::CustomClassHolder {
   size_t num_saved = 0;
   std::vector<size_t> gradient_inputs;    // per backward output: the primal index
   size_t num_primals = 0;
+  std::string compile_id;
 
   const ir::CompiledFn& compiled_backward(const std::vector<at::Tensor>& example_inputs) {
-    std::call_once(backward_compiled, [&] { backward = bw_compiler(backward_graph, example_inputs); });
+    std::call_once(backward_compiled, [&] {
+      auto timed = runtime::default_phase_timer().time("bw_compiler");
+      const auto start = std::chrono::steady_clock::now();
+      backward = bw_compiler(backward_graph, example_inputs);
+      record_metrics(compile_id, "backward", backward_graph, elapsed_ms(start), elapsed_ms(start), "first backward");
+    });
     return backward;
   }
 };
@@ -97,6 +112,27 @@ std::vector<at::Tensor> detached_copies(const std::vector<at::Tensor>& inputs, b
   return out;
 }
 
+// One CompilationMetrics record for a compiled graph.
+void record_metrics(const std::string& compile_id, const char* kind, const ir::Graph& g, double compile_ms,
+                    double backend_ms, std::string reason) {
+  runtime::CompilationMetrics m;
+  m.compile_id = compile_id;
+  m.kind = kind;
+  for (const ir::Node* n : g.nodes()) {
+    ++m.graph_node_count;
+    m.graph_op_count += n->is_call();
+    m.graph_input_count += n->is_placeholder();
+  }
+  m.compile_time_ms = compile_ms;
+  m.backend_compile_time_ms = backend_ms;
+  m.recompile_reason = std::move(reason);
+  runtime::default_metrics_log().record(std::move(m));
+}
+
+double elapsed_ms(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
+}
+
 void require_no_input_mutation(const tracer::TraceResult& traced, const char* path) {
   for (size_t i = 0; i < traced.input_mutations.size(); ++i)
     if (traced.input_mutations[i].data || traced.input_mutations[i].metadata)
@@ -110,13 +146,16 @@ void require_no_input_mutation(const tracer::TraceResult& traced, const char* pa
 namespace detail {
 
 struct AotState {
+  size_t id = 0;  // this function's number, for compile ids "function/compilation"
   tracer::TensorFn fn;
   AotConfig config;
   std::mutex mu;
   // guard key -> the compiled callable for those inputs
   std::unordered_map<std::string, ir::CompiledFn> cache;
 
-  ir::CompiledFn compile_inference(const std::vector<at::Tensor>& inputs) {
+  ir::CompiledFn compile_inference(const std::vector<at::Tensor>& inputs, const std::string& compile_id) {
+    auto timed = runtime::default_phase_timer().time("aot_inference");
+    const auto start = std::chrono::steady_clock::now();
     at::NoGradGuard no_grad;
     tracer::TraceOptions options;
     options.functionalize = true;
@@ -125,7 +164,10 @@ struct AotState {
     tracer::TraceResult traced = tracer::make_fx(fn, examples, options);
     require_no_input_mutation(traced, "inference");
     const size_t num_outputs = traced.graph.outputs().size();
+    const auto backend_start = std::chrono::steady_clock::now();
     ir::CompiledFn compiled = config.inference_compiler(traced.graph, examples);
+    record_metrics(compile_id, "inference", traced.graph, elapsed_ms(start), elapsed_ms(backend_start),
+                   compile_id.ends_with("/0") ? "first call" : "input metadata changed");
     return [compiled = std::move(compiled), num_outputs](std::vector<at::Tensor>& args) {
       at::NoGradGuard no_grad;
       std::vector<at::Tensor> outs = compiled(args);
@@ -134,7 +176,9 @@ struct AotState {
     };
   }
 
-  ir::CompiledFn compile_autograd(const std::vector<at::Tensor>& inputs) {
+  ir::CompiledFn compile_autograd(const std::vector<at::Tensor>& inputs, const std::string& compile_id) {
+    auto timed = runtime::default_phase_timer().time("aot_autograd");
+    const auto start = std::chrono::steady_clock::now();
     const std::vector<at::Tensor> primals = detached_copies(inputs);
     // Metadata pass: input mutations (a functionalized trace without
     // gradients), then which outputs need a tangent, and their shapes.
@@ -149,6 +193,7 @@ struct AotState {
     graphs->num_outputs = probe_outs.size();
     graphs->num_primals = primals.size();
     graphs->bw_compiler = config.bw_compiler;
+    graphs->compile_id = compile_id;
     std::vector<at::Tensor> tangents;
     for (size_t i = 0; i < probe_outs.size(); ++i)
       if (probe_outs[i].requires_grad()) {
@@ -186,17 +231,27 @@ struct AotState {
     tracer::TraceOptions options;
     options.functionalize = true;
     options.decompositions = config.decompositions;
+    std::optional<runtime::PhaseTimer::Scope> phase(runtime::default_phase_timer().time("trace_joint"));
     tracer::TraceResult traced = tracer::make_fx(joint, joint_inputs, options);
+    phase.reset();
     ir::Graph& g = traced.graph;
     // Mark the joint graph per Note [Joint graph contract].
     for (size_t i = num_primals; i < joint_inputs.size(); ++i) g.signature().inputs[i].kind = ir::InputKind::Tangent;
     for (size_t k = 0; k < grad_of.size(); ++k)
       g.signature().outputs[graphs->num_outputs + k] = ir::OutputSpec{ir::OutputKind::Gradient, grad_of[k]};
 
+    phase.emplace(runtime::default_phase_timer().time("partition"));
     partitioner::PartitionResult parts = config.partition_fn(g, graphs->num_outputs);
+    phase.reset();
     graphs->num_saved = parts.saved_values.size();
     graphs->gradient_inputs = parts.gradient_inputs;
+    phase.emplace(runtime::default_phase_timer().time("fw_compiler"));
+    const auto backend_start = std::chrono::steady_clock::now();
     graphs->forward = config.fw_compiler(parts.forward, primals);
+    const double backend_ms = elapsed_ms(backend_start);
+    phase.reset();
+    record_metrics(compile_id, "forward", parts.forward, elapsed_ms(start), backend_ms,
+                   compile_id.ends_with("/0") ? "first call" : "input metadata changed");
     graphs->backward_graph = std::move(parts.backward);
     return [graphs](std::vector<at::Tensor>& args) {
       std::vector<at::Tensor> outs = CompiledFunction::apply(graphs, at::TensorList(args));
@@ -223,8 +278,9 @@ std::vector<at::Tensor> AotFunction::operator()(const std::vector<at::Tensor>& i
                        std::to_string(state_->cache.size()) +
                        " compiled versions and recompile_limit is reached; raise the limit or keep input "
                        "sizes, dtypes, devices and requires_grad fixed");
+      const std::string compile_id = std::to_string(state_->id) + "/" + std::to_string(state_->cache.size());
       it = state_->cache
-               .emplace(key, needs_grad ? state_->compile_autograd(inputs) : state_->compile_inference(inputs))
+               .emplace(key, needs_grad ? state_->compile_autograd(inputs, compile_id) : state_->compile_inference(inputs, compile_id))
                .first;
     }
     fn = it->second;
@@ -240,7 +296,9 @@ size_t AotFunction::num_compilations() const {
 
 AotFunction aot_function(tracer::TensorFn fn, AotConfig config) {
   AotFunction f;
+  static std::atomic<size_t> next_id{0};
   f.state_ = std::make_shared<detail::AotState>();
+  f.state_->id = next_id++;
   f.state_->fn = std::move(fn);
   f.state_->config = std::move(config);
   return f;

@@ -3,6 +3,8 @@
 // recompilation on new shapes.
 #include <crucible/autograd/aot_function.h>
 #include <crucible/autograd/error.h>
+#include <crucible/runtime/metrics.h>
+#include <crucible/runtime/timing.h>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -226,4 +228,25 @@ TEST_CASE("aot_function: 20 SGD steps of a small ConvNet end where eager ends", 
   // backward, compounded over 20 steps.
   REQUIRE_CLOSE(aot_loss.detach(), eager_loss.detach(), 1e-5, 1e-6);
   for (size_t i = 0; i < eager_p.size(); ++i) REQUIRE_CLOSE(aot_p[i].detach(), eager_p[i].detach(), 1e-5, 1e-6);
+}
+
+TEST_CASE("aot_function: compilations are timed and recorded in the metrics log", "[autograd]") {
+  runtime::default_metrics_log().clear();
+  runtime::default_phase_timer().clear();
+  auto compiled = autograd::aot_function(mlp_fn);
+  const auto x = at::randn({2, 3}), w = at::randn({4, 3}).requires_grad_(), b = at::randn({4});
+  compiled({x, w, b})[1].backward();
+  compiled({x, w, b})[1].backward();  // cached: no new record
+  const auto records = runtime::default_metrics_log().records();
+  REQUIRE(records.size() == 2);
+  REQUIRE(records[0].kind == "forward");
+  REQUIRE(records[0].recompile_reason == "first call");
+  REQUIRE(records[1].kind == "backward");
+  REQUIRE(records[0].compile_id == records[1].compile_id);
+  // The forward graph takes the 3 primals; the backward takes saved values and one tangent per output.
+  REQUIRE(records[0].graph_input_count == 3);
+  REQUIRE(records[1].graph_op_count > 0);
+  const std::string report = runtime::default_phase_timer().report();
+  for (const char* phase : {"aot_autograd", "trace_joint", "partition", "fw_compiler", "bw_compiler"})
+    REQUIRE(report.find(phase) != std::string::npos);
 }

@@ -62,7 +62,11 @@ class AotFunction {
   std::shared_ptr<detail::AotState> state_;
 };
 
-/// Compiles `fn` on first use with `config`. `fn` must be a function of its
+/// Compiles `fn` on first use with `config`. Each compilation records its
+/// phases (aot_autograd > trace_joint, partition, fw_compiler; bw_compiler;
+/// aot_inference) in runtime::default_phase_timer() and one
+/// CompilationMetrics per compiled graph ("forward", "backward",
+/// "inference") in runtime::default_metrics_log(). `fn` must be a function of its
 /// tensor inputs (anything else it reads is baked into the graph) and must
 /// not mutate its inputs on the autograd path (AotError says so when it does).
 AotFunction aot_function(tracer::TensorFn fn, AotConfig config = {});
