@@ -250,3 +250,17 @@ TEST_CASE("aot_function: compilations are timed and recorded in the metrics log"
   for (const char* phase : {"aot_autograd", "trace_joint", "partition", "fw_compiler", "bw_compiler"})
     REQUIRE(report.find(phase) != std::string::npos);
 }
+
+TEST_CASE("aot_function: input mutation is refused with a clear error", "[autograd]") {
+  auto compiled = autograd::aot_function([](const std::vector<at::Tensor>& in) {
+    in[0].mul_(3.0);
+    return std::vector<at::Tensor>{in[0] * in[1]};
+  });
+  const auto x = at::randn({2, 3}), w = at::randn({2, 3});
+  const auto x_before = x.clone();
+  // Inference path (nothing requires grad), then the autograd path.
+  REQUIRE_THROWS_WITH(compiled({x, w}), CRUCIBLE_HAS_SUBSTR("input 0 is mutated in place"));
+  REQUIRE_THROWS_WITH(compiled({x, w.requires_grad_()}), CRUCIBLE_HAS_SUBSTR("input 0 is mutated in place"));
+  // Tracing ran on copies: the caller's tensor is untouched.
+  REQUIRE_EQUAL_TENSORS(x, x_before);
+}
