@@ -137,7 +137,8 @@ void require_no_input_mutation(const tracer::TraceResult& traced, const char* pa
   for (size_t i = 0; i < traced.input_mutations.size(); ++i)
     if (traced.input_mutations[i].data || traced.input_mutations[i].metadata)
       throw AotError(std::string("aot_function: input ") + std::to_string(i) + " is mutated in place by the function (" +
-                     (traced.input_mutations[i].data ? "data" : "metadata") + "); the " + path +
+                     (traced.input_mutations[i].data && traced.input_mutations[i].metadata ? "data and metadata"
+                      : traced.input_mutations[i].data ? "data" : "metadata") + "); the " + path +
                      " path does not compile input mutations: make the function return the new value instead");
 }
 
@@ -162,15 +163,39 @@ struct AotState {
     options.decompositions = config.decompositions;
     const std::vector<at::Tensor> examples = detached_copies(inputs);
     tracer::TraceResult traced = tracer::make_fx(fn, examples, options);
-    require_no_input_mutation(traced, "inference");
-    const size_t num_outputs = traced.graph.outputs().size();
+    // Data mutations come back as extra outputs (OutputKind::MutatedInput);
+    // the epilogue copies them into the caller's tensors, as the seed's
+    // RuntimeWrapper does. Metadata mutations are refused.
+    for (size_t i = 0; i < traced.input_mutations.size(); ++i)
+      if (traced.input_mutations[i].metadata)
+        throw AotError("aot_function: input " + std::to_string(i) +
+                       " has its metadata mutated in place (sizes, strides or offset, e.g. transpose_); this is "
+                       "not compiled yet: make the function return the new view instead");
+    const ir::GraphSignature& sig = traced.graph.signature();
+    std::vector<size_t> mutated_inputs;  // per extra output: the input it updates
+    size_t num_outputs = 0;
+    for (const auto& spec : sig.outputs) {
+      if (spec.kind == ir::OutputKind::MutatedInput)
+        mutated_inputs.push_back(*spec.input_index);
+      else
+        ++num_outputs;
+    }
     const auto backend_start = std::chrono::steady_clock::now();
     ir::CompiledFn compiled = config.inference_compiler(traced.graph, examples);
     record_metrics(compile_id, "inference", traced.graph, elapsed_ms(start), elapsed_ms(backend_start),
                    compile_id.ends_with("/0") ? "first call" : "input metadata changed");
-    return [compiled = std::move(compiled), num_outputs](std::vector<at::Tensor>& args) {
+    return [compiled = std::move(compiled), num_outputs, mutated_inputs](std::vector<at::Tensor>& args) {
       at::NoGradGuard no_grad;
+      // The compiled callable may steal its inputs: keep the caller's tensors.
+      const std::vector<at::Tensor> originals = mutated_inputs.empty() ? std::vector<at::Tensor>() : args;
+      // See Note [Duplicated inputs].
+      for (size_t i : mutated_inputs)
+        for (size_t j = 0; j < originals.size(); ++j)
+          if (j != i && originals[j].defined() && originals[j].is_alias_of(originals[i]))
+            throw AotError("aot_function: input " + std::to_string(i) + " is mutated in place and shares storage with input " +
+                           std::to_string(j) + "; aliased mutated inputs are not compiled yet: pass distinct tensors");
       std::vector<at::Tensor> outs = compiled(args);
+      for (size_t k = 0; k < mutated_inputs.size(); ++k) originals[mutated_inputs[k]].copy_(outs[num_outputs + k]);
       outs.resize(num_outputs);
       return outs;
     };

@@ -37,8 +37,9 @@ struct AotState;
 // compiles as a function of two leaves; at runtime the autograd Function gets
 // x twice and the engine accumulates both gradients into x, as eager's two
 // uses of one leaf do. This is what the seed's AOTDedupeWrapper achieves by
-// removing duplicates; it is sound here because functions that mutate their
-// inputs are refused (a mutation through one would be seen through the other).
+// removing duplicates; it is sound here because a mutated input that shares
+// storage with another input is refused (a mutation through one would be seen
+// through the other), on every call, not only the compiling one.
 
 // Note [AOT cache guards]
 // A compilation is valid for the input metadata it was traced with: each
@@ -68,7 +69,10 @@ class AotFunction {
 /// CompilationMetrics per compiled graph ("forward", "backward",
 /// "inference") in runtime::default_metrics_log(). `fn` must be a function of its
 /// tensor inputs (anything else it reads is baked into the graph) and must
-/// not mutate its inputs on the autograd path (AotError says so when it does).
+/// not mutate its inputs on the autograd path, nor their metadata on any path,
+/// nor mutate an input that shares storage with another (AotError says so when
+/// it does); data mutations on the inference path are copied into the
+/// caller's tensors after the call.
 AotFunction aot_function(tracer::TensorFn fn, AotConfig config = {});
 
 }  // namespace crucible::autograd
