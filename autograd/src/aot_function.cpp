@@ -304,9 +304,27 @@ std::vector<at::Tensor> AotFunction::operator()(const std::vector<at::Tensor>& i
                        " compiled versions and recompile_limit is reached; raise the limit or keep input "
                        "sizes, dtypes, devices and requires_grad fixed");
       const std::string compile_id = std::to_string(state_->id) + "/" + std::to_string(state_->cache.size());
-      it = state_->cache
-               .emplace(key, needs_grad ? state_->compile_autograd(inputs, compile_id) : state_->compile_inference(inputs, compile_id))
-               .first;
+      // See Note [RNG during compilation].
+      at::Generator gen = at::detail::getDefaultCPUGenerator();
+      c10::intrusive_ptr<c10::TensorImpl> rng_state;
+      {
+        std::lock_guard gen_lock(gen.mutex());
+        rng_state = gen.get_state().getIntrusivePtr();
+      }
+      ir::CompiledFn compiled_fn;
+      try {
+        compiled_fn =
+            needs_grad ? state_->compile_autograd(inputs, compile_id) : state_->compile_inference(inputs, compile_id);
+      } catch (...) {
+        std::lock_guard gen_lock(gen.mutex());
+        gen.set_state(at::Tensor(rng_state));
+        throw;
+      }
+      {
+        std::lock_guard gen_lock(gen.mutex());
+        gen.set_state(at::Tensor(rng_state));
+      }
+      it = state_->cache.emplace(key, std::move(compiled_fn)).first;
     }
     fn = it->second;
   }

@@ -41,6 +41,18 @@ struct AotState;
 // storage with another input is refused (a mutation through one would be seen
 // through the other), on every call, not only the compiling one.
 
+// Note [RNG during compilation]
+// Compiling runs the function several times (metadata trace, joint trace),
+// and each run draws from the CPU generator. The generator's state is saved
+// before compiling and restored after, so the compiled call draws exactly
+// what the eager call would have drawn from the same state. Random ops stay
+// in the forward graph and draw at run time; what the backward needs from
+// them (dropout's mask) is a saved value, so forward and backward agree as
+// they do in eager. This is the CPU counterpart of the seed's functionalized
+// RNG (Philox seed/offset threaded through the graphs), which CUDA needs for
+// recomputation and CUDA graphs; the default partition recomputes nothing,
+// so saving suffices here.
+
 // Note [AOT cache guards]
 // A compilation is valid for the input metadata it was traced with: each
 // input's sizes, strides, dtype, device and requires_grad, and grad mode. A
