@@ -1,5 +1,7 @@
 #include <crucible/autograd/runtime_wrapper.h>
 
+#include "metadata_mutation.h"
+
 #include <ATen/ATen.h>
 
 #include <memory>
@@ -58,7 +60,7 @@ std::vector<at::Tensor> run_epilogue(const EpiloguePlan& plan, const ir::Compile
   for (const EpiloguePlan::Mutation& m : plan.mutations) {
     at::Tensor& t = inputs[m.input];
     if (m.info.mutates_metadata)
-      t.as_strided_(m.info.final_sizes, m.info.final_strides, offsets[m.input] + m.info.final_offset_delta);
+      detail::apply_metadata(t, m.info.final_sizes, m.info.final_strides, offsets[m.input] + m.info.final_offset_delta);
     if (m.new_value) {
       if (m.info.mutations_under_no_grad || !m.info.requires_grad || !plan.trace_joint) {
         at::NoGradGuard no_grad;

@@ -2,6 +2,8 @@
 #include <crucible/autograd/error.h>
 #include <crucible/autograd/synthetic_base_wrapper.h>
 
+#include "metadata_mutation.h"
+
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -128,7 +130,7 @@ ir::CompiledFn AOTSyntheticBaseWrapper::post_compile(ir::CompiledFn compiled, co
     const size_t first = outs.size() - metadata_targets.size();
     for (size_t j = 0; j < metadata_targets.size(); ++j) {
       const at::Tensor& m = outs[first + j];
-      metadata_targets[j].as_strided_(m.sizes(), m.strides(), m.storage_offset());
+      detail::apply_metadata(metadata_targets[j], m.sizes(), m.strides(), m.storage_offset());
     }
     outs.resize(first);
     return outs;

@@ -35,7 +35,10 @@ namespace crucible::autograd {
 //
 // Input mutations are applied before outputs are rebuilt, in input order:
 // metadata first (caller_input.as_strided_ to the recorded sizes, strides and
-// offset), then data (caller_input.copy_(new value)). A data write that
+// offset; for an input that does not require grad without bumping its
+// version counter, so saved values that view it stay valid: eager saved them
+// after the change, the compiled forward before), then data
+// (caller_input.copy_(new value)). A data write that
 // autograd did not see in eager (made under no_grad, or to an input that
 // does not require grad) is copied under NoGradGuard; any other is copied
 // with grad mode on, so the caller's tensor gets the history eager gives it
