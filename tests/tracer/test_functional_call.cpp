@@ -197,3 +197,35 @@ TEST_CASE("fake mode: meta tensors, with CPU stand-ins for ops without a Meta ke
   torch::NoGradGuard no_grad;
   REQUIRE_EQUAL_TENSORS(run_traced(f, graph_inputs(*model.module, {batch.inputs}))[0], model.forward(batch.inputs));
 }
+
+TEST_CASE("functionalize: a module's in-place state writes become MutatedInput outputs", "[tracer]") {
+  torch::manual_seed(6);
+  auto bn = std::make_shared<torch::nn::BatchNorm2dImpl>(3);
+  bn->train();
+  auto x = torch::randn({2, 3, 4, 4});
+  ModuleTraceOptions options;
+  options.trace.functionalize = true;
+  auto r = functional_call(
+      *bn, [&](torch::nn::Module&, const Tensors& in) { return Tensors{bn->forward(in[0])}; }, {x}, options);
+  // BatchNorm's `num_batches_tracked += 1` is recorded out of place and comes
+  // back as the buffer's new value (Note [Functionalizing module state]).
+  REQUIRE(count_calls(r.graph, "aten::add_.Scalar") == 0);
+  REQUIRE(count_calls(r.graph, "aten::add.Scalar") == 1);
+  const auto& outs = r.graph.signature().outputs;
+  REQUIRE(outs.size() == 2);
+  REQUIRE(outs[1].kind == ir::OutputKind::MutatedInput);
+  REQUIRE(outs[1].input_index == std::optional<size_t>(4));  // weight, bias, running_mean, running_var, num_batches_tracked
+  REQUIRE(r.input_mutations[4].data);
+  // Tracing left the module's buffers alone.
+  REQUIRE(bn->num_batches_tracked.item<int64_t>() == 0);
+
+  Tensors graph_in = graph_inputs(*bn, {x});
+  auto actual = run_traced(r, graph_in);
+  auto expected = bn->forward(x);
+  // Same kernels: bitwise equal, and native_batch_norm updates the running
+  // statistics it is given, as eager's kernel updates the module's.
+  REQUIRE_EQUAL_TENSORS(actual[0], expected.detach());
+  REQUIRE(actual[1].item<int64_t>() == bn->num_batches_tracked.item<int64_t>());
+  REQUIRE_EQUAL_TENSORS(graph_in[2], bn->running_mean);
+  REQUIRE_EQUAL_TENSORS(graph_in[3], bn->running_var);
+}
