@@ -107,6 +107,41 @@ TEST_CASE("aot_function: a new input shape recompiles; recompile_limit stops it"
   REQUIRE_THROWS_WITH(compiled({at::randn({9, 3}), w, b}), CRUCIBLE_HAS_SUBSTR("recompile_limit is reached"));
 }
 
+TEST_CASE("aot_function: dtype, requires_grad, grad mode and aliasing changes each recompile, with the reason",
+          "[autograd]") {
+  at::manual_seed(3);
+  runtime::default_metrics_log().clear();
+  auto f = [](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{(in[0] * in[1]).sum(0)}; };
+  auto compiled = autograd::aot_function(f);
+  const auto x = at::randn({4, 3}), y = at::randn({4, 3});
+  auto check = [&](const std::vector<at::Tensor>& in, size_t compilations, const std::string& reason) {
+    const auto out = compiled(in)[0];
+    REQUIRE_EQUAL_TENSORS(out.detach(), f(in)[0].detach());
+    REQUIRE(compiled.num_compilations() == compilations);
+    if (!reason.empty()) {
+      const auto records = runtime::default_metrics_log().records();
+      INFO(records.back().recompile_reason);
+      REQUIRE(records.back().recompile_reason.find(reason) != std::string::npos);
+    }
+  };
+  // The reason is the first failing guard of the closest compilation.
+  check({x, y}, 1, "first call");
+  check({x.clone(), y.clone()}, 1, "");  // same metadata: cached
+  check({x.to(at::kDouble), y.to(at::kDouble)}, 2, "input 0: dtype Double (compiled for Float)");
+  check({x, y.clone().requires_grad_()}, 3, "input 1: requires_grad true (compiled for false)");
+  {
+    at::NoGradGuard no_grad;
+    check({x, y.clone().requires_grad_()}, 4, "grad mode off (compiled with it on)");
+  }
+  check({x, x}, 5, "input 0: shares storage with other inputs differently");
+  check({x.t().contiguous().t(), y}, 6, "input 0: strides [1, 4] (compiled for [3, 1])");
+  // Slices of one buffer at another offset share a compilation (unaliased
+  // offsets are not guarded).
+  const auto buffer = at::randn({8, 3});
+  check({buffer.slice(0, 0, 4), y}, 6, "");
+  check({buffer.slice(0, 4, 8), y}, 6, "");
+}
+
 TEST_CASE("aot_function: compilations are timed and recorded in the metrics log", "[autograd]") {
   runtime::default_metrics_log().clear();
   runtime::default_phase_timer().clear();
