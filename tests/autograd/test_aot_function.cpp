@@ -177,3 +177,29 @@ TEST_CASE("aot_function: a non-contiguous incoming gradient gives eager's gradie
   // eager's kernels read the strided one: same values, maybe other rounding.
   for (size_t i = 0; i < 3; ++i) REQUIRE_CLOSE(c_in[i].grad(), e_in[i].grad(), 1e-6, 1e-6);
 }
+
+TEST_CASE("aot_function: a saved input, or a saved view of one, written before the backward fails it as in eager",
+          "[autograd]") {
+  auto f = [](const std::vector<at::Tensor>& in) {
+    return std::vector<at::Tensor>{(in[0] * in[1]).sum() + (in[0].t() * in[2]).sum()};
+  };
+  auto compiled = autograd::aot_function(f);
+  at::manual_seed(11);
+  const auto x = at::randn({2, 3}), w = at::randn({2, 3}).requires_grad_(), v = at::randn({3, 2}).requires_grad_();
+  for (bool write : {false, true}) {
+    const auto cx = x.clone(), ex = x.clone();
+    const auto c = compiled({cx, w, v})[0];
+    const auto e = f({ex, w, v})[0];
+    REQUIRE_EQUAL_TENSORS(c.detach(), e.detach());
+    if (!write) {
+      REQUIRE_NOTHROW(c.backward());
+      REQUIRE_NOTHROW(e.backward());
+      continue;
+    }
+    // x is saved for the gradients of w (itself) and of v (its transpose, a view).
+    cx.add_(1);
+    ex.add_(1);
+    REQUIRE_THROWS_WITH(e.backward(), CRUCIBLE_HAS_SUBSTR("modified by an inplace operation"));
+    REQUIRE_THROWS_WITH(c.backward(), CRUCIBLE_HAS_SUBSTR("modified by an inplace operation"));
+  }
+}
