@@ -27,8 +27,8 @@ torch::autograd::variable_list CompiledFunction::forward(torch::autograd::Autogr
   const auto num_outs = static_cast<std::ptrdiff_t>(graphs->num_fwd_outputs);
   std::vector<at::Tensor> outs(results.begin(), results.begin() + num_outs);
   // Saved values that are views (of an input, or of each other) are saved
-  // detached, as the seed does (Note [Detaching saved tensors in
-  // AOTAutograd]): autograd then keeps no view-replay information for them.
+  // detached, as the seed's CompiledFunction does: autograd then keeps no
+  // view-replay information for them.
   // A detached tensor shares its version counter, so writing the input
   // before the backward fails the backward, as it does in eager.
   torch::autograd::variable_list saved;
