@@ -177,7 +177,13 @@ TEST_CASE("aot_module: BatchNorm's buffers are updated in train mode as eager up
     c.sum().backward();
     e.sum().backward();
   }
-  REQUIRE(cm->bn->num_batches_tracked.item<int64_t>() == 3);
+  // Under no_grad in train mode: the inference path, still updating the buffers.
+  {
+    torch::NoGradGuard no_grad;
+    const auto x = torch::randn({4, 2, 5, 5});
+    REQUIRE_EQUAL_TENSORS(compiled({x})[0], em->forward(x));
+  }
+  REQUIRE(cm->bn->num_batches_tracked.item<int64_t>() == 4);
   require_same_state(*cm, *em, 0.0, 0.0);
   for (const auto& [c, e] : std::vector<std::pair<at::Tensor, at::Tensor>>{
            {cm->conv->weight.grad(), em->conv->weight.grad()}, {cm->bn->weight.grad(), em->bn->weight.grad()}})
@@ -189,8 +195,8 @@ TEST_CASE("aot_module: BatchNorm's buffers are updated in train mode as eager up
   const auto x = torch::randn({2, 2, 5, 5});
   torch::NoGradGuard no_grad;
   REQUIRE_EQUAL_TENSORS(compiled({x})[0], em->forward(x));
-  REQUIRE(compiled.num_compilations() == 2);
-  REQUIRE(cm->bn->num_batches_tracked.item<int64_t>() == 3);
+  REQUIRE(compiled.num_compilations() == 3);
+  REQUIRE(cm->bn->num_batches_tracked.item<int64_t>() == 4);
 }
 
 TEST_CASE("aot_module_simplified: one compilation at construction, the module's tensors held", "[autograd][module]") {
