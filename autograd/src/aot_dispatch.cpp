@@ -102,7 +102,7 @@ ir::CompiledFn create_aot_dispatcher_function(AotRequest request) {
   const std::string compile_id = request.compile_id, reason = request.recompile_reason;
   try {
     auto timed = runtime::default_phase_timer().time(needs_autograd ? "aot_autograd" : "aot_inference");
-    detail::RngStateGuard keep_rng;  // Note [RNG during compilation]
+    detail::RngStateGuard keep_rng;  // See Note [RNG during compilation].
     {
       auto analysis = runtime::default_phase_timer().time("collect_metadata");
       request.fw_metadata = collect_metadata(request, needs_autograd);

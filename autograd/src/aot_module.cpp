@@ -98,7 +98,7 @@ tracer::TensorFn aot_module_simplified(std::shared_ptr<torch::nn::Module> module
     const bool grad = at::GradMode::is_enabled();
     const std::vector<bool> flags = detail::training_flags(*module);
     if (!guards->check(args, grad, flags))
-      throw AotError("aot_module_simplified: " + guards->first_difference(args, grad, flags) +
+      throw AotError("aot_module_simplified: " + guards->first_difference(args, grad, flags).reason +
                      "; it keeps the one compilation made for its example inputs: call with inputs like those, "
                      "or use aot_module, which compiles again");
     return compiled(args);

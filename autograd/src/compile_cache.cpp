@@ -27,8 +27,13 @@ std::vector<at::Tensor> CompileCache::call(std::vector<at::Tensor> args, const s
         break;
       }
     if (!hit) {
-      const std::string reason =
-          entries_.empty() ? "first call" : entries_.back()->guards.first_difference(args, grad_enabled, extra);
+      // The recompile reason: the first failing guard of the closest compilation.
+      InputGuards::Mismatch closest{0, "first call"};
+      for (auto e = entries_.rbegin(); e != entries_.rend(); ++e) {
+        InputGuards::Mismatch m = (*e)->guards.first_difference(args, grad_enabled, extra);
+        if (e == entries_.rbegin() || m.matched > closest.matched) closest = std::move(m);
+      }
+      const std::string& reason = closest.reason;
       if (config_.recompile_limit && entries_.size() >= *config_.recompile_limit)
         throw AotError(api_ + ": the inputs match none of the " + std::to_string(entries_.size()) +
                        " compiled versions (" + reason + ") and recompile_limit is reached (" +

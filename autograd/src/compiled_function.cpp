@@ -26,7 +26,15 @@ torch::autograd::variable_list CompiledFunction::forward(torch::autograd::Autogr
   std::vector<at::Tensor> results = graphs->forward(args);
   const auto num_outs = static_cast<std::ptrdiff_t>(graphs->num_fwd_outputs);
   std::vector<at::Tensor> outs(results.begin(), results.begin() + num_outs);
-  ctx->save_for_backward(torch::autograd::variable_list(results.begin() + num_outs, results.end()));
+  // Saved values that are views (of an input, or of each other) are saved
+  // detached, as the seed's CompiledFunction does: autograd then keeps no
+  // view-replay information for them.
+  // A detached tensor shares its version counter, so writing the input
+  // before the backward fails the backward, as it does in eager.
+  torch::autograd::variable_list saved;
+  saved.reserve(results.size() - graphs->num_fwd_outputs);
+  for (auto it = results.begin() + num_outs; it != results.end(); ++it) saved.push_back(it->is_view() ? it->detach() : *it);
+  ctx->save_for_backward(saved);
   ctx->saved_data["graphs"] = c10::IValue::make_capsule(graphs);
   // A backend may return one tensor for two outputs (a mutated input's new
   // value that is also a user output) or return an input; autograd needs a

@@ -103,39 +103,45 @@ bool InputGuards::check(const std::vector<at::Tensor>& args, bool grad_enabled, 
   return true;
 }
 
-std::string InputGuards::first_difference(const std::vector<at::Tensor>& args, bool grad_enabled,
-                                          const std::vector<bool>& extra) const {
+InputGuards::Mismatch InputGuards::first_difference(const std::vector<at::Tensor>& args, bool grad_enabled,
+                                                     const std::vector<bool>& extra) const {
   if (grad_enabled != grad_enabled_)
-    return std::string("grad mode ") + (grad_enabled ? "on" : "off") + " (compiled with it " +
-           (grad_enabled_ ? "on" : "off") + ")";
+    return {0, std::string("grad mode ") + (grad_enabled ? "on" : "off") + " (compiled with it " +
+                   (grad_enabled_ ? "on" : "off") + ")"};
   if (args.size() != entries_.size())
-    return std::to_string(args.size()) + " inputs (compiled for " + std::to_string(entries_.size()) + ")";
-  if (extra != extra_) return "module training flags changed (train()/eval())";
+    return {0, std::to_string(args.size()) + " inputs (compiled for " + std::to_string(entries_.size()) + ")"};
+  if (extra != extra_) return {0, "module training flags changed (train()/eval())"};
+  for (size_t i = 0; i < args.size(); ++i) {
+    const Entry& e = entries_[i];
+    const at::Tensor& t = args[i];
+    const std::string in = "input " + std::to_string(i) + ": ";
+    if (t.defined() != e.defined) return {i, in + (t.defined() ? "defined" : "undefined") + " (compiled for the opposite)"};
+    if (!e.defined) continue;
+    if (t.sizes() != c10::IntArrayRef(e.sizes))
+      return {i, in + "sizes " + list(t.sizes()) + " (compiled for " + list(c10::IntArrayRef(e.sizes)) + ")"};
+    if (t.strides() != c10::IntArrayRef(e.strides))
+      return {i, in + "strides " + list(t.strides()) + " (compiled for " + list(c10::IntArrayRef(e.strides)) + ")"};
+    if (t.scalar_type() != e.dtype)
+      return {i, in + "dtype " + c10::toString(t.scalar_type()) + " (compiled for " + c10::toString(e.dtype) + ")"};
+    if (t.device() != e.device)
+      return {i, in + "device " + t.device().str() + " (compiled for " + e.device.str() + ")"};
+    if (t.requires_grad() != e.requires_grad)
+      return {i, in + "requires_grad " + (t.requires_grad() ? "true" : "false") + " (compiled for " +
+                     (e.requires_grad ? "true" : "false") + ")"};
+  }
   Aliasing a;
   compute_aliasing(args, a);
   for (size_t i = 0; i < args.size(); ++i) {
     const Entry& e = entries_[i];
     const at::Tensor& t = args[i];
     const std::string in = "input " + std::to_string(i) + ": ";
-    if (t.defined() != e.defined) return in + (t.defined() ? "defined" : "undefined") + " (compiled for the opposite)";
-    if (!e.defined) continue;
-    if (t.sizes() != c10::IntArrayRef(e.sizes))
-      return in + "sizes " + list(t.sizes()) + " (compiled for " + list(c10::IntArrayRef(e.sizes)) + ")";
-    if (t.strides() != c10::IntArrayRef(e.strides))
-      return in + "strides " + list(t.strides()) + " (compiled for " + list(c10::IntArrayRef(e.strides)) + ")";
-    if (t.scalar_type() != e.dtype)
-      return in + "dtype " + c10::toString(t.scalar_type()) + " (compiled for " + c10::toString(e.dtype) + ")";
-    if (t.device() != e.device) return in + "device " + t.device().str() + " (compiled for " + e.device.str() + ")";
-    if (t.requires_grad() != e.requires_grad)
-      return in + "requires_grad " + (t.requires_grad() ? "true" : "false") + " (compiled for " +
-             (e.requires_grad ? "true" : "false") + ")";
     if (a.aliased[i] != e.aliased || a.storage_of[i] != e.storage_of || a.same_as[i] != e.same_as)
-      return in + "shares storage with other inputs differently than when compiled";
+      return {args.size(), in + "shares storage with other inputs differently than when compiled"};
     if (e.aliased && (t.storage_offset() != e.storage_offset ||
                       static_cast<int64_t>(t.storage().nbytes()) != e.storage_nbytes))
-      return in + "storage offset or storage size changed (it shares storage with another input)";
+      return {args.size(), in + "storage offset or storage size changed (it shares storage with another input)"};
   }
-  return "";
+  return {args.size(), ""};
 }
 
 }  // namespace crucible::autograd::detail

@@ -26,9 +26,15 @@ class InputGuards {
   bool check(const std::vector<at::Tensor>& args, bool grad_enabled, const std::vector<bool>& extra) const;
 
   /// The first guard `args` fail, e.g. "input 0: sizes [7, 3] (compiled for
-  /// [4, 3])"; "" when all pass.
-  std::string first_difference(const std::vector<at::Tensor>& args, bool grad_enabled,
-                               const std::vector<bool>& extra) const;
+  /// [4, 3])" ("" when all pass), and how many leading arguments met all
+  /// their own guards before it (0 when grad mode, the argument count or
+  /// `extra` differ): the compilation with the most is the closest one.
+  struct Mismatch {
+    size_t matched = 0;
+    std::string reason;
+  };
+  Mismatch first_difference(const std::vector<at::Tensor>& args, bool grad_enabled,
+                            const std::vector<bool>& extra) const;
 
  private:
   struct Entry {

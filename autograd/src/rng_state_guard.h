@@ -9,20 +9,9 @@
 
 namespace crucible::autograd::detail {
 
-// Note [RNG during compilation]
-// Compiling runs the function several times (the metadata analysis, the
-// joint or inference trace, again after a wrapper changes the calling
-// convention), and each run draws from the default generators. The guard
-// saves the state of the CPU generator, and of every CUDA device's
-// generator where CUDA is present, and restores them when the compilation
-// ends (also when it throws), so the compiled call then draws exactly what
-// the eager call would have drawn from the same state. Random ops stay in
-// the forward graph and draw at run time (unless AotConfig::
-// functionalize_rng_ops, Note [Functionalized RNG]); what the backward needs
-// from them (dropout's mask) is a saved value, so forward and backward
-// agree as they do in eager. Given the same generator state before the
-// call, a compiled CPU dropout therefore equals eager's bit for bit: the
-// interpreter runs the same kernels, drawing in the same order.
+/// Saves the default generators' states (the CPU one, and each CUDA
+/// device's where CUDA is present) and restores them on destruction, also
+/// when unwinding. See Note [RNG during compilation] in aot_dispatch.h.
 class RngStateGuard {
  public:
   RngStateGuard();

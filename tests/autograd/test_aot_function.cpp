@@ -107,6 +107,41 @@ TEST_CASE("aot_function: a new input shape recompiles; recompile_limit stops it"
   REQUIRE_THROWS_WITH(compiled({at::randn({9, 3}), w, b}), CRUCIBLE_HAS_SUBSTR("recompile_limit is reached"));
 }
 
+TEST_CASE("aot_function: dtype, requires_grad, grad mode and aliasing changes each recompile, with the reason",
+          "[autograd]") {
+  at::manual_seed(3);
+  runtime::default_metrics_log().clear();
+  auto f = [](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{(in[0] * in[1]).sum(0)}; };
+  auto compiled = autograd::aot_function(f);
+  const auto x = at::randn({4, 3}), y = at::randn({4, 3});
+  auto check = [&](const std::vector<at::Tensor>& in, size_t compilations, const std::string& reason) {
+    const auto out = compiled(in)[0];
+    REQUIRE_EQUAL_TENSORS(out.detach(), f(in)[0].detach());
+    REQUIRE(compiled.num_compilations() == compilations);
+    if (!reason.empty()) {
+      const auto records = runtime::default_metrics_log().records();
+      INFO(records.back().recompile_reason);
+      REQUIRE(records.back().recompile_reason.find(reason) != std::string::npos);
+    }
+  };
+  // The reason is the first failing guard of the closest compilation.
+  check({x, y}, 1, "first call");
+  check({x.clone(), y.clone()}, 1, "");  // same metadata: cached
+  check({x.to(at::kDouble), y.to(at::kDouble)}, 2, "input 0: dtype Double (compiled for Float)");
+  check({x, y.clone().requires_grad_()}, 3, "input 1: requires_grad true (compiled for false)");
+  {
+    at::NoGradGuard no_grad;
+    check({x, y.clone().requires_grad_()}, 4, "grad mode off (compiled with it on)");
+  }
+  check({x, x}, 5, "input 0: shares storage with other inputs differently");
+  check({x.t().contiguous().t(), y}, 6, "input 0: strides [1, 4] (compiled for [3, 1])");
+  // Slices of one buffer at another offset share a compilation (unaliased
+  // offsets are not guarded).
+  const auto buffer = at::randn({8, 3});
+  check({buffer.slice(0, 0, 4), y}, 6, "");
+  check({buffer.slice(0, 4, 8), y}, 6, "");
+}
+
 TEST_CASE("aot_function: compilations are timed and recorded in the metrics log", "[autograd]") {
   runtime::default_metrics_log().clear();
   runtime::default_phase_timer().clear();
@@ -141,4 +176,30 @@ TEST_CASE("aot_function: a non-contiguous incoming gradient gives eager's gradie
   // The compiled backward takes a contiguous copy (Note [AOT dispatch]);
   // eager's kernels read the strided one: same values, maybe other rounding.
   for (size_t i = 0; i < 3; ++i) REQUIRE_CLOSE(c_in[i].grad(), e_in[i].grad(), 1e-6, 1e-6);
+}
+
+TEST_CASE("aot_function: a saved input, or a saved view of one, written before the backward fails it as in eager",
+          "[autograd]") {
+  auto f = [](const std::vector<at::Tensor>& in) {
+    return std::vector<at::Tensor>{(in[0] * in[1]).sum() + (in[0].t() * in[2]).sum()};
+  };
+  auto compiled = autograd::aot_function(f);
+  at::manual_seed(11);
+  const auto x = at::randn({2, 3}), w = at::randn({2, 3}).requires_grad_(), v = at::randn({3, 2}).requires_grad_();
+  for (bool write : {false, true}) {
+    const auto cx = x.clone(), ex = x.clone();
+    const auto c = compiled({cx, w, v})[0];
+    const auto e = f({ex, w, v})[0];
+    REQUIRE_EQUAL_TENSORS(c.detach(), e.detach());
+    if (!write) {
+      REQUIRE_NOTHROW(c.backward());
+      REQUIRE_NOTHROW(e.backward());
+      continue;
+    }
+    // x is saved for the gradients of w (itself) and of v (its transpose, a view).
+    cx.add_(1);
+    ex.add_(1);
+    REQUIRE_THROWS_WITH(e.backward(), CRUCIBLE_HAS_SUBSTR("modified by an inplace operation"));
+    REQUIRE_THROWS_WITH(c.backward(), CRUCIBLE_HAS_SUBSTR("modified by an inplace operation"));
+  }
 }

@@ -47,6 +47,17 @@ struct BnNetImpl : torch::nn::Module {
   torch::nn::BatchNorm2d bn{nullptr};
 };
 
+// One Linear applied twice and registered under two names: named_parameters()
+// lists its tensors twice.
+struct TiedImpl : torch::nn::Module {
+  TiedImpl() {
+    fc = register_module("fc", torch::nn::Linear(4, 4));
+    register_module("fc_again", fc);
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc(torch::tanh(fc(x))); }
+  torch::nn::Linear fc{nullptr};
+};
+
 // Two modules with the same parameters.
 template <typename M>
 std::pair<std::shared_ptr<M>, std::shared_ptr<M>> twins(uint64_t seed) {
@@ -166,7 +177,13 @@ TEST_CASE("aot_module: BatchNorm's buffers are updated in train mode as eager up
     c.sum().backward();
     e.sum().backward();
   }
-  REQUIRE(cm->bn->num_batches_tracked.item<int64_t>() == 3);
+  // Under no_grad in train mode: the inference path, still updating the buffers.
+  {
+    torch::NoGradGuard no_grad;
+    const auto x = torch::randn({4, 2, 5, 5});
+    REQUIRE_EQUAL_TENSORS(compiled({x})[0], em->forward(x));
+  }
+  REQUIRE(cm->bn->num_batches_tracked.item<int64_t>() == 4);
   require_same_state(*cm, *em, 0.0, 0.0);
   for (const auto& [c, e] : std::vector<std::pair<at::Tensor, at::Tensor>>{
            {cm->conv->weight.grad(), em->conv->weight.grad()}, {cm->bn->weight.grad(), em->bn->weight.grad()}})
@@ -178,8 +195,8 @@ TEST_CASE("aot_module: BatchNorm's buffers are updated in train mode as eager up
   const auto x = torch::randn({2, 2, 5, 5});
   torch::NoGradGuard no_grad;
   REQUIRE_EQUAL_TENSORS(compiled({x})[0], em->forward(x));
-  REQUIRE(compiled.num_compilations() == 2);
-  REQUIRE(cm->bn->num_batches_tracked.item<int64_t>() == 3);
+  REQUIRE(compiled.num_compilations() == 3);
+  REQUIRE(cm->bn->num_batches_tracked.item<int64_t>() == 4);
 }
 
 TEST_CASE("aot_module_simplified: one compilation at construction, the module's tensors held", "[autograd][module]") {
@@ -204,4 +221,22 @@ TEST_CASE("aot_module_simplified: one compilation at construction, the module's 
   REQUIRE_EQUAL_TENSORS(fn({x})[0].detach(), em->forward(x).detach());
   // Another shape: no second compilation, an error naming the difference.
   REQUIRE_THROWS_WITH(fn({torch::randn({4, 8})}), CRUCIBLE_HAS_SUBSTR("sizes [4, 8] (compiled for [3, 8])"));
+}
+
+TEST_CASE("aot_module: a parameter registered under two names gets its gradient once", "[autograd][module]") {
+  auto [cm, em] = twins<TiedImpl>(30);
+  REQUIRE(cm->named_parameters().size() == 4);
+  auto compiled = autograd::aot_module(cm, [](torch::nn::Module& m, const Tensors& in) {
+    return Tensors{static_cast<TiedImpl&>(m).forward(in[0])};
+  });
+  torch::manual_seed(31);
+  const auto x = torch::randn({3, 4});
+  const auto c = compiled({x})[0];
+  const auto e = em->forward(x);
+  REQUIRE_EQUAL_TENSORS(c.detach(), e.detach());
+  c.pow(2).sum().backward();
+  e.pow(2).sum().backward();
+  // Two uses of one weight, accumulated in the engine's order: rounding only.
+  REQUIRE_CLOSE(cm->fc->weight.grad(), em->fc->weight.grad(), 1e-6, 1e-6);
+  REQUIRE_CLOSE(cm->fc->bias.grad(), em->fc->bias.grad(), 1e-6, 1e-6);
 }

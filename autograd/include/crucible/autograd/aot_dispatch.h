@@ -41,9 +41,26 @@ namespace crucible::autograd {
 // and each path puts RuntimeWrapper (then DebugAssertWrapper, with
 // debug_assert) directly around what it compiled, as the seed does.
 
+// Note [RNG during compilation]
+// Compiling runs the function several times (the metadata analysis, the
+// joint or inference trace, again after a wrapper changes the calling
+// convention), and each run draws from the default generators. The
+// compilation saves the state of the CPU generator, and of every CUDA
+// device's generator where CUDA is present, and restores them when it
+// ends (also when it throws), so the compiled call then draws exactly what
+// the eager call would have drawn from the same state. Random ops stay in
+// the forward graph and draw at run time (unless AotConfig::
+// functionalize_rng_ops, Note [Functionalized RNG]); what the backward needs
+// from them (dropout's mask) is a saved value, so forward and backward
+// agree as they do in eager. Given the same generator state before the
+// call, a compiled CPU dropout therefore equals eager's bit for bit: the
+// interpreter runs the same kernels, drawing in the same order (on CUDA
+// too: native_dropout draws from the CUDA generator's Philox offset as in
+// eager).
+
 /// Compiles `request` (flat_fn, trace, flat_args, config, compile_id; the
 /// rest is filled in) as Note [AOT dispatch] says, keeping the default
-/// generators' states (Note [RNG during compilation] in rng_state_guard.h).
+/// generators' states (Note [RNG during compilation]).
 /// Returns a callable over arguments like request.flat_args (same sizes,
 /// strides, dtypes, devices, requires_grad and aliasing; nothing checks
 /// that: callers guard, see Note [AOT cache guards]) that returns the
@@ -58,10 +75,20 @@ namespace crucible::autograd {
 /// compilation.
 ir::CompiledFn create_aot_dispatcher_function(AotRequest request);
 
-/// The inference path: request.fw_metadata must be the inference analysis.
+/// The inference path (the seed's aot_dispatch_base): traces the inference
+/// graph, compiles it with config.inference_compiler and wraps it in
+/// RuntimeWrapper. request.fw_metadata must be the inference analysis
+/// (collect_metadata with is_train false); with
+/// config.keep_inference_input_mutations it marks the kept writes in it.
+/// Errors as create_aot_dispatcher_function.
 ir::CompiledFn aot_dispatch_base(AotRequest& request);
 
-/// The autograd path: request.fw_metadata must be the training analysis.
+/// The autograd path (the seed's aot_dispatch_autograd): traces the joint
+/// graph, partitions it with config.partition_fn, compiles the forward with
+/// config.fw_compiler (the backward with config.bw_compiler at the first
+/// backward) and returns the autograd Function's apply wrapped in
+/// RuntimeWrapper. request.fw_metadata must be the training analysis.
+/// Errors as create_aot_dispatcher_function, and the partitioner's.
 ir::CompiledFn aot_dispatch_autograd(AotRequest& request);
 
 }  // namespace crucible::autograd

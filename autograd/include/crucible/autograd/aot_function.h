@@ -24,8 +24,8 @@ class CompileCache;
 // storage (and, for those, their storage offsets and sizes: the dedupe and
 // synthetic-base wrappers specialize on them), on grad mode, and for
 // aot_module on the module's train()/eval() flags. A call meeting no kept
-// compilation's guards compiles a new one, with the first failing guard as
-// the recompile reason in the metrics (or throws AotError once
+// compilation's guards compiles a new one, with the first failing guard of
+// the closest kept compilation as the recompile reason in the metrics (or throws AotError once
 // recompile_limit compilations exist): a compiled graph never runs on inputs
 // it was not specialized to. Storage offsets of unaliased inputs are not
 // guarded (the graphs do not depend on them), so slices of one buffer at

@@ -40,8 +40,8 @@ struct AotRequest {
   bool trace_joint = false;
   /// "function/compilation", for metrics and messages.
   std::string compile_id;
-  /// Why this compilation happens ("first call", "input 0: sizes [4, 3]
-  /// were [2, 3]"), for the metrics.
+  /// Why this compilation happens ("first call", "input 0: sizes [7, 3]
+  /// (compiled for [4, 3])"), for the metrics.
   std::string recompile_reason = "first call";
 };
 
