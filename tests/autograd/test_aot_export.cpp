@@ -8,9 +8,11 @@
 #include <torch/torch.h>
 
 #include "catch.h"
+#include "module_testing.h"
 #include "testing.h"
 
 using namespace crucible;
+using crucible::testing::module_graph_inputs;
 using Tensors = std::vector<at::Tensor>;
 
 namespace {
@@ -25,14 +27,6 @@ struct Net : torch::nn::Module {
   torch::nn::BatchNorm1d bn{nullptr};
 };
 
-// The module's state (cloned), then the inputs: the exported graph's placeholders.
-Tensors graph_inputs(torch::nn::Module& m, const Tensors& inputs) {
-  Tensors r;
-  for (const auto& p : m.named_parameters()) r.push_back(p.value().detach().clone());
-  for (const auto& b : m.named_buffers()) r.push_back(b.value().detach().clone());
-  for (const auto& t : inputs) r.push_back(t.detach().clone());
-  return r;
-}
 
 tracer::ModuleFn forward_fn() {
   return [](torch::nn::Module& m, const Tensors& in) { return Tensors{static_cast<Net&>(m).forward(in[0])}; };
@@ -53,7 +47,7 @@ TEST_CASE("aot_export_module: the inference graph lifts parameters and buffers a
   Net net;
   net.train();
   const auto x = torch::randn({5, 6});
-  const Tensors inputs = graph_inputs(net, {x});
+  const Tensors inputs = module_graph_inputs(net, {x});
   const ir::Graph g = autograd::aot_export_module(net, forward_fn(), {x}, {});
   ir::verify(g);
   const auto& sig = g.signature();
@@ -84,7 +78,7 @@ TEST_CASE("aot_export_module: the joint graph of a training step has the loss an
   torch::manual_seed(61);
   Net net;
   const auto x = torch::randn({5, 6}), y = torch::randn({5, 3});
-  const Tensors inputs = graph_inputs(net, {x, y});
+  const Tensors inputs = module_graph_inputs(net, {x, y});
   autograd::AotExportOptions options;
   options.trace_joint = true;
   options.output_loss_index = 1;

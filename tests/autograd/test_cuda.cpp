@@ -1,7 +1,6 @@
 // aot_function on CUDA tensors against eager: values and gradients, dropout
 // from the same generator state, functionalized RNG from the CUDA
-// generator's seed and Philox offset. Passes without running anything where
-// no CUDA device is present.
+// generator's seed and Philox offset. Skipped where no CUDA device is usable.
 #include <crucible/autograd/aot_function.h>
 
 #include <ATen/ATen.h>
@@ -15,12 +14,6 @@ using Tensors = std::vector<at::Tensor>;
 
 namespace {
 
-bool have_cuda() {
-  if (at::hasCUDA()) return true;
-  WARN("no CUDA device: the CUDA checks did not run");
-  return false;
-}
-
 Tensors mlp_fn(const Tensors& in) { return {at::relu(at::addmm(in[2], in[0], in[1].t())).sum()}; }
 
 Tensors dropout_fn(const Tensors& in) { return {(at::dropout(in[0], 0.5, /*train=*/true) * in[1]).sum()}; }
@@ -28,7 +21,7 @@ Tensors dropout_fn(const Tensors& in) { return {(at::dropout(in[0], 0.5, /*train
 }  // namespace
 
 TEST_CASE("on CUDA: values and gradients equal eager", "[autograd][cuda]") {
-  if (!have_cuda()) return;
+  CRUCIBLE_REQUIRE_CUDA();
   at::manual_seed(90);
   const auto opts = at::TensorOptions().device(at::kCUDA);
   const Tensors data{at::randn({8, 5}, opts), at::randn({4, 5}, opts), at::randn({4}, opts)};
@@ -49,7 +42,7 @@ TEST_CASE("on CUDA: values and gradients equal eager", "[autograd][cuda]") {
 }
 
 TEST_CASE("on CUDA: dropout equals eager from the same generator state", "[autograd][cuda]") {
-  if (!have_cuda()) return;
+  CRUCIBLE_REQUIRE_CUDA();
   const auto opts = at::TensorOptions().device(at::kCUDA);
   auto compiled = autograd::aot_function(dropout_fn);
   at::manual_seed(91);
@@ -69,7 +62,7 @@ TEST_CASE("on CUDA: dropout equals eager from the same generator state", "[autog
 }
 
 TEST_CASE("on CUDA: functionalized RNG takes the CUDA generator's seed and offset", "[autograd][cuda]") {
-  if (!have_cuda()) return;
+  CRUCIBLE_REQUIRE_CUDA();
   const auto opts = at::TensorOptions().device(at::kCUDA);
   autograd::AotConfig config;
   config.functionalize_rng_ops = true;
