@@ -1,0 +1,60 @@
+// A content hash of a graph, the key of compilation caches (the role
+// torch/_inductor/codecache.py's FxGraphCache key and
+// torch/_functorch/_aot_autograd/autograd_cache.py's AOTAutogradCache key
+// give to the pickled GraphModule).
+#pragma once
+
+#include <crucible/ir/graph.h>
+
+#include <cstdint>
+#include <string>
+
+namespace crucible::ir {
+
+// Note [Graph hash]
+// graph_hash digests what a backend can compute with, and nothing else:
+//  - per node in graph order: its kind; a call's operator name
+//    ("aten::add.Tensor") and arguments in schema order, constants in their
+//    text-form value (dtypes, layouts, memory formats and devices as words,
+//    floats by bit pattern, so 1 and 1.0, or 0.0 and -0.0, differ), Values
+//    by position; a constant node's value (a tensor constant's metadata and
+//    element bytes, little-endian); each result's type and TensorMeta
+//    (sizes, strides, storage offset, dtype, device, requires_grad); its
+//    tags (passes and backends act on them: "recomputable", "backward");
+//  - the signature: each input's kind, target and duplicate_of, each
+//    output's kind and input index.
+// It leaves out Value names and node sources: they are labels (a graph
+// with every Value renamed consistently computes the same thing, and the
+// tracer's names depend on the order in which names were taken), so
+// α-equivalent graphs hash alike. A Value is identified by the position of
+// its result among all results, in graph order.
+// The digest is XXH3-128 over a fixed, tagged, length-prefixed little-endian
+// encoding of the above: no pointers, no std::hash, no dispatcher state, so
+// it is the same in every process and on every machine for the same graph
+// and xxHash ≥ 0.8 (whose XXH3 output is frozen). Its 128 bits make a
+// collision between two graphs a cache meets practically impossible; a
+// cache that keys on it therefore compares the digests, not the graphs.
+// Changing the encoding changes every digest: tests/ir/test_hash.cpp pins
+// one so that it is never changed by accident. (The pass manager's "did
+// this pass change the graph" check is another fingerprint on purpose: a
+// rename or a new source must count as a change there, and it must never
+// throw.)
+
+/// A 128-bit content digest of a graph.
+struct GraphHash {
+  uint64_t high = 0;
+  uint64_t low = 0;
+
+  bool operator==(const GraphHash&) const = default;
+  /// 32 lowercase hex digits, `high` first (a file or cache-entry name).
+  std::string hex() const;
+};
+
+/// The digest of `graph` (Note [Graph hash]). Linear in the graph's size
+/// plus its tensor constants' bytes (copied to the CPU first if they live
+/// elsewhere). Throws IrError, naming the node, for what the text form
+/// cannot hold either (complex or symbolic constants, generators; see
+/// printer.h) and for a signature that refers to a missing placeholder.
+GraphHash graph_hash(const Graph& graph);
+
+}  // namespace crucible::ir

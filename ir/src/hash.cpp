@@ -1,0 +1,231 @@
+#include <crucible/ir/error.h>
+#include <crucible/ir/hash.h>
+
+#include "literal.h"
+
+#include <ATen/ATen.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <bit>
+#include <cstdio>
+#include <string_view>
+#include <unordered_map>
+
+namespace crucible::ir {
+
+namespace {
+
+using detail::Literal;
+
+// Bumped whenever the encoding below changes; see Note [Graph hash].
+constexpr std::string_view kEncoding = "crucible.graph_hash/1";
+
+// Tags that keep concatenations of fields unambiguous.
+enum class Tag : uint8_t { Node = 1, Result, Arg, Value, ValueList, Constant, TensorData, Tags, Inputs, Outputs };
+
+// Streams the encoding into XXH3-128: integers as 8 little-endian bytes,
+// strings and lists length-prefixed.
+class Encoder {
+ public:
+  Encoder() { XXH3_128bits_reset(&state_); }
+
+  void u64(uint64_t v) {
+    unsigned char b[8];
+    for (int i = 0; i < 8; ++i) b[i] = static_cast<unsigned char>(v >> (8 * i));
+    bytes(b, sizeof b);
+  }
+  void i64(int64_t v) { u64(static_cast<uint64_t>(v)); }
+  void tag(Tag t) { u64(static_cast<uint64_t>(t)); }
+  void str(std::string_view s) {
+    u64(s.size());
+    bytes(s.data(), s.size());
+  }
+  void ints(const std::vector<int64_t>& v) {
+    u64(v.size());
+    for (int64_t x : v) i64(x);
+  }
+  void bytes(const void* p, size_t n) { XXH3_128bits_update(&state_, p, n); }
+
+  GraphHash digest() const {
+    const XXH128_hash_t h = XXH3_128bits_digest(&state_);
+    return GraphHash{h.high64, h.low64};
+  }
+
+ private:
+  XXH3_state_t state_;
+};
+
+void encode(Encoder& e, const Literal& l) {
+  e.u64(static_cast<uint64_t>(l.kind));
+  switch (l.kind) {
+    case Literal::Kind::None: break;
+    case Literal::Kind::Bool: e.u64(l.b); break;
+    case Literal::Kind::Int: e.i64(l.i); break;
+    case Literal::Kind::Float:
+      e.u64(std::bit_cast<uint64_t>(l.f));
+      e.u64(l.single);
+      break;
+    case Literal::Kind::String:
+    case Literal::Kind::Name:
+    case Literal::Kind::Value: e.str(l.s); break;  // no Value literal reaches here (see Hasher::arg)
+    case Literal::Kind::List:
+      e.u64(l.items.size());
+      for (const Literal& item : l.items) encode(e, item);
+      break;
+  }
+}
+
+void encode(Encoder& e, const TensorMeta& m) {
+  e.ints(m.sizes);
+  e.ints(m.strides);
+  e.i64(m.storage_offset);
+  e.str(c10::toString(m.dtype));
+  e.str(m.device.str());
+  e.u64(m.requires_grad);
+}
+
+class Hasher {
+ public:
+  explicit Hasher(const Graph& g) : g_(g) {}
+
+  GraphHash run() {
+    e_.str(kEncoding);
+    for (const Node* n : g_.nodes()) {
+      try {
+        node(n);
+      } catch (const IrError& err) {
+        throw IrError("graph_hash: " + describe(n) + ": " + err.what());
+      }
+    }
+    signature();
+    return e_.digest();
+  }
+
+ private:
+  static std::string describe(const Node* n) {
+    std::string s = n->is_call() ? n->target() : std::string(to_string(n->kind()));
+    if (n->num_results()) s += " (%" + n->result()->name() + ")";
+    return s;
+  }
+
+  void value(const Value* v) {
+    auto it = index_.find(v);
+    if (it == index_.end()) throw IrError("argument %" + v->name() + " is not defined before its use");
+    e_.u64(it->second);
+  }
+
+  void arg(const Argument& a, const c10::Argument& formal) {
+    e_.tag(Tag::Arg);
+    if (a.is_value()) {
+      e_.tag(Tag::Value);
+      value(a.value());
+    } else if (a.is_value_list()) {
+      e_.tag(Tag::ValueList);
+      e_.u64(a.value_list().size());
+      for (const Value* v : a.value_list()) {
+        e_.u64(v != nullptr);
+        if (v) value(v);
+      }
+    } else {
+      e_.tag(Tag::Constant);
+      try {
+        encode(e_, detail::literal_of(a.constant(), formal.real_type()));
+      } catch (const IrError& err) {
+        throw IrError("argument '" + formal.name() + "': " + err.what());
+      }
+    }
+  }
+
+  void constant(const Node* n) {
+    const c10::IValue& c = n->constant_value();
+    if (!c.isTensor()) {
+      e_.tag(Tag::Constant);
+      encode(e_, detail::literal_of(c, n->result()->type()));
+      return;
+    }
+    e_.tag(Tag::TensorData);
+    const at::Tensor& t = c.toTensor();
+    encode(e_, TensorMeta::of(t));
+    if (t.is_meta()) {
+      e_.u64(0);
+      return;
+    }
+    const at::Tensor data = t.detach().cpu().resolve_conj().resolve_neg().contiguous();
+    e_.u64(data.nbytes());
+    e_.bytes(data.const_data_ptr(), data.nbytes());
+  }
+
+  void node(const Node* n) {
+    e_.tag(Tag::Node);
+    e_.u64(static_cast<uint64_t>(n->kind()));
+    switch (n->kind()) {
+      case NodeKind::Placeholder: break;  // its InputSpec is hashed with the signature
+      case NodeKind::Call: {
+        e_.str(n->target());
+        const auto& formals = n->schema().arguments();
+        e_.u64(n->args().size());
+        for (size_t i = 0; i < n->args().size(); ++i) arg(n->arg(i), formals[i]);
+        break;
+      }
+      case NodeKind::Constant: constant(n); break;
+      case NodeKind::Output:
+        e_.u64(n->args().size());
+        for (const Argument& a : n->args()) value(a.value());
+        break;
+    }
+    e_.u64(n->num_results());
+    for (const auto& r : n->results()) {
+      e_.tag(Tag::Result);
+      e_.str(r->is_tensor() ? std::string("Tensor") : r->type()->str());
+      e_.u64(r->has_meta());
+      if (r->has_meta()) encode(e_, r->meta());
+      index_.emplace(r.get(), index_.size());
+    }
+    e_.tag(Tag::Tags);
+    e_.u64(n->tags().size());
+    for (const std::string& t : n->tags()) e_.str(t);
+  }
+
+  void signature() {
+    const GraphSignature& sig = g_.signature();
+    const size_t num_placeholders = g_.placeholders().size();
+    auto placeholder_index = [&](const std::optional<size_t>& i) {
+      if (i && *i >= num_placeholders)
+        throw IrError("graph_hash: the signature refers to placeholder " + std::to_string(*i) + ", the graph has " +
+                      std::to_string(num_placeholders));
+      e_.i64(i ? static_cast<int64_t>(*i) : -1);
+    };
+    e_.tag(Tag::Inputs);
+    e_.u64(sig.inputs.size());
+    for (const InputSpec& in : sig.inputs) {
+      e_.str(to_string(in.kind));
+      e_.str(in.target);
+      placeholder_index(in.duplicate_of);
+    }
+    e_.tag(Tag::Outputs);
+    e_.u64(sig.outputs.size());
+    for (const OutputSpec& out : sig.outputs) {
+      e_.str(to_string(out.kind));
+      placeholder_index(out.input_index);
+    }
+  }
+
+  const Graph& g_;
+  Encoder e_;
+  std::unordered_map<const Value*, uint64_t> index_;
+};
+
+}  // namespace
+
+std::string GraphHash::hex() const {
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(high),
+                static_cast<unsigned long long>(low));
+  return std::string(buf, 32);
+}
+
+GraphHash graph_hash(const Graph& graph) { return Hasher(graph).run(); }
+
+}  // namespace crucible::ir
