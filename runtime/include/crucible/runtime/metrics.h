@@ -24,6 +24,10 @@ struct CompilationMetrics {
   double backend_compile_time_ms = 0.0;  ///< the backend call alone
   /// Why the cache missed ("first call", "sizes of input 0 changed"), if it did.
   std::string recompile_reason;
+  /// What a cache of compiled graphs did for this graph: "hit" (the backend
+  /// was skipped; backend_compile_time_ms is then the lookup's), "miss",
+  /// "bypass: <why it could not be cached>"; empty when none was consulted.
+  std::string graph_cache;
   /// Set when the compilation failed: the exception type and its message.
   std::optional<std::string> fail_type;
   std::optional<std::string> fail_reason;
