@@ -50,10 +50,12 @@ ir::CompiledFn aot_dispatch_base(AotRequest& request) {
   const ir::Graph g = detail::create_inference_graph(request);
   auto phase = runtime::default_phase_timer().time("inference_compiler");
   const auto backend_start = std::chrono::steady_clock::now();
-  ir::CompiledFn compiled = request.config.inference_compiler(g, detached(request.flat_args));
+  AotCache::Compiled compiled = detail::run_backend(request.config.inference_compiler, request.config.cache,
+                                                    request.config.compiler_key, "inference", g,
+                                                    detached(request.flat_args));
   detail::record_metrics(request.compile_id, "inference", g, detail::elapsed_ms(start),
-                         detail::elapsed_ms(backend_start), request.recompile_reason);
-  return wrap_runtime(std::move(compiled), request);
+                         detail::elapsed_ms(backend_start), request.recompile_reason, std::move(compiled.outcome));
+  return wrap_runtime(std::move(compiled.fn), request);
 }
 
 ir::CompiledFn aot_dispatch_autograd(AotRequest& request) {
@@ -71,13 +73,18 @@ ir::CompiledFn aot_dispatch_autograd(AotRequest& request) {
   graphs->num_primals = request.flat_args.size();
   graphs->gradient_inputs = parts.gradient_inputs;
   graphs->bw_compiler = request.config.bw_compiler;
+  graphs->cache = request.config.cache;
+  graphs->compiler_key = request.config.compiler_key;
   graphs->compile_id = request.compile_id;
   {
     auto phase = runtime::default_phase_timer().time("fw_compiler");
     const auto backend_start = std::chrono::steady_clock::now();
-    graphs->forward = request.config.fw_compiler(parts.forward, detached(request.flat_args));
+    AotCache::Compiled forward = detail::run_backend(request.config.fw_compiler, request.config.cache,
+                                                     request.config.compiler_key, "forward", parts.forward,
+                                                     detached(request.flat_args));
+    graphs->forward = std::move(forward.fn);
     detail::record_metrics(request.compile_id, "forward", parts.forward, detail::elapsed_ms(start),
-                           detail::elapsed_ms(backend_start), request.recompile_reason);
+                           detail::elapsed_ms(backend_start), request.recompile_reason, std::move(forward.outcome));
   }
   graphs->backward_graph = std::move(parts.backward);
   // Inputs that get no gradient are detached before the call (the seed's

@@ -8,8 +8,15 @@ double elapsed_ms(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
 }
 
+AotCache::Compiled run_backend(const ir::Backend& backend, const std::shared_ptr<AotCache>& cache,
+                               const std::string& compiler_key, const char* kind, const ir::Graph& graph,
+                               const std::vector<at::Tensor>& example_inputs) {
+  if (cache && !compiler_key.empty()) return cache->compile(backend, compiler_key, kind, graph, example_inputs);
+  return {backend(graph, example_inputs), ""};
+}
+
 void record_metrics(const std::string& compile_id, const char* kind, const ir::Graph& graph, double compile_ms,
-                    double backend_ms, std::string reason) {
+                    double backend_ms, std::string reason, std::string graph_cache) {
   runtime::CompilationMetrics m;
   m.compile_id = compile_id;
   m.kind = kind;
@@ -21,6 +28,7 @@ void record_metrics(const std::string& compile_id, const char* kind, const ir::G
   m.compile_time_ms = compile_ms;
   m.backend_compile_time_ms = backend_ms;
   m.recompile_reason = std::move(reason);
+  m.graph_cache = std::move(graph_cache);
   runtime::default_metrics_log().record(std::move(m));
 }
 

@@ -12,9 +12,11 @@ const ir::CompiledFn& CompiledGraphs::compiled_backward(const std::vector<at::Te
   std::call_once(backward_compiled, [&] {
     auto timed = runtime::default_phase_timer().time("bw_compiler");
     const auto start = std::chrono::steady_clock::now();
-    backward = bw_compiler(backward_graph, example_inputs);
+    AotCache::Compiled compiled =
+        run_backend(bw_compiler, cache, compiler_key, "backward", backward_graph, example_inputs);
+    backward = std::move(compiled.fn);
     const double ms = elapsed_ms(start);
-    record_metrics(compile_id, "backward", backward_graph, ms, ms, "first backward");
+    record_metrics(compile_id, "backward", backward_graph, ms, ms, "first backward", std::move(compiled.outcome));
   });
   return backward;
 }

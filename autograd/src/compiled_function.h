@@ -2,12 +2,14 @@
 // forward in (aot_dispatch_autograd's CompiledFunction in the seed).
 #pragma once
 
+#include <crucible/autograd/aot_cache.h>
 #include <crucible/ir/backend.h>
 #include <crucible/ir/graph.h>
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -19,6 +21,8 @@ struct CompiledGraphs : torch::CustomClassHolder {
   ir::CompiledFn forward;
   ir::Graph backward_graph;
   ir::Backend bw_compiler;
+  std::shared_ptr<AotCache> cache;  // with compiler_key: see Note [AOT graph cache]
+  std::string compiler_key;
   std::once_flag backward_compiled;
   ir::CompiledFn backward;
   size_t num_fwd_outputs = 0;           // outputs the Function returns (before the saved values)

@@ -2,13 +2,16 @@
 // (torch/_functorch/aot_autograd.py's AOTConfig).
 #pragma once
 
+#include <crucible/autograd/aot_cache.h>
 #include <crucible/ir/backend.h>
 #include <crucible/ir/interpreter.h>
 #include <crucible/partitioner/default_partition.h>
 #include <crucible/tracer/decomposition.h>
 
 #include <cstddef>
+#include <memory>
 #include <optional>
+#include <string>
 
 namespace crucible::autograd {
 
@@ -48,6 +51,17 @@ struct AotConfig {
   /// Check at every call that inputs compiled as not requiring grad still do
   /// not (DebugAssertWrapper).
   bool debug_assert = false;
+  /// What identifies fw_compiler, bw_compiler and inference_compiler with
+  /// their options, e.g. a backend's name and its pass list
+  /// ("interpreter;dce,cse"). Callables whose configs share a non-empty key
+  /// share compiled graphs through `cache` (Note [AOT graph cache] in
+  /// aot_cache.h says what the key promises). Empty: unknown compilers,
+  /// nothing shared.
+  std::string compiler_key;
+  /// Where graphs compiled under compiler_key are kept: the process-wide
+  /// cache by default, an AotCache of the caller's to share only among the
+  /// callables given it, or nullptr for none.
+  std::shared_ptr<AotCache> cache = default_aot_cache();
 };
 
 }  // namespace crucible::autograd

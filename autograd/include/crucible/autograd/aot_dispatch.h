@@ -69,7 +69,10 @@ namespace crucible::autograd {
 /// bw_compiler; aot_inference > collect_metadata, trace_inference,
 /// inference_compiler) in runtime::default_phase_timer() and one
 /// CompilationMetrics per compiled graph, or per failure, in
-/// runtime::default_metrics_log(). Throws AotError for what cannot be
+/// runtime::default_metrics_log(). With config.compiler_key set, each
+/// backend is called through config.cache, and a graph compiled before under
+/// the same key is reused without calling it (Note [AOT graph cache]; the
+/// metrics' graph_cache says which). Throws AotError for what cannot be
 /// compiled (the message names the input or output and what to do), and
 /// the tracer's TraceError; the caller's tensors are never changed by a
 /// compilation.

@@ -17,19 +17,21 @@ class CompileCache;
 }
 
 // Note [AOT cache guards]
-// A compilation is valid for the inputs it was traced with (the seed's
-// AOTAutogradCache key, less the disk: the function object itself stands for
-// the graph). It is kept with guards on each input's sizes, strides, dtype,
-// device and requires_grad, on which inputs are the same tensor or share a
-// storage (and, for those, their storage offsets and sizes: the dedupe and
-// synthetic-base wrappers specialize on them), on grad mode, and for
-// aot_module on the module's train()/eval() flags. A call meeting no kept
-// compilation's guards compiles a new one, with the first failing guard of
-// the closest kept compilation as the recompile reason in the metrics (or throws AotError once
-// recompile_limit compilations exist): a compiled graph never runs on inputs
-// it was not specialized to. Storage offsets of unaliased inputs are not
-// guarded (the graphs do not depend on them), so slices of one buffer at
-// different offsets share a compilation.
+// A compilation is valid for the inputs it was traced with. Each callable
+// keeps its own compilations (the function object itself stands for the
+// graph here; the cache shared between callables, keyed by the traced
+// graph, is Note [AOT graph cache] in aot_cache.h), each with guards on each
+// input's sizes, strides, dtype, device and requires_grad, on which inputs
+// are the same tensor or share a storage (and, for those, their storage
+// offsets and sizes: the dedupe and synthetic-base wrappers specialize on
+// them), on grad mode, and for aot_module on the module's train()/eval()
+// flags. A call meeting no kept compilation's guards compiles a new one,
+// with the first failing guard of the closest kept compilation as the
+// recompile reason in the metrics (or throws AotError once recompile_limit
+// compilations exist): a compiled graph never runs on inputs it was not
+// specialized to. Storage offsets of unaliased inputs are not guarded (the
+// graphs do not depend on them), so slices of one buffer at different
+// offsets share a compilation.
 
 /// The callable aot_function returns. Copies share one cache.
 class AotFunction {
@@ -49,14 +51,15 @@ class AotFunction {
 };
 
 /// Compiles `fn` on first use with `config` (create_aot_dispatcher_function
-/// in aot_dispatch.h says what is recorded and thrown). `fn` must be a
-/// function of its tensor inputs (anything else it reads is baked into the
-/// graph) and compute the same ops on every call for the same input
-/// metadata. It may write its inputs (data and metadata, also through views
-/// and aliases of each other), return its inputs or views of them, and
-/// return views of its intermediates: each behaves as in eager (see the
-/// Notes of view_and_mutation_meta.h, runtime_wrapper.h, dedupe_wrapper.h,
-/// synthetic_base_wrapper.h). Errors in `fn` itself (a shape mismatch, an
+/// in aot_dispatch.h says what is recorded and thrown), reusing graphs that
+/// other callables compiled when config.compiler_key is set
+/// (Note [AOT graph cache]). `fn` must be a function of its tensor inputs
+/// (anything else it reads is baked into the graph) and compute the same ops
+/// on every call for the same input metadata. It may write its inputs (data
+/// and metadata, also through views and aliases of each other), return its
+/// inputs or views of them, and return views of its intermediates: each
+/// behaves as in eager (see the Notes of view_and_mutation_meta.h,
+/// runtime_wrapper.h, dedupe_wrapper.h, synthetic_base_wrapper.h). Errors in `fn` itself (a shape mismatch, an
 /// in-place write eager forbids) are reported as AotError at the call that
 /// compiles, before anything of the caller's is written.
 AotFunction aot_function(tracer::TensorFn fn, AotConfig config = {});
