@@ -10,6 +10,7 @@
 
 #include <bit>
 #include <cstdio>
+#include <cstring>
 #include <string_view>
 #include <unordered_map>
 
@@ -26,15 +27,21 @@ constexpr std::string_view kEncoding = "crucible.graph_hash/1";
 enum class Tag : uint8_t { Node = 1, Result, Arg, Value, ValueList, Constant, TensorData, Tags, Inputs, Outputs };
 
 // Streams the encoding into XXH3-128: integers as 8 little-endian bytes,
-// strings and lists length-prefixed.
+// strings and lists length-prefixed. Fields are gathered in a buffer and
+// hashed a block at a time (an XXH3 update per 8-byte field would cost more
+// than the rest of the encoding).
 class Encoder {
  public:
   Encoder() { XXH3_128bits_reset(&state_); }
 
   void u64(uint64_t v) {
-    unsigned char b[8];
-    for (int i = 0; i < 8; ++i) b[i] = static_cast<unsigned char>(v >> (8 * i));
-    bytes(b, sizeof b);
+    if (used_ + 8 > kBlock) flush();
+    if constexpr (std::endian::native == std::endian::little) {
+      std::memcpy(block_ + used_, &v, 8);
+      used_ += 8;
+    } else {
+      for (int i = 0; i < 8; ++i) block_[used_++] = static_cast<unsigned char>(v >> (8 * i));
+    }
   }
   void i64(int64_t v) { u64(static_cast<uint64_t>(v)); }
   void tag(Tag t) { u64(static_cast<uint64_t>(t)); }
@@ -46,15 +53,31 @@ class Encoder {
     u64(v.size());
     for (int64_t x : v) i64(x);
   }
-  void bytes(const void* p, size_t n) { XXH3_128bits_update(&state_, p, n); }
+  void bytes(const void* p, size_t n) {
+    if (used_ + n > kBlock) flush();
+    if (n > kBlock) {
+      XXH3_128bits_update(&state_, p, n);
+      return;
+    }
+    std::memcpy(block_ + used_, p, n);
+    used_ += n;
+  }
 
-  GraphHash digest() const {
+  GraphHash digest() {
+    flush();
     const XXH128_hash_t h = XXH3_128bits_digest(&state_);
     return GraphHash{h.high64, h.low64};
   }
 
  private:
+  static constexpr size_t kBlock = 4096;
+  void flush() {
+    XXH3_128bits_update(&state_, block_, used_);
+    used_ = 0;
+  }
   XXH3_state_t state_;
+  unsigned char block_[kBlock];
+  size_t used_ = 0;
 };
 
 void encode(Encoder& e, const Literal& l) {
