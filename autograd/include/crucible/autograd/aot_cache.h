@@ -152,7 +152,9 @@ class AotCache {
   Stats stats_;
 };
 
-/// The process-wide cache AotConfig::cache names by default.
+/// The process-wide cache AotConfig::cache names by default. It is never
+/// destroyed, so the CompiledFns it keeps are not freed at exit after
+/// LibTorch's own statics; clear() frees them earlier.
 const std::shared_ptr<AotCache>& default_aot_cache();
 
 }  // namespace crucible::autograd
