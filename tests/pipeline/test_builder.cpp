@@ -1,0 +1,222 @@
+// The builder: each stage replaceable, instruments around every stage, and
+// what it compiles equal to eager.
+#include <crucible/ir/graph.h>
+#include <crucible/pipeline/backend_registry.h>
+#include <crucible/pipeline/builder.h>
+#include <crucible/pipeline/error.h>
+#include <crucible/pipeline/instruments.h>
+#include <crucible/pipeline/zoo.h>
+#include <crucible/runtime/timing.h>
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+#include <unistd.h>
+
+#include "catch.h"
+#include "testing.h"
+
+using namespace crucible;
+using namespace crucible::pipeline;
+
+namespace {
+
+// Records every event as "before:<stage>:<graph>,..." / "after:<stage>:<graph>".
+class Recorder : public StageInstrument {
+ public:
+  explicit Recorder(std::string skip = {}) : skip_(std::move(skip)) {}
+  bool should_run(const StageEvent& e) override { return e.stage != skip_; }
+  void before_stage(const StageEvent& e) override { events.push_back("before:" + describe(e)); }
+  void after_stage(const StageEvent& e) override {
+    events.push_back(std::string(e.failed ? "failed:" : "after:") + describe(e));
+  }
+  std::vector<std::string> events;
+
+ private:
+  static std::string describe(const StageEvent& e) {
+    std::string s(e.stage);
+    for (const StageGraph& g : e.graphs) s += ":" + std::string(g.name);
+    return s;
+  }
+  std::string skip_;
+};
+
+struct SmallMlp {
+  Model model = make_mlp({.in_features = 6, .hidden = {5}, .num_classes = 3});
+  std::vector<at::Tensor> batch = {at::randn({4, 6}), at::randint(0, 3, {4}, at::kLong)};
+  LossFn loss() const {
+    return [m = model](torch::nn::Module&, const std::vector<at::Tensor>& b) { return m.loss(m.forward(b[0]), b[1]); };
+  }
+};
+
+std::vector<at::Tensor> mlp_fn(const std::vector<at::Tensor>& in) {
+  return {at::linear(at::relu(at::linear(in[0], in[1], in[2])), in[3]).sum(1)};
+}
+
+}  // namespace
+
+TEST_CASE("builder: the defaults are DCE and CSE on the best registered backend", "[pipeline][builder]") {
+  const Builder b;
+  REQUIRE(b.passes().size() == 2);
+  CHECK(b.passes()[0].name == "dce");
+  CHECK(b.passes()[1].name == "cse");
+  CHECK(b.backend_name() == BackendRegistry::builtin().best().name);
+  CHECK(b.backend_name() == "interpreter");
+}
+
+TEST_CASE("builder: unknown passes and backends are refused by name", "[pipeline][builder][errors]") {
+  Builder b;
+  CHECK_THROWS_WITH(b.passes({"dce", "fuse_everything"}), CRUCIBLE_HAS_SUBSTR("fuse_everything"));
+  CHECK_THROWS_WITH(b.backend("tpu"), CRUCIBLE_HAS_SUBSTR("'tpu'") && CRUCIBLE_HAS_SUBSTR("interpreter"));
+}
+
+TEST_CASE("backend registry: names, lookup, ranks", "[pipeline][builder]") {
+  BackendRegistry r = BackendRegistry::builtin();
+  CHECK(r.names() == std::vector<std::string>{"interpreter"});
+  CHECK_THROWS_AS(r.add({"interpreter", "again", ir::interpret, {}, 0}), PipelineError);
+  CHECK_THROWS_AS(r.add({"empty", "no compile function", {}, {}, 0}), PipelineError);
+  r.add({"fast", "a better one", ir::interpret, {}, 5});
+  CHECK(r.best().name == "fast");
+  CHECK(r.contains("fast"));
+  CHECK(Builder().backend("fast", r).backend_name() == "fast");
+}
+
+TEST_CASE("builder: a train step's stages are trace, each pass, backend, in order", "[pipeline][builder]") {
+  torch::manual_seed(0);
+  SmallMlp s;
+  torch::optim::SGD opt(s.model.module->parameters(), torch::optim::SGDOptions(0.1));
+  auto recorder = std::make_shared<Recorder>();
+  Builder b;
+  b.instrument(recorder);
+  TrainStep step = b.compile_train_step(s.model.module, opt, s.loss());
+  step.compile(s.batch);
+  CHECK(recorder->events == std::vector<std::string>{"before:trace", "after:trace:train_step",
+                                                      "before:dce:train_step", "after:dce:train_step",
+                                                      "before:cse:train_step", "after:cse:train_step",
+                                                      "before:backend:train_step", "after:backend:train_step"});
+  recorder->events.clear();
+  step(s.batch);  // compiled already: no stage runs
+  CHECK(recorder->events.empty());
+}
+
+TEST_CASE("builder: should_run skips a pass; a failing stage still gets its after event", "[pipeline][builder]") {
+  torch::manual_seed(0);
+  SmallMlp s;
+  torch::optim::SGD opt(s.model.module->parameters(), torch::optim::SGDOptions(0.1));
+  SECTION("skip") {
+    auto recorder = std::make_shared<Recorder>("cse");
+    Builder b;
+    b.instrument(recorder);
+    b.compile_train_step(s.model.module, opt, s.loss()).compile(s.batch);
+    CHECK(std::find(recorder->events.begin(), recorder->events.end(), "before:cse:train_step") ==
+          recorder->events.end());
+    CHECK(std::find(recorder->events.begin(), recorder->events.end(), "after:dce:train_step") !=
+          recorder->events.end());
+  }
+  SECTION("failure") {
+    auto recorder = std::make_shared<Recorder>();
+    Builder b;
+    b.instrument(recorder).add_pass({"explode", [](ir::Graph&) { throw std::runtime_error("boom"); }});
+    CHECK_THROWS_WITH(b.compile_train_step(s.model.module, opt, s.loss()).compile(s.batch),
+                      CRUCIBLE_HAS_SUBSTR("explode"));
+    REQUIRE(recorder->events.size() >= 2);
+    CHECK(recorder->events[recorder->events.size() - 2] == "before:explode:train_step");
+    CHECK(recorder->events.back() == "failed:explode");
+  }
+}
+
+TEST_CASE("builder: compile() runs the AOT path through the builder's partitioner, passes and backend",
+          "[pipeline][builder]") {
+  auto recorder = std::make_shared<Recorder>();
+  int partitions = 0, compiles = 0, pass_runs = 0;
+  Builder b;
+  b.instrument(recorder)
+      .partitioner([&](const ir::Graph& joint, size_t n) {
+        ++partitions;
+        return partitioner::default_partition(joint, n);
+      })
+      .passes({})
+      .add_pass({"count", [&](ir::Graph&) { ++pass_runs; }})
+      .backend("counting", [&](const ir::Graph& g, const std::vector<at::Tensor>& examples) {
+        ++compiles;
+        return ir::interpret(g, examples);
+      });
+  auto compiled = b.compile(mlp_fn);
+
+  at::manual_seed(3);
+  const std::vector<at::Tensor> eager_in = {at::randn({4, 6}), at::randn({5, 6}).requires_grad_(),
+                                            at::randn({5}).requires_grad_(), at::randn({3, 5}).requires_grad_()};
+  std::vector<at::Tensor> in;
+  for (const auto& t : eager_in) in.push_back(t.detach().clone().requires_grad_(t.requires_grad()));
+  const at::Tensor out = compiled(in)[0];
+  const at::Tensor ref = mlp_fn(eager_in)[0];
+  // The same kernels; only the backward's accumulation order may differ.
+  REQUIRE_CLOSE(out.detach(), ref.detach(), 1e-6, 1e-6);
+  CHECK(partitions == 1);
+  CHECK(compiles == 1);  // the backward compiles at the first backward
+  out.sum().backward();
+  ref.sum().backward();
+  for (size_t i = 1; i < in.size(); ++i) REQUIRE_CLOSE(in[i].grad(), eager_in[i].grad(), 1e-6, 1e-6);
+  CHECK(compiles == 2);
+  CHECK(pass_runs == 2);
+  CHECK(recorder->events == std::vector<std::string>{
+                                "before:partition:joint", "after:partition:forward:backward",
+                                "before:count:forward", "after:count:forward",
+                                "before:backend:forward", "after:backend:forward",
+                                "before:count:backward", "after:count:backward",
+                                "before:backend:backward", "after:backend:backward"});
+}
+
+TEST_CASE("builder: runtime wrappers run around the backend", "[pipeline][builder]") {
+  struct CountingWrapper : runtime::GraphWrapper {
+    std::string_view name() const override { return "CountingWrapper"; }
+    ir::CompiledFn post_compile(ir::CompiledFn fn, const runtime::GraphRequest&) override {
+      return [this, fn](std::vector<at::Tensor>& args) {
+        ++calls;
+        return fn(args);
+      };
+    }
+    int calls = 0;
+  };
+  auto wrapper = std::make_shared<CountingWrapper>();
+  torch::manual_seed(0);
+  SmallMlp s;
+  torch::optim::SGD opt(s.model.module->parameters(), torch::optim::SGDOptions(0.1));
+  TrainStep step = Builder().add_wrapper(wrapper).compile_train_step(s.model.module, opt, s.loss());
+  step(s.batch);
+  step(s.batch);
+  CHECK(wrapper->calls == 2);
+}
+
+TEST_CASE("instruments: stage timer, graph dumps and verification", "[pipeline][builder]") {
+  torch::manual_seed(0);
+  SmallMlp s;
+  torch::optim::SGD opt(s.model.module->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  runtime::PhaseTimer timer;
+  auto stage_timer = std::make_shared<StageTimer>(timer);
+  const std::string dir = std::filesystem::temp_directory_path() / ("crucible_dump_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  auto dumper = std::make_shared<GraphDumper>(GraphDumpOptions{.dir = dir, .svg = false});
+  Builder b;
+  b.instrument(stage_timer).instrument(dumper).instrument(std::make_shared<GraphVerifier>());
+  b.compile_train_step(s.model.module, opt, s.loss()).compile(s.batch);
+
+  const auto& seconds = stage_timer->seconds();
+  for (const char* stage : {"trace", "dce", "cse", "backend"}) {
+    INFO(stage);
+    CHECK(seconds.contains(stage));
+    CHECK(timer.phases().size() >= 4);
+  }
+  CHECK(timer.total_ms("trace") > 0);
+  // The traced graph, then each pass that changed it.
+  REQUIRE(std::filesystem::exists(dir + "/train_step.00.trace.txt"));
+  REQUIRE(std::filesystem::exists(dir + "/train_step.00.trace.dot"));
+  for (const std::string& f : dumper->files()) CHECK(std::filesystem::exists(f));
+  std::filesystem::remove_all(dir);
+}
