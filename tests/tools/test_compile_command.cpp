@@ -1,0 +1,61 @@
+// `crucible compile --dump-dir`: every stage's graph on disk, in forms that
+// read back.
+#include "catch.h"
+#include "cli.h"
+
+#include <crucible/ir/graph.h>
+#include <crucible/ir/parser.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <unistd.h>
+
+using crucible::testing::run_cli;
+
+namespace {
+
+std::string read(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool graphviz_installed() {
+  for (const char* dir : {"/usr/bin", "/usr/local/bin"})
+    if (::access((std::string(dir) + "/dot").c_str(), X_OK) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("crucible compile writes each stage's graph as text and DOT", "[tools][compile]") {
+  const std::string dir = "/tmp/crucible_compile_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const auto r = run_cli("compile --model mlp --optimizer sgd --dump-dir " + dir);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  // The traced step, then the passes that changed it.
+  const std::string traced = dir + "/train_step.00.trace.txt";
+  REQUIRE(std::filesystem::exists(traced));
+  REQUIRE(std::filesystem::exists(dir + "/train_step.00.trace.dot"));
+  CHECK_THAT(read(dir + "/train_step.00.trace.dot"), CRUCIBLE_HAS_SUBSTR("digraph"));
+  if (graphviz_installed()) CHECK(std::filesystem::exists(dir + "/train_step.00.trace.svg"));
+  // The text form parses back: the training step with its loss and its state.
+  const crucible::ir::Graph g = crucible::ir::parse(read(traced));
+  const auto& sig = g.signature();
+  CHECK(sig.outputs_of(crucible::ir::OutputKind::Loss).size() == 1);
+  CHECK(sig.inputs_of(crucible::ir::InputKind::Parameter).size() == 6);
+  // SGD with momentum: step and momentum buffer per parameter, and the rate.
+  CHECK(sig.inputs_of(crucible::ir::InputKind::State).size() == 6 * 2 + 1);
+  CHECK_THAT(r.out, CRUCIBLE_HAS_SUBSTR("generates no code"));
+  CHECK_THAT(r.out, CRUCIBLE_HAS_SUBSTR(traced));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("crucible compile needs --dump-dir", "[tools][compile][errors]") {
+  const auto r = run_cli("compile --model mlp");
+  CHECK(r.exit_code != 0);
+  CHECK_THAT(r.err, CRUCIBLE_HAS_SUBSTR("--dump-dir"));
+}

@@ -1,0 +1,95 @@
+// `crucible compile --model M [--backend B] [--batch N] [--passes P,...]
+// [--optimizer ...] --dump-dir D [--no-svg]`: compile a zoo model's training
+// step with the builder and write every stage's graph to D (text, DOT, and
+// SVG where Graphviz is installed) and the code the backend generates, so
+// that a user can look at what each stage did.
+#include "commands.h"
+#include "training.h"
+
+#include <crucible/pipeline/backend_registry.h>
+#include <crucible/pipeline/builder.h>
+#include <crucible/pipeline/error.h>
+#include <crucible/pipeline/instruments.h>
+#include <crucible/pipeline/zoo.h>
+#include <crucible/runtime/timing.h>
+
+#include <CLI/CLI.hpp>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+namespace crucible::tools {
+namespace {
+
+struct CompileCommandOptions {
+  std::string model = "mlp";
+  std::string backend = pipeline::BackendRegistry::builtin().best().name;
+  std::vector<std::string> passes = {"dce", "cse"};
+  OptimizerFlags optimizer;
+  int64_t batch = 8;
+  std::string dump_dir;
+  bool svg = true;
+};
+
+void run_compile_command(const CompileCommandOptions& o) {
+  const pipeline::Model model = pipeline::make_model(o.model);
+  model.module->train();
+  const pipeline::Batch batch = model.example_batch(o.batch, /*seed=*/0);
+  const std::vector<at::Tensor> inputs = {batch.inputs, batch.targets};
+  std::unique_ptr<torch::optim::Optimizer> optimizer = o.optimizer.make(model.module->parameters());
+
+  runtime::PhaseTimer timer;
+  auto stage_timer = std::make_shared<pipeline::StageTimer>(timer);
+  auto dumper = std::make_shared<pipeline::GraphDumper>(pipeline::GraphDumpOptions{.dir = o.dump_dir, .svg = o.svg});
+  pipeline::Builder builder;
+  builder.passes(o.passes).backend(o.backend).instrument(stage_timer).instrument(dumper);
+  const pipeline::TrainStep step = builder.compile_train_step(model.module, *optimizer, loss_of(model));
+  step.compile(inputs);
+
+  std::vector<std::string> files = dumper->files();
+  const pipeline::BackendInfo& backend = pipeline::BackendRegistry::builtin().get(o.backend);
+  std::string code_note;
+  if (backend.generated_code) {
+    for (const pipeline::GeneratedFile& f : backend.generated_code(step.graph(), step.graph_inputs(inputs))) {
+      const std::string path = o.dump_dir + "/train_step.code." + f.name;
+      std::ofstream(path) << f.text;
+      files.push_back(path);
+    }
+  } else {
+    code_note = "backend " + o.backend + " generates no code: it runs the graph of the last stage as it is";
+  }
+
+  std::cout << "compiled the " << o.model << " training step (" << o.optimizer.kind << ", batch " << o.batch
+            << ") with the " << o.backend << " backend: " << step.graph().num_nodes() << " nodes\n"
+            << "compile: " << describe_stages(ordered_stages(stage_timer->seconds(), o.passes)) << "\n";
+  if (!code_note.empty()) std::cout << code_note << "\n";
+  std::cout << "wrote " << files.size() << " files:\n";
+  for (const std::string& f : files) std::cout << "  " << f << "\n";
+}
+
+}  // namespace
+
+void add_compile_command(CLI::App& app) {
+  auto o = std::make_shared<CompileCommandOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "compile", "compile a zoo model's training step and write each stage's graph and the generated code");
+  cmd->add_option("--model", o->model, "model of the zoo")
+      ->check(CLI::IsMember(pipeline::model_names()))
+      ->capture_default_str();
+  cmd->add_option("--backend", o->backend, "compiler backend")
+      ->check(CLI::IsMember(pipeline::BackendRegistry::builtin().names()))
+      ->capture_default_str();
+  cmd->add_option("--passes", o->passes, "graph passes, in order")->delimiter(',')->default_str("dce,cse");
+  o->optimizer.add_to(*cmd);
+  cmd->add_option("--batch", o->batch, "batch size of the example inputs")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--dump-dir", o->dump_dir, "directory for the graphs and code (created if missing)")->required();
+  cmd->add_flag("!--no-svg", o->svg, "skip the SVG renderings (Graphviz)");
+  cmd->callback([o] { run_compile_command(*o); });
+}
+
+}  // namespace crucible::tools
