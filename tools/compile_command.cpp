@@ -64,7 +64,7 @@ void run_compile_command(const CompileCommandOptions& o) {
 
   std::cout << "compiled the " << o.model << " training step (" << o.optimizer.kind << ", batch " << o.batch
             << ") with the " << o.backend << " backend: " << step.graph().num_nodes() << " nodes\n"
-            << "compile: " << describe_stages(ordered_stages(stage_timer->seconds(), o.passes)) << "\n";
+            << "compile: " << describe_stages(ordered_stages(timer, o.passes)) << "\n";
   if (!code_note.empty()) std::cout << code_note << "\n";
   std::cout << "wrote " << files.size() << " files:\n";
   for (const std::string& f : files) std::cout << "  " << f << "\n";

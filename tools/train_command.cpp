@@ -190,7 +190,7 @@ void run_train_command(const TrainCommandOptions& o) {
     step = builder.compile_train_step(model.module, *optimizer, loss_of(model));
     const pipeline::Batch first = data.train_batch(0);
     step->compile({first.inputs, first.targets});
-    compile_s = ordered_stages(stage_timer->seconds(), o.passes);
+    compile_s = ordered_stages(timer, o.passes);
     std::cout << "compile (" << o.backend << "): " << describe_stages(compile_s) << "\n";
   }
   std::cout.flush();

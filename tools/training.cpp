@@ -1,11 +1,14 @@
 #include "training.h"
 
+#include <crucible/runtime/timing.h>
+
 #include <CLI/CLI.hpp>
 #include <torch/nn/module.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 namespace crucible::tools {
@@ -40,14 +43,18 @@ pipeline::LossFn loss_of(const pipeline::Model& model) {
   };
 }
 
-std::vector<std::pair<std::string, double>> ordered_stages(const std::map<std::string, double>& seconds,
+std::vector<std::pair<std::string, double>> ordered_stages(const runtime::PhaseTimer& timer,
                                                            const std::vector<std::string>& passes) {
   std::vector<std::string> order = {"trace", "partition"};
   order.insert(order.end(), passes.begin(), passes.end());
   order.push_back("backend");
   std::vector<std::pair<std::string, double>> out;
-  for (const std::string& s : order)
-    if (auto it = seconds.find(s); it != seconds.end()) out.emplace_back(s, it->second);
+  for (const runtime::PhaseStats& phase : timer.phases())
+    if (std::find(order.begin(), order.end(), phase.name) == order.end())
+      order.push_back(phase.name);  // a stage of another kind, after the known ones
+  for (const std::string& stage : order)
+    for (const runtime::PhaseStats& phase : timer.phases())
+      if (phase.name == stage && phase.calls() > 0) out.emplace_back(stage, phase.total_ms() / 1e3);
   return out;
 }
 

@@ -6,7 +6,6 @@
 #include <crucible/pipeline/train_step.h>
 #include <crucible/pipeline/zoo.h>
 
-#include <map>
 #include <optional>
 #include <memory>
 #include <string>
@@ -15,6 +14,9 @@
 
 namespace CLI {
 class App;
+}
+namespace crucible::runtime {
+class PhaseTimer;
 }
 
 namespace crucible::tools {
@@ -38,9 +40,10 @@ struct OptimizerFlags {
 /// The model's mean cross-entropy on batch {inputs, targets}.
 pipeline::LossFn loss_of(const pipeline::Model& model);
 
-/// Seconds per stage (StageTimer::seconds) in the order stages run: trace,
-/// partition, `passes` in order, backend; stages that did not run are left out.
-std::vector<std::pair<std::string, double>> ordered_stages(const std::map<std::string, double>& seconds,
+/// Seconds per stage, from the PhaseTimer a StageTimer recorded into, in the
+/// order stages run: trace, partition, `passes` in order, backend; stages that
+/// did not run are left out.
+std::vector<std::pair<std::string, double>> ordered_stages(const runtime::PhaseTimer& timer,
                                                            const std::vector<std::string>& passes);
 
 /// "trace 85.1 ms, dce 1.2 ms, ...; total 89.8 ms"

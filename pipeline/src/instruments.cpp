@@ -8,12 +8,10 @@
 #include <crucible/runtime/timing.h>
 
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <optional>
 #include <spawn.h>
 #include <sys/wait.h>
 
@@ -25,25 +23,20 @@ namespace crucible::pipeline {
 
 struct StageTimer::Open {
   std::string stage;
-  std::chrono::steady_clock::time_point start;
-  std::optional<runtime::PhaseTimer::Scope> scope;
+  runtime::PhaseTimer::Scope scope;
 };
 
 StageTimer::StageTimer(runtime::PhaseTimer& timer) : timer_(timer) {}
 StageTimer::~StageTimer() = default;
 
 void StageTimer::before_stage(const StageEvent& event) {
-  Open open{std::string(event.stage), std::chrono::steady_clock::now(), std::nullopt};
-  open.scope.emplace(timer_.time(std::string(event.stage)));
-  open_.push_back(std::move(open));
+  open_.push_back(Open{std::string(event.stage), timer_.time(std::string(event.stage))});
 }
 
 void StageTimer::after_stage(const StageEvent& event) {
-  // Stages close in the reverse order they opened (Note [Compilation stages]).
-  if (open_.empty() || open_.back().stage != event.stage) return;
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - open_.back().start).count();
-  seconds_[open_.back().stage] += s;
-  open_.pop_back();  // closes the PhaseTimer scope, which records the phase
+  // Stages close in the reverse order they opened (Note [Compilation stages]);
+  // closing the scope records the phase.
+  if (!open_.empty() && open_.back().stage == event.stage) open_.pop_back();
 }
 
 // --- GraphDumper ------------------------------------------------------------------

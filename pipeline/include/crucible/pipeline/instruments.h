@@ -17,7 +17,8 @@ namespace crucible::pipeline {
 
 /// Times every stage into a PhaseTimer, one phase per stage name ("trace",
 /// "partition", "dce", "backend", ...): a stage run several times (each
-/// pass runs once per graph) adds one measurement each time. Phases nest
+/// pass runs once per graph) adds one measurement each time, so
+/// timer.total_ms(stage) is the stage's compile time. Phases nest
 /// under whatever phase is open on the thread (aot_function's
 /// "fw_compiler", for one), as PhaseTimer scopes do. The timer must outlive
 /// the instrument.
@@ -27,15 +28,11 @@ class StageTimer : public StageInstrument {
   ~StageTimer() override;
   void before_stage(const StageEvent& event) override;
   void after_stage(const StageEvent& event) override;
-  /// Total seconds per stage this instrument timed: stage name -> seconds
-  /// over every run of it (what `crucible train --json` reports as compile_s).
-  const std::map<std::string, double>& seconds() const { return seconds_; }
 
  private:
   runtime::PhaseTimer& timer_;
   struct Open;
   std::vector<Open> open_;
-  std::map<std::string, double> seconds_;
 };
 
 struct GraphDumpOptions {
