@@ -46,3 +46,10 @@ inline std::string mismatch(const at::Tensor& actual, const at::Tensor& expected
 
 /// REQUIRE bitwise equality (same sizes, dtype and values, NaNs equal).
 #define REQUIRE_EQUAL_TENSORS(actual, expected) REQUIRE_CLOSE(actual, expected, 0.0, 0.0)
+
+/// Skips the rest of the test case where no CUDA device is usable (./x counts
+/// the message as a skip under Catch2 2, which has no skipped state).
+#define CRUCIBLE_REQUIRE_CUDA()                                            \
+  do {                                                                     \
+    if (!at::hasCUDA()) CRUCIBLE_SKIP("no CUDA device here: skipped");     \
+  } while (0)

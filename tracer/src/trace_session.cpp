@@ -152,7 +152,8 @@ ir::Argument TraceSession::argument(const c10::IValue& iv, const c10::Argument& 
   }
   if (iv.isTensorList()) {
     ir::Argument::ValueList vs;
-    for (const at::Tensor& t : iv.toTensorList()) {
+    // A vector, not the c10::List: its proxies make references dangle.
+    for (const at::Tensor& t : iv.toTensorVector()) {
       if (!t.defined()) throw TraceError(user + ": argument '" + formal.name() + "' holds an undefined tensor");
       vs.push_back(value_of(t, user));
     }
@@ -216,7 +217,7 @@ void TraceSession::run_on_cpu(const c10::OperatorHandle& op, std::vector<c10::IV
       stack.emplace_back(to_cpu(a.toTensor()));
     } else if (a.isTensorList()) {
       std::vector<at::Tensor> ts;
-      for (const at::Tensor& t : a.toTensorList()) ts.push_back(to_cpu(t));
+      for (const at::Tensor& t : a.toTensorVector()) ts.push_back(to_cpu(t));
       stack.emplace_back(ts);
     } else if (a.isList() && a.toListRef().size() > 0 && a.toListRef()[0].isTensor()) {
       c10::List<std::optional<at::Tensor>> ts;
@@ -251,7 +252,7 @@ void TraceSession::run_on_cpu(const c10::OperatorHandle& op, std::vector<c10::IV
       stack[i] = to_meta(stack[i].toTensor());
     } else if (stack[i].isTensorList()) {
       std::vector<at::Tensor> ts;
-      for (const at::Tensor& t : stack[i].toTensorList()) ts.push_back(to_meta(t));
+      for (const at::Tensor& t : stack[i].toTensorVector()) ts.push_back(to_meta(t));
       stack[i] = ts;
     }
   }
@@ -325,7 +326,7 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
     if (iv.isTensor()) {
       define(node->result(k++), iv.toTensor());
     } else if (iv.isTensorList()) {
-      for (const at::Tensor& t : iv.toTensorList()) define(node->result(k++), t);
+      for (const at::Tensor& t : iv.toTensorVector()) define(node->result(k++), t);
     } else {
       ++k;
     }

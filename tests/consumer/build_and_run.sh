@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds examples/consumer as a user would, with this source tree as its
+# subprojects/crucible, then runs it.
+#   build_and_run.sh SOURCE_ROOT WORK_DIR TORCH_PREFIX [EXTRA_PREFIX]
+set -euo pipefail
+src=$1 work=$2 torch=$3 extra=${4:-}
+mkdir -p "$work/project/subprojects"
+cp "$src/examples/consumer/meson.build" "$src/examples/consumer/main.cpp" "$work/project/"
+ln -sfn "$src" "$work/project/subprojects/crucible"
+args=("-Dcrucible:torch_prefix=$torch")
+[ -n "$extra" ] && args+=("-Dcrucible:extra_prefix=$extra")
+if [ -f "$work/build/build.ninja" ]; then
+  meson configure "$work/build" "${args[@]}" >/dev/null
+else
+  meson setup "$work/build" "$work/project" "${args[@]}"
+fi
+# Only the consumer and what it links (crucible_ir), not all of Crucible.
+ninja -C "$work/build" consumer
+"$work/build/consumer"
