@@ -8,10 +8,13 @@
 #include <crucible/runtime/timing.h>
 
 #include <cerrno>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <spawn.h>
 #include <sys/wait.h>
 
@@ -49,17 +52,27 @@ void write_file(const std::string& path, const std::string& text) {
   if (!out) throw PipelineError("GraphDumper: cannot write " + path + ": " + std::strerror(errno));
 }
 
-// Graphviz's `dot -Tsvg`, run without a shell. False when it is not installed
-// or fails (the SVG is optional; the DOT file holds the same graph).
-bool render_svg(const std::string& dot_path, const std::string& svg_path) {
+// Graphviz's `dot -Tsvg`, run without a shell and stopped after `timeout_s`.
+// False when it is not installed, fails or runs too long (the SVG is
+// optional; the DOT file holds the same graph).
+bool render_svg(const std::string& dot_path, const std::string& svg_path, double timeout_s) {
   std::string arg0 = "dot", arg1 = "-Tsvg", arg2 = "-o";
   std::string out = svg_path, in = dot_path;
   char* argv[] = {arg0.data(), arg1.data(), arg2.data(), out.data(), in.data(), nullptr};
   pid_t pid;
   if (posix_spawnp(&pid, "dot", nullptr, nullptr, argv, environ) != 0) return false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   int status = 0;
-  if (waitpid(pid, &status, 0) < 0) return false;
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  pid_t done = 0;
+  while ((done = waitpid(pid, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (done == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    std::filesystem::remove(svg_path);
+    return false;
+  }
+  return done == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 }  // namespace
@@ -93,7 +106,7 @@ void GraphDumper::dump(std::string_view graph_name, std::string_view stage, cons
   if (options_.dot || options_.svg) {
     write_file(base + ".dot", ir::to_dot(graph));
     if (options_.dot) files_.push_back(base + ".dot");
-    if (options_.svg && graph.num_nodes() <= options_.svg_max_nodes && render_svg(base + ".dot", base + ".svg"))
+    if (options_.svg && graph.num_nodes() <= options_.svg_max_nodes && render_svg(base + ".dot", base + ".svg", options_.svg_timeout_s))
       files_.push_back(base + ".svg");
     if (!options_.dot) std::filesystem::remove(base + ".dot");
   }
