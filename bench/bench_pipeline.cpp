@@ -181,8 +181,10 @@ const std::vector<std::pair<std::string, PipelineBenchFn>>& pipeline_stages() {
 namespace {
 
 [[maybe_unused]] const bool registered = [] {
-  for (const auto& [stage, fn] : crucible::bench::pipeline_stages())
-    for (const std::string& model : crucible::pipeline::model_names())
+  // Model by model, so that a model's compiled and eager steps run back to
+  // back, under the same machine load.
+  for (const std::string& model : crucible::pipeline::model_names())
+    for (const auto& [stage, fn] : crucible::bench::pipeline_stages())
       benchmark::RegisterBenchmark(("BM_Pipeline" + stage + "/" + model).c_str(), fn, model)
           ->Unit(benchmark::kMillisecond);
   return true;
