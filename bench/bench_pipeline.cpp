@@ -14,6 +14,7 @@
 //   StepCompiled / StepEager  one SGD training step, compiled vs eager
 #include "bench_pipeline.h"
 
+#include <crucible/ir/error.h>
 #include <crucible/ir/interpreter.h>
 #include <crucible/ir/pass_manager.h>
 #include <crucible/partitioner/default_partition.h>
@@ -85,6 +86,20 @@ struct Setup {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
 };
 
+// Runs `trace` once; if it throws (functionalization refuses BatchNorm's
+// in-place buffer updates in train mode, see Note [Functionalization]), the
+// benchmark is reported as skipped with the reason, and false returned.
+template <typename Trace>
+bool traceable(benchmark::State& state, Trace&& trace) {
+  try {
+    trace();
+    return true;
+  } catch (const crucible::Error& e) {
+    state.SkipWithError(e.what());
+    return false;
+  }
+}
+
 void trace(benchmark::State& state, const std::string& name) {
   Setup s(name);
   for (auto _ : state) benchmark::DoNotOptimize(s.trace_forward(false));
@@ -92,11 +107,13 @@ void trace(benchmark::State& state, const std::string& name) {
 
 void functionalize(benchmark::State& state, const std::string& name) {
   Setup s(name);
+  if (!traceable(state, [&] { s.trace_forward(true); })) return;
   for (auto _ : state) benchmark::DoNotOptimize(s.trace_forward(true));
 }
 
 void joint(benchmark::State& state, const std::string& name) {
   Setup s(name);
+  if (!traceable(state, [&] { s.trace_joint(); })) return;
   for (auto _ : state) benchmark::DoNotOptimize(s.trace_joint());
 }
 
@@ -109,7 +126,8 @@ void train_step_trace(benchmark::State& state, const std::string& name) {
 
 void partition(benchmark::State& state, const std::string& name) {
   Setup s(name);
-  const tracer::TraceResult joint = s.trace_joint();
+  tracer::TraceResult joint;
+  if (!traceable(state, [&] { joint = s.trace_joint(); })) return;
   for (auto _ : state) benchmark::DoNotOptimize(partitioner::default_partition(joint.graph, 1));
 }
 
