@@ -107,127 +107,39 @@ TEST_CASE("aot_function: a new input shape recompiles; recompile_limit stops it"
   REQUIRE_THROWS_WITH(compiled({at::randn({9, 3}), w, b}), CRUCIBLE_HAS_SUBSTR("recompile_limit is reached"));
 }
 
-TEST_CASE("aot_function: 20 SGD steps of a two-layer MLP end where eager ends", "[autograd]") {
-  at::manual_seed(4);
-  // A two-layer MLP over its parameters: inputs are w1, b1, w2, b2, x, y.
-  auto mlp_loss = [](const std::vector<at::Tensor>& in) {
-    const auto h = at::relu(at::addmm(in[1], in[4], in[0].t()));
-    const auto logits = at::addmm(in[3], h, in[2].t());
-    return std::vector<at::Tensor>{at::mse_loss(logits, in[5])};
-  };
-  std::vector<at::Tensor> init{at::randn({16, 8}) * 0.3, at::zeros({16}), at::randn({4, 16}) * 0.3, at::zeros({4})};
-  std::vector<at::Tensor> eager_p, aot_p;
-  for (const auto& p : init) {
-    eager_p.push_back(p.clone().requires_grad_());
-    aot_p.push_back(p.clone().requires_grad_());
-  }
-  auto compiled = autograd::aot_function(mlp_loss);
-  const double lr = 0.1;
-  at::Tensor eager_loss, aot_loss;
-  for (int step = 0; step < 20; ++step) {
-    const auto x = at::randn({32, 8}), y = at::randn({32, 4});
-    std::vector<at::Tensor> e_in = eager_p, c_in = aot_p;
-    e_in.insert(e_in.end(), {x, y});
-    c_in.insert(c_in.end(), {x, y});
-    eager_loss = mlp_loss(e_in)[0];
-    aot_loss = compiled(c_in)[0];
-    eager_loss.backward();
-    aot_loss.backward();
-    at::NoGradGuard no_grad;
-    for (size_t i = 0; i < eager_p.size(); ++i) {
-      eager_p[i].sub_(eager_p[i].grad() * lr);
-      aot_p[i].sub_(aot_p[i].grad() * lr);
-      eager_p[i].mutable_grad().zero_();
-      aot_p[i].mutable_grad().zero_();
-    }
-  }
-  REQUIRE(compiled.num_compilations() == 1);
-  // Forward kernels are eager's; backward ones too, but gradient
-  // accumulation order may differ, and 20 steps compound float rounding:
-  // 1e-5 relative is a few hundred float32 ulps.
-  REQUIRE_CLOSE(aot_loss.detach(), eager_loss.detach(), 1e-5, 1e-6);
-  for (size_t i = 0; i < eager_p.size(); ++i) REQUIRE_CLOSE(aot_p[i].detach(), eager_p[i].detach(), 1e-5, 1e-6);
-}
-
-TEST_CASE("aot_function: f(x, x) gives the gradient of two uses of one leaf", "[autograd]") {
-  at::manual_seed(5);
-  auto f = [](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{(in[0] * in[1].sin()).sum()}; };
-  auto compiled = autograd::aot_function(f);
-  const auto data = at::randn({6});
-  const auto cx = data.clone().requires_grad_(), ex = data.clone().requires_grad_();
-  const auto c_out = compiled({cx, cx});
-  const auto e_out = f({ex, ex});
-  REQUIRE_EQUAL_TENSORS(c_out[0], e_out[0].detach());
-  c_out[0].backward();
-  e_out[0].backward();
-  // d/dx sum(x sin x) = sin x + x cos x: two gradients accumulated into one
-  // leaf, in an order the engine picks; allow rounding.
-  REQUIRE_CLOSE(cx.grad(), ex.grad(), 1e-6, 1e-6);
-  REQUIRE_CLOSE(cx.grad(), data.sin() + data * data.cos(), 1e-6, 1e-6);
-}
-
-TEST_CASE("aot_function: outputs aliasing an input and an intermediate carry eager's values and gradients",
+TEST_CASE("aot_function: dtype, requires_grad, grad mode and aliasing changes each recompile, with the reason",
           "[autograd]") {
-  at::manual_seed(6);
-  auto f = [](const std::vector<at::Tensor>& in) {
-    const auto h = in[0] * in[1];
-    return std::vector<at::Tensor>{in[0].t(), h.view({-1}), h.sum()};
-  };
+  at::manual_seed(3);
+  runtime::default_metrics_log().clear();
+  auto f = [](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{(in[0] * in[1]).sum(0)}; };
   auto compiled = autograd::aot_function(f);
-  const auto x = at::randn({3, 4}), w = at::randn({3, 4});
-  const auto cx = x.clone().requires_grad_(), cw = w.clone().requires_grad_();
-  const auto ex = x.clone().requires_grad_(), ew = w.clone().requires_grad_();
-  const auto c_out = compiled({cx, cw});
-  const auto e_out = f({ex, ew});
-  for (size_t i = 0; i < 3; ++i) REQUIRE_EQUAL_TENSORS(c_out[i], e_out[i].detach());
-  (c_out[0].pow(2).sum() + c_out[1].sin().sum() + c_out[2]).backward();
-  (e_out[0].pow(2).sum() + e_out[1].sin().sum() + e_out[2]).backward();
-  // Three gradient contributions per input, accumulated in the engine's order.
-  REQUIRE_CLOSE(cx.grad(), ex.grad(), 1e-6, 1e-6);
-  REQUIRE_CLOSE(cw.grad(), ew.grad(), 1e-6, 1e-6);
-}
-
-TEST_CASE("aot_function: 20 SGD steps of a small ConvNet end where eager ends", "[autograd]") {
-  at::manual_seed(7);
-  // conv(1->4, 3x3, pad 1) -> relu -> max_pool 2x2 -> linear(4*4*4 -> 3) -> cross entropy.
-  // Inputs: conv_w, conv_b, fc_w, fc_b, images [8, 1, 8, 8], labels [8].
-  auto convnet_loss = [](const std::vector<at::Tensor>& in) {
-    const auto c = at::relu(at::conv2d(in[4], in[0], in[1], 1, 1));
-    const auto p = at::max_pool2d(c, {2, 2});
-    const auto logits = at::linear(p.flatten(1), in[2], in[3]);
-    return std::vector<at::Tensor>{at::cross_entropy_loss(logits, in[5])};
-  };
-  std::vector<at::Tensor> init{at::randn({4, 1, 3, 3}) * 0.3, at::zeros({4}), at::randn({3, 64}) * 0.1,
-                               at::zeros({3})};
-  std::vector<at::Tensor> eager_p, aot_p;
-  for (const auto& p : init) {
-    eager_p.push_back(p.clone().requires_grad_());
-    aot_p.push_back(p.clone().requires_grad_());
-  }
-  auto compiled = autograd::aot_function(convnet_loss);
-  at::Tensor eager_loss, aot_loss;
-  for (int step = 0; step < 20; ++step) {
-    const auto images = at::randn({8, 1, 8, 8}), labels = at::randint(0, 3, {8});
-    std::vector<at::Tensor> e_in = eager_p, c_in = aot_p;
-    e_in.insert(e_in.end(), {images, labels});
-    c_in.insert(c_in.end(), {images, labels});
-    eager_loss = convnet_loss(e_in)[0];
-    aot_loss = compiled(c_in)[0];
-    eager_loss.backward();
-    aot_loss.backward();
-    at::NoGradGuard no_grad;
-    for (size_t i = 0; i < eager_p.size(); ++i) {
-      eager_p[i].sub_(eager_p[i].grad() * 0.1);
-      aot_p[i].sub_(aot_p[i].grad() * 0.1);
-      eager_p[i].mutable_grad().zero_();
-      aot_p[i].mutable_grad().zero_();
+  const auto x = at::randn({4, 3}), y = at::randn({4, 3});
+  auto check = [&](const std::vector<at::Tensor>& in, size_t compilations, const std::string& reason) {
+    const auto out = compiled(in)[0];
+    REQUIRE_EQUAL_TENSORS(out.detach(), f(in)[0].detach());
+    REQUIRE(compiled.num_compilations() == compilations);
+    if (!reason.empty()) {
+      const auto records = runtime::default_metrics_log().records();
+      INFO(records.back().recompile_reason);
+      REQUIRE(records.back().recompile_reason.find(reason) != std::string::npos);
     }
+  };
+  // The reason is the first failing guard of the closest compilation.
+  check({x, y}, 1, "first call");
+  check({x.clone(), y.clone()}, 1, "");  // same metadata: cached
+  check({x.to(at::kDouble), y.to(at::kDouble)}, 2, "input 0: dtype Double (compiled for Float)");
+  check({x, y.clone().requires_grad_()}, 3, "input 1: requires_grad true (compiled for false)");
+  {
+    at::NoGradGuard no_grad;
+    check({x, y.clone().requires_grad_()}, 4, "grad mode off (compiled with it on)");
   }
-  REQUIRE(compiled.num_compilations() == 1);
-  // Same tolerance and reason as the MLP test: accumulation order in the
-  // backward, compounded over 20 steps.
-  REQUIRE_CLOSE(aot_loss.detach(), eager_loss.detach(), 1e-5, 1e-6);
-  for (size_t i = 0; i < eager_p.size(); ++i) REQUIRE_CLOSE(aot_p[i].detach(), eager_p[i].detach(), 1e-5, 1e-6);
+  check({x, x}, 5, "input 0: shares storage with other inputs differently");
+  check({x.t().contiguous().t(), y}, 6, "input 0: strides [1, 4] (compiled for [3, 1])");
+  // Slices of one buffer at another offset share a compilation (unaliased
+  // offsets are not guarded).
+  const auto buffer = at::randn({8, 3});
+  check({buffer.slice(0, 0, 4), y}, 6, "");
+  check({buffer.slice(0, 4, 8), y}, 6, "");
 }
 
 TEST_CASE("aot_function: compilations are timed and recorded in the metrics log", "[autograd]") {
@@ -251,69 +163,6 @@ TEST_CASE("aot_function: compilations are timed and recorded in the metrics log"
     REQUIRE(report.find(phase) != std::string::npos);
 }
 
-TEST_CASE("aot_function: input data mutation on the inference path is applied to the caller's tensor",
-          "[autograd]") {
-  auto f = [](const std::vector<at::Tensor>& in) {
-    in[0].mul_(3.0);
-    return std::vector<at::Tensor>{in[0] + in[1].sum()};
-  };
-  auto compiled = autograd::aot_function(f);
-  at::manual_seed(8);
-  const auto x = at::randn({2, 3}), w = at::randn({2, 3});
-  const auto ex = x.clone();
-  const auto ref = f({ex, w});
-  const auto out = compiled({x, w});
-  // The graph is functional; the epilogue's copy_ puts the new value into x.
-  REQUIRE_EQUAL_TENSORS(out[0], ref[0]);
-  REQUIRE_EQUAL_TENSORS(x, ex);
-  REQUIRE(out.size() == 1);
-  // The same tensor twice: the copies traced were distinct, so this call is refused.
-  REQUIRE_THROWS_WITH(compiled({x, x}), CRUCIBLE_HAS_SUBSTR("shares storage with input 1"));
-}
-
-TEST_CASE("aot_function: input mutation on the autograd path is refused with a clear error", "[autograd]") {
-  auto compiled = autograd::aot_function([](const std::vector<at::Tensor>& in) {
-    in[0].mul_(3.0);
-    return std::vector<at::Tensor>{in[0] * in[1]};
-  });
-  const auto x = at::randn({2, 3}), w = at::randn({2, 3}).requires_grad_();
-  const auto x_before = x.clone();
-  REQUIRE_THROWS_WITH(compiled({x, w}), CRUCIBLE_HAS_SUBSTR("input 0 is mutated in place"));
-  // Tracing ran on copies: the caller's tensor is untouched.
-  REQUIRE_EQUAL_TENSORS(x, x_before);
-}
-
-TEST_CASE("aot_function: input metadata mutation is refused", "[autograd]") {
-  auto compiled = autograd::aot_function([](const std::vector<at::Tensor>& in) {
-    in[0].transpose_(0, 1);
-    return std::vector<at::Tensor>{in[0] + 1};
-  });
-  REQUIRE_THROWS_WITH(compiled({at::randn({2, 3})}), CRUCIBLE_HAS_SUBSTR("input 0 has its metadata mutated in place"));
-}
-
-TEST_CASE("aot_function: dropout forward and backward equal eager from the same generator state", "[autograd]") {
-  auto f = [](const std::vector<at::Tensor>& in) {
-    return std::vector<at::Tensor>{(at::dropout(in[0], 0.5, /*train=*/true) * in[1]).sum()};
-  };
-  auto compiled = autograd::aot_function(f);
-  const auto data = at::randn({64}), wdata = at::randn({64});
-  for (int call = 0; call < 2; ++call) {  // the compiling call and a cached one
-    const auto cx = data.clone().requires_grad_(), ex = data.clone().requires_grad_();
-    const auto cw = wdata.clone().requires_grad_(), ew = wdata.clone().requires_grad_();
-    at::manual_seed(100 + call);
-    const auto e_out = f({ex, ew})[0];
-    at::manual_seed(100 + call);
-    const auto c_out = compiled({cx, cw})[0];
-    // Same draws, same kernels: bitwise equal values and gradients.
-    REQUIRE_EQUAL_TENSORS(c_out, e_out.detach());
-    c_out.backward();
-    e_out.backward();
-    REQUIRE_EQUAL_TENSORS(cx.grad(), ex.grad());
-    REQUIRE_EQUAL_TENSORS(cw.grad(), ew.grad());
-  }
-  REQUIRE(compiled.num_compilations() == 1);
-}
-
 TEST_CASE("aot_function: a non-contiguous incoming gradient gives eager's gradients", "[autograd]") {
   at::manual_seed(10);
   const std::vector<at::Tensor> data{at::randn({4, 3}), at::randn({5, 3}), at::randn({5})};
@@ -327,4 +176,30 @@ TEST_CASE("aot_function: a non-contiguous incoming gradient gives eager's gradie
   // The compiled backward takes a contiguous copy (Note [AOT dispatch]);
   // eager's kernels read the strided one: same values, maybe other rounding.
   for (size_t i = 0; i < 3; ++i) REQUIRE_CLOSE(c_in[i].grad(), e_in[i].grad(), 1e-6, 1e-6);
+}
+
+TEST_CASE("aot_function: a saved input, or a saved view of one, written before the backward fails it as in eager",
+          "[autograd]") {
+  auto f = [](const std::vector<at::Tensor>& in) {
+    return std::vector<at::Tensor>{(in[0] * in[1]).sum() + (in[0].t() * in[2]).sum()};
+  };
+  auto compiled = autograd::aot_function(f);
+  at::manual_seed(11);
+  const auto x = at::randn({2, 3}), w = at::randn({2, 3}).requires_grad_(), v = at::randn({3, 2}).requires_grad_();
+  for (bool write : {false, true}) {
+    const auto cx = x.clone(), ex = x.clone();
+    const auto c = compiled({cx, w, v})[0];
+    const auto e = f({ex, w, v})[0];
+    REQUIRE_EQUAL_TENSORS(c.detach(), e.detach());
+    if (!write) {
+      REQUIRE_NOTHROW(c.backward());
+      REQUIRE_NOTHROW(e.backward());
+      continue;
+    }
+    // x is saved for the gradients of w (itself) and of v (its transpose, a view).
+    cx.add_(1);
+    ex.add_(1);
+    REQUIRE_THROWS_WITH(e.backward(), CRUCIBLE_HAS_SUBSTR("modified by an inplace operation"));
+    REQUIRE_THROWS_WITH(c.backward(), CRUCIBLE_HAS_SUBSTR("modified by an inplace operation"));
+  }
 }

@@ -2,6 +2,7 @@
 // determinism: every test interprets the traced graph and compares it with
 // eager LibTorch on the same inputs and parameters.
 #include "catch.h"
+#include "module_testing.h"
 #include "testing.h"
 #include "tracer_testing.h"
 
@@ -13,6 +14,7 @@
 #include <torch/torch.h>
 
 using crucible::testing::count_calls;
+using crucible::testing::module_graph_inputs;
 using crucible::testing::run_traced;
 using crucible::tracer::functional_call;
 using crucible::tracer::ModuleTraceOptions;
@@ -23,14 +25,6 @@ namespace ir = crucible::ir;
 
 namespace {
 
-// The module's state in placeholder order, then the inputs.
-Tensors graph_inputs(torch::nn::Module& m, const Tensors& inputs) {
-  Tensors r;
-  for (const auto& p : m.named_parameters()) r.push_back(p.value().detach().clone());
-  for (const auto& b : m.named_buffers()) r.push_back(b.value().detach().clone());
-  for (const auto& t : inputs) r.push_back(t.detach().clone());
-  return r;
-}
 
 crucible::tracer::ModuleFn forward_of(const crucible::pipeline::Model& model) {
   return [&model](torch::nn::Module&, const Tensors& in) { return Tensors{model.forward(in[0])}; };
@@ -70,7 +64,7 @@ TEST_CASE("functional_call lifts parameters and replays the MLP and the ConvNet"
     REQUIRE(specs.back().kind == ir::InputKind::UserInput);
     // Same kernels in the same order: bitwise equal.
     torch::NoGradGuard no_grad;
-    REQUIRE_EQUAL_TENSORS(run_traced(r, graph_inputs(*model.module, {batch.inputs}))[0], model.forward(batch.inputs));
+    REQUIRE_EQUAL_TENSORS(run_traced(r, module_graph_inputs(*model.module, {batch.inputs}))[0], model.forward(batch.inputs));
   }
 }
 
@@ -90,7 +84,7 @@ TEST_CASE("functional_call: embedding, LayerNorm, buffers and a module registere
   REQUIRE(specs[7].target == "scale");
   REQUIRE(!r.graph.placeholders()[5]->has_users());
   torch::NoGradGuard no_grad;
-  REQUIRE_EQUAL_TENSORS(run_traced(r, graph_inputs(*net, {tokens}))[0], net->forward(tokens));
+  REQUIRE_EQUAL_TENSORS(run_traced(r, module_graph_inputs(*net, {tokens}))[0], net->forward(tokens));
 }
 
 TEST_CASE("functional_call: a joint trace of loss.backward() gives eager's gradients", "[tracer]") {
@@ -114,7 +108,7 @@ TEST_CASE("functional_call: a joint trace of loss.backward() gives eager's gradi
   // Tracing left the module's gradients alone.
   for (const auto& p : params) REQUIRE(!p.grad().defined());
 
-  auto actual = run_traced(r, graph_inputs(*model.module, {batch.inputs, batch.targets}));
+  auto actual = run_traced(r, module_graph_inputs(*model.module, {batch.inputs, batch.targets}));
   auto loss = model.loss(model.forward(batch.inputs), batch.targets);
   loss.backward();
   REQUIRE_EQUAL_TENSORS(actual[0], loss.detach());
@@ -195,5 +189,37 @@ TEST_CASE("fake mode: meta tensors, with CPU stand-ins for ops without a Meta ke
   REQUIRE(model.module->parameters()[0].device().is_cpu());
   REQUIRE_EQUAL_TENSORS(model.module->parameters()[0].detach(), before);
   torch::NoGradGuard no_grad;
-  REQUIRE_EQUAL_TENSORS(run_traced(f, graph_inputs(*model.module, {batch.inputs}))[0], model.forward(batch.inputs));
+  REQUIRE_EQUAL_TENSORS(run_traced(f, module_graph_inputs(*model.module, {batch.inputs}))[0], model.forward(batch.inputs));
+}
+
+TEST_CASE("functionalize: a module's in-place state writes become MutatedInput outputs", "[tracer]") {
+  torch::manual_seed(6);
+  auto bn = std::make_shared<torch::nn::BatchNorm2dImpl>(3);
+  bn->train();
+  auto x = torch::randn({2, 3, 4, 4});
+  ModuleTraceOptions options;
+  options.trace.functionalize = true;
+  auto r = functional_call(
+      *bn, [&](torch::nn::Module&, const Tensors& in) { return Tensors{bn->forward(in[0])}; }, {x}, options);
+  // BatchNorm's `num_batches_tracked += 1` is recorded out of place and comes
+  // back as the buffer's new value (Note [Functionalizing module state]).
+  REQUIRE(count_calls(r.graph, "aten::add_.Scalar") == 0);
+  REQUIRE(count_calls(r.graph, "aten::add.Scalar") == 1);
+  const auto& outs = r.graph.signature().outputs;
+  REQUIRE(outs.size() == 2);
+  REQUIRE(outs[1].kind == ir::OutputKind::MutatedInput);
+  REQUIRE(outs[1].input_index == std::optional<size_t>(4));  // weight, bias, running_mean, running_var, num_batches_tracked
+  REQUIRE(r.input_mutations[4].data);
+  // Tracing left the module's buffers alone.
+  REQUIRE(bn->num_batches_tracked.item<int64_t>() == 0);
+
+  Tensors graph_in = module_graph_inputs(*bn, {x});
+  auto actual = run_traced(r, graph_in);
+  auto expected = bn->forward(x);
+  // Same kernels: bitwise equal, and native_batch_norm updates the running
+  // statistics it is given, as eager's kernel updates the module's.
+  REQUIRE_EQUAL_TENSORS(actual[0], expected.detach());
+  REQUIRE(actual[1].item<int64_t>() == bn->num_batches_tracked.item<int64_t>());
+  REQUIRE_EQUAL_TENSORS(graph_in[2], bn->running_mean);
+  REQUIRE_EQUAL_TENSORS(graph_in[3], bn->running_var);
 }

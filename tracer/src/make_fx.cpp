@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <unordered_map>
 
 namespace crucible::tracer {
 namespace detail {
@@ -77,6 +78,91 @@ struct Teardown {
 
 }  // namespace
 
+// Note [Functionalizing module state]
+// Module state cannot be wrapped for functionalization (see Note [Swapping
+// module state]), so an in-place op on a parameter or buffer reaches the
+// tracer as itself: BatchNorm's `num_batches_tracked += 1` records
+// `aten::add_.Scalar(%num_batches_tracked, 1, 1)`. After the trace each such
+// node is replaced by the op's out-of-place variant (the same name without
+// the trailing '_', same overload and arguments), later reads use the new
+// value, and the state's final value becomes an extra output of kind
+// MutatedInput, exactly as for a wrapped input. An in-place op that has no
+// such variant, writes several arguments, or writes state through a view
+// throws TraceError. A kernel that updates state without saying so in its
+// schema (native_batch_norm's running statistics in training) is not a
+// mutation the graph can see: the node stays, and running the graph updates
+// the tensors it is given, as the eager kernel does.
+namespace {
+
+c10::OperatorHandle out_of_place_variant(const ir::Node& n) {
+  const c10::FunctionSchema& schema = n.schema();
+  const std::string& name = schema.name();
+  size_t written = 0;
+  for (const c10::Argument& a : schema.arguments()) written += a.alias_info() && a.alias_info()->isWrite();
+  const bool in_place = written == 1 && name.size() > 1 && name.back() == '_' && schema.arguments()[0].alias_info() &&
+                        schema.arguments()[0].alias_info()->isWrite();
+  if (in_place) {
+    auto h = c10::Dispatcher::singleton().findSchema({name.substr(0, name.size() - 1), schema.overload_name()});
+    if (h && h->schema().arguments().size() == schema.arguments().size() && h->schema().returns().size() == 1 &&
+        !h->schema().is_mutable())
+      return *h;
+  }
+  throw TraceError("functionalize: " + n.target() +
+                   " writes to module state (a parameter or buffer) in place and has no out-of-place variant "
+                   "taking the same arguments, so the write cannot be made functional; write the new value "
+                   "with an out-of-place op, or trace without functionalize");
+}
+
+// See Note [Functionalizing module state].
+void functionalize_state_writes(ir::Graph& graph, std::vector<InputMutation>& input_mutations) {
+  std::unordered_map<const ir::Value*, size_t> state_of;  // Value -> the placeholder whose state it holds
+  const std::vector<ir::Value*> placeholders = graph.placeholders();
+  for (size_t i = 0; i < placeholders.size(); ++i) {
+    const ir::InputSpec& spec = graph.signature().inputs[i];
+    if ((spec.kind == ir::InputKind::Parameter || spec.kind == ir::InputKind::Buffer) && !spec.duplicate_of)
+      state_of.emplace(placeholders[i], i);
+  }
+  std::vector<ir::Node*> writes;
+  for (ir::Node* n : graph.nodes())
+    if (n->is_call() && n->is_mutating()) writes.push_back(n);
+  if (writes.empty()) return;
+  std::vector<ir::Value*> final_value(placeholders.size(), nullptr);
+  for (ir::Node* n : writes) {
+    const c10::OperatorHandle functional = out_of_place_variant(*n);
+    const ir::Argument& self = n->arg(0);
+    auto it = self.is_value() ? state_of.find(self.value()) : state_of.end();
+    if (it == state_of.end())
+      throw TraceError("functionalize: " + n->target() + " writes in place to %" +
+                       (self.is_value() ? self.value()->name() : std::string("?")) +
+                       ", a view of module state or a tensor functionalization did not wrap; write the parameter "
+                       "or buffer itself, or trace without functionalize");
+    ir::Node* replacement = nullptr;
+    {
+      ir::Graph::InsertGuard before(graph, n);
+      replacement = graph.add_call(functional, n->args());
+    }
+    replacement->set_source(n->source());
+    for (const auto& tag : n->tags()) replacement->add_tag(tag);
+    replacement->result()->set_meta(n->result()->meta());
+    n->result()->replace_all_uses_with(replacement->result());
+    graph.erase(n);
+    state_of.emplace(replacement->result(), it->second);
+    final_value[it->second] = replacement->result();
+  }
+  std::vector<ir::Value*> outputs = graph.outputs();
+  std::vector<ir::OutputSpec> specs = graph.signature().outputs;
+  for (size_t i = 0; i < final_value.size(); ++i) {
+    if (!final_value[i]) continue;
+    input_mutations[i].data = true;
+    outputs.push_back(final_value[i]);
+    specs.push_back(ir::OutputSpec{ir::OutputKind::MutatedInput, i});
+  }
+  graph.set_output(outputs);
+  graph.signature().outputs = specs;
+}
+
+}  // namespace
+
 // Note [Functionalization]
 // With TraceOptions::functionalize the traced function runs on
 // FunctionalTensorWrappers (at::functionalization::impl::to_functional_tensor)
@@ -90,8 +176,7 @@ struct Teardown {
 // value as an extra output (MutatedInput, or MutatedInputMetadata when only
 // its sizes/strides changed), in input order, after the function's outputs.
 // Module state (functional_call) is swapped into the module's own tensors,
-// which cannot be wrappers: an in-place op on a parameter or buffer stays in
-// the graph, and make_fx throws TraceError naming it.
+// which cannot be wrappers; see Note [Functionalizing module state].
 TraceResult trace(const std::vector<TraceInput>& inputs, const TraceHooks& hooks, const TraceOptions& options) {
   if (t_tracing)
     throw TraceError("make_fx called while this thread is already tracing; nested traces are not supported");
@@ -174,13 +259,7 @@ TraceResult trace(const std::vector<TraceInput>& inputs, const TraceHooks& hooks
   graph.set_output(values);
   for (size_t o = 0; o < outputs.size(); ++o) graph.signature().outputs[o] = outputs[o].spec;
 
-  if (options.functionalize) {
-    for (ir::Node* n : graph.nodes())
-      if (n->is_mutating())
-        throw TraceError("functionalize: " + n->target() +
-                         " writes to module state (a parameter or buffer) in place, which functionalization "
-                         "cannot remove for state swapped into a module; trace without functionalize");
-  }
+  if (options.functionalize) functionalize_state_writes(graph, result.input_mutations);
   return result;
 }
 

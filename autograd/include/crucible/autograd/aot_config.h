@@ -24,10 +24,30 @@ struct AotConfig {
   partitioner::PartitionFn partition_fn = partitioner::default_partition;
   /// Ops rewritten while tracing.
   tracer::DecompositionTable decompositions;
+  /// The first num_params_buffers inputs are module state, parameters then
+  /// buffers (aot_module sets it): the graphs mark those placeholders
+  /// InputKind::Parameter (requiring grad) or Buffer, and the dedupe and
+  /// synthetic-base wrappers leave them in place.
+  size_t num_params_buffers = 0;
+  /// On the inference path, keep data writes to inputs inside the compiled
+  /// graph as trailing aten::copy_ nodes instead of returning the new values
+  /// for the runtime wrapper to copy (the seed's
+  /// keep_inference_input_mutations). Metadata writes still go through the
+  /// wrapper.
+  bool keep_inference_input_mutations = false;
   /// At most this many compilations per function (one per distinct input
   /// metadata, see Note [AOT cache guards]); a call needing one more throws
   /// AotError. Unset: no limit.
   std::optional<size_t> recompile_limit;
+  /// Replace random ops by Philox draws from a seed and offset that are
+  /// inputs of the graph (see Note [Functionalized RNG]), so a recomputed
+  /// random op draws what the forward drew. Off: random ops draw from the
+  /// device's default generator, exactly as eager does
+  /// (Note [RNG during compilation]).
+  bool functionalize_rng_ops = false;
+  /// Check at every call that inputs compiled as not requiring grad still do
+  /// not (DebugAssertWrapper).
+  bool debug_assert = false;
 };
 
 }  // namespace crucible::autograd

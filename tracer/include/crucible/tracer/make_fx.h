@@ -30,7 +30,8 @@ struct TraceOptions {
   /// Remove mutation and aliasing through LibTorch's functionalization: the
   /// graph has no in-place ops; inputs the function mutates come back as
   /// extra outputs (OutputKind::MutatedInput / MutatedInputMetadata) and are
-  /// described by TraceResult::input_mutations. See Note [Functionalization].
+  /// described by TraceResult::input_mutations (module state too: see Note
+  /// [Functionalizing module state]). See Note [Functionalization].
   bool functionalize = false;
   /// Tensors the function uses that are not derived from its inputs become
   /// constant nodes; one larger than this (bytes) raises TraceError, since it

@@ -1,0 +1,41 @@
+// collect_metadata: the metadata analysis of AOTAutograd, run before any
+// graph is traced for compilation
+// (torch/_functorch/_aot_autograd/collect_metadata_analysis.py's
+// run_functionalized_fw_and_collect_metadata).
+#pragma once
+
+#include <crucible/autograd/aot_request.h>
+#include <crucible/autograd/view_and_mutation_meta.h>
+
+namespace crucible::autograd {
+
+// Note [Metadata analysis]
+// request.flat_fn runs once, traced with functionalization on copies of
+// request.flat_args (so nothing of the caller's changes), with gradients as
+// the call will have them (`is_train`) or under no_grad. Each input's
+// functional wrapper then says whether its data or metadata was written;
+// each output is compared with the inputs and the other outputs:
+//  - the same tensor as an input: is_input;
+//  - sharing an input's storage: alias_of_input;
+//  - the same tensor as an earlier output, or a view whose base is another
+//    output: alias_of_intermediate_base_is_user_output;
+//  - a view (autograd's notion: it has a base) of anything else:
+//    alias_of_intermediate, its base numbered among the intermediate bases;
+//  - otherwise non_alias.
+// Inputs are given to the function as eager would see them: an input that
+// requires grad and has autograd history is passed as a non-leaf (a clone of
+// the traced leaf), so writing it in place is allowed exactly when eager
+// allows it, and an in-place write that autograd did not record (made under
+// NoGradGuard) is told apart from one it did (the clone's grad_fn is
+// unchanged). Module state (the first config.num_params_buffers inputs of a
+// module) is read from the trace's own account of writes to it
+// (see Note [Functionalizing module state] in the tracer).
+
+/// Runs the analysis of Note [Metadata analysis] and returns its result.
+/// Throws AotError for what the runtime wrappers cannot reproduce: an output
+/// that views an input or intermediate with another dtype, metadata written
+/// in place on module state; and, with the function's own message, when the
+/// function fails while traced (nothing of the caller's is changed then).
+ViewAndMutationMeta collect_metadata(const AotRequest& request, bool is_train);
+
+}  // namespace crucible::autograd

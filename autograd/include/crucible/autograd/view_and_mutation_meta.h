@@ -1,0 +1,136 @@
+// ViewAndMutationMeta: what a function does to its inputs and how its
+// outputs alias its inputs and each other, found by running it once under
+// functionalization (torch/_functorch/_aot_autograd/schemas.py's
+// ViewAndMutationMeta, InputAliasInfo and OutputAliasInfo, filled by
+// collect_metadata_analysis.py). Every later stage reads it: the joint graph
+// (which outputs get tangents), the runtime wrappers (which inputs to write
+// back, which outputs to regenerate), the export checks.
+#pragma once
+
+#include <crucible/ir/tensor_meta.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace crucible::autograd {
+
+/// How the function changed one input (the seed's InputAliasInfo).
+struct InputAliasInfo {
+  /// Its elements were written (mul_, copy_, an in-place op through a view).
+  bool mutates_data = false;
+  /// Its sizes, strides or storage offset changed (transpose_, as_strided_).
+  bool mutates_metadata = false;
+  /// It required grad when the function was compiled.
+  bool requires_grad = false;
+  /// It had no autograd history (a leaf) when the function was compiled.
+  bool is_leaf = true;
+  /// Every data write happened where autograd did not record it (under
+  /// NoGradGuard): the write-back copies under no_grad too, so it adds no
+  /// history to the caller's tensor (the seed's
+  /// mutations_under_no_grad_or_inference_mode).
+  bool mutations_under_no_grad = false;
+  /// The write stays inside the compiled graph as a trailing aten::copy_
+  /// (keep_inference_input_mutations), so no epilogue applies it (the seed's
+  /// MutationType::MUTATED_IN_GRAPH).
+  bool mutation_in_graph = false;
+  /// With mutates_metadata: the input's sizes and strides after the call,
+  /// and its storage offset after the call minus its offset before.
+  std::vector<int64_t> final_sizes;
+  std::vector<int64_t> final_strides;
+  int64_t final_offset_delta = 0;
+
+  bool operator==(const InputAliasInfo&) const = default;
+};
+
+/// What an output is to the function's inputs and other outputs (the
+/// seed's OutputType).
+enum class OutputType : uint8_t {
+  /// A fresh tensor: the compiled graph computes it and, on the autograd
+  /// path, it gets a tangent if it requires grad.
+  non_alias,
+  /// A view of input `base_idx`: not a graph output; regenerated from the
+  /// caller's input after the call (see Note [Regenerating aliased outputs]).
+  alias_of_input,
+  /// Input `base_idx` itself: the caller's tensor is returned.
+  is_input,
+  /// A view of an intermediate of the graph: the graph returns the view and,
+  /// on the autograd path, its base as intermediate base `base_idx`; the view
+  /// is regenerated from the base so autograd sees it as a view.
+  alias_of_intermediate,
+  /// A view of output `base_idx` (a non_alias output; also the second of two
+  /// identical outputs): regenerated from that output.
+  alias_of_intermediate_base_is_user_output,
+};
+
+std::string_view to_string(OutputType type);
+
+/// One output (the seed's OutputAliasInfo).
+struct OutputAliasInfo {
+  OutputType output_type = OutputType::non_alias;
+  /// The input, intermediate base or output the alias is of (unset for non_alias).
+  std::optional<size_t> base_idx;
+  /// Its metadata when the function was compiled (requires_grad included).
+  ir::TensorMeta meta;
+  /// For aliases: its storage offset minus its base's at the start of the call.
+  int64_t offset_delta = 0;
+
+  bool operator==(const OutputAliasInfo&) const = default;
+};
+
+/// The whole analysis of one compilation's flat function over its flat
+/// arguments.
+struct ViewAndMutationMeta {
+  /// One per flat argument.
+  std::vector<InputAliasInfo> input_info;
+  /// One per output of the function.
+  std::vector<OutputAliasInfo> output_info;
+  /// Bases of alias_of_intermediate outputs, which the graph returns on the
+  /// autograd path (one per distinct base, in order of first use).
+  std::vector<ir::TensorMeta> intermediate_bases;
+  /// The analysis ran with gradients (the autograd path).
+  bool is_train = false;
+  /// The graph takes a Philox seed and offset as its last two inputs
+  /// (see functionalized_rng_wrapper.h).
+  bool is_rng_op_functionalized = false;
+
+  /// Inputs whose mutation an epilogue applies after the call (data or
+  /// metadata, not kept in the graph), in input order: the seed's
+  /// mutated_inp_runtime_indices.
+  std::vector<size_t> mutated_inp_runtime_indices() const;
+  /// Inputs whose new data the graph returns (mutates_data, not in graph),
+  /// in input order. See Note [Forward graph outputs].
+  std::vector<size_t> mutated_data_inputs() const;
+  /// Outputs the graph computes (non_alias and the aliases of
+  /// intermediates and of outputs), in output order.
+  std::vector<size_t> graph_computed_outputs() const;
+  /// True when any output is anything but non_alias.
+  bool has_aliased_outputs() const;
+
+  /// A readable dump, one line per input and output, for error messages.
+  std::string to_string() const;
+
+  bool operator==(const ViewAndMutationMeta&) const = default;
+};
+
+// Note [Forward graph outputs]
+// The graph compiled for a call (the forward of the autograd path, or the
+// inference graph) returns, in order:
+//   1. the user outputs the graph computes (graph_computed_outputs()):
+//      non_alias outputs, and aliases of intermediates (which the runtime
+//      wrapper turns back into views of their bases);
+//   2. on the autograd path, the intermediate bases;
+//   3. the new value of every input whose data it writes and whose write is
+//      not kept in the graph (mutated_data_inputs()), in input order;
+//   4. on the autograd path, the saved values for the backward.
+// Outputs that alias an input, and metadata-only input mutations, are not
+// graph outputs: the runtime wrapper recreates them from the caller's
+// tensors with the recorded sizes, strides and offset. The seed keeps them
+// as graph outputs and reads their metadata at run time; here the guards fix
+// the inputs' sizes and strides, so the recorded metadata is the run-time
+// metadata and the graph need not compute them.
+
+}  // namespace crucible::autograd

@@ -1,0 +1,124 @@
+#include <crucible/autograd/aot_dispatch.h>
+#include <crucible/autograd/collect_metadata.h>
+#include <crucible/autograd/debug_assert_wrapper.h>
+#include <crucible/autograd/dedupe_wrapper.h>
+#include <crucible/autograd/error.h>
+#include <crucible/autograd/functionalized_rng_wrapper.h>
+#include <crucible/autograd/runtime_wrapper.h>
+#include <crucible/autograd/synthetic_base_wrapper.h>
+#include <crucible/runtime/timing.h>
+
+#include "compile_record.h"
+#include "compiled_function.h"
+#include "graph_capture.h"
+#include "rng_state_guard.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+
+namespace crucible::autograd {
+
+namespace {
+
+// The wrappers each path puts directly around what it compiled.
+ir::CompiledFn wrap_runtime(ir::CompiledFn compiled, AotRequest& request, std::vector<size_t> detach = {}) {
+  ir::CompiledFn fn = RuntimeWrapper(std::move(detach)).post_compile(std::move(compiled), request);
+  if (request.config.debug_assert) {
+    DebugAssertWrapper check;
+    check.pre_compile(request);
+    fn = check.post_compile(std::move(fn), request);
+  }
+  return fn;
+}
+
+std::vector<at::Tensor> detached(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> r;
+  r.reserve(ts.size());
+  for (const at::Tensor& t : ts) r.push_back(t.detach());
+  return r;
+}
+
+}  // namespace
+
+ir::CompiledFn aot_dispatch_base(AotRequest& request) {
+  const auto start = std::chrono::steady_clock::now();
+  if (request.config.keep_inference_input_mutations)
+    for (InputAliasInfo& in : request.fw_metadata.input_info)
+      in.mutation_in_graph = in.mutates_data && !in.mutates_metadata;
+  const ir::Graph g = detail::create_inference_graph(request);
+  auto phase = runtime::default_phase_timer().time("inference_compiler");
+  const auto backend_start = std::chrono::steady_clock::now();
+  ir::CompiledFn compiled = request.config.inference_compiler(g, detached(request.flat_args));
+  detail::record_metrics(request.compile_id, "inference", g, detail::elapsed_ms(start),
+                         detail::elapsed_ms(backend_start), request.recompile_reason);
+  return wrap_runtime(std::move(compiled), request);
+}
+
+ir::CompiledFn aot_dispatch_autograd(AotRequest& request) {
+  const auto start = std::chrono::steady_clock::now();
+  detail::JointGraph joint = detail::create_joint_graph(request);
+  partitioner::PartitionResult parts;
+  {
+    auto phase = runtime::default_phase_timer().time("partition");
+    parts = request.config.partition_fn(joint.graph, joint.num_fwd_outputs);
+  }
+  auto graphs = c10::make_intrusive<detail::CompiledGraphs>();
+  graphs->num_fwd_outputs = joint.num_fwd_outputs;
+  graphs->tangent_outputs = std::move(joint.tangent_outputs);
+  graphs->tangent_meta = std::move(joint.tangent_meta);
+  graphs->num_primals = request.flat_args.size();
+  graphs->gradient_inputs = parts.gradient_inputs;
+  graphs->bw_compiler = request.config.bw_compiler;
+  graphs->compile_id = request.compile_id;
+  {
+    auto phase = runtime::default_phase_timer().time("fw_compiler");
+    const auto backend_start = std::chrono::steady_clock::now();
+    graphs->forward = request.config.fw_compiler(parts.forward, detached(request.flat_args));
+    detail::record_metrics(request.compile_id, "forward", parts.forward, detail::elapsed_ms(start),
+                           detail::elapsed_ms(backend_start), request.recompile_reason);
+  }
+  graphs->backward_graph = std::move(parts.backward);
+  // Inputs that get no gradient are detached before the call (the seed's
+  // indices_of_inps_to_detach): autograd then records no edge to them.
+  std::vector<size_t> detach;
+  for (size_t i = 0; i < request.flat_args.size(); ++i)
+    if (request.flat_args[i].requires_grad() &&
+        std::find(graphs->gradient_inputs.begin(), graphs->gradient_inputs.end(), i) == graphs->gradient_inputs.end())
+      detach.push_back(i);
+  ir::CompiledFn apply = [graphs](std::vector<at::Tensor>& args) {
+    return detail::CompiledFunction::apply(graphs, at::TensorList(args));
+  };
+  return wrap_runtime(std::move(apply), request, std::move(detach));
+}
+
+ir::CompiledFn create_aot_dispatcher_function(AotRequest request) {
+  bool needs_autograd = false;
+  if (at::GradMode::is_enabled())
+    for (const at::Tensor& t : request.flat_args) needs_autograd |= t.defined() && t.requires_grad();
+  request.trace_joint = needs_autograd;
+  const char* kind = needs_autograd ? "forward" : "inference";
+  const std::string compile_id = request.compile_id, reason = request.recompile_reason;
+  try {
+    auto timed = runtime::default_phase_timer().time(needs_autograd ? "aot_autograd" : "aot_inference");
+    detail::RngStateGuard keep_rng;  // See Note [RNG during compilation].
+    {
+      auto analysis = runtime::default_phase_timer().time("collect_metadata");
+      request.fw_metadata = collect_metadata(request, needs_autograd);
+    }
+    runtime::WrapperList<AotRequest> wrappers{std::make_shared<AOTDedupeWrapper>(),
+                                              std::make_shared<AOTSyntheticBaseWrapper>()};
+    if (request.config.functionalize_rng_ops) wrappers.push_back(std::make_shared<FunctionalizedRngRuntimeWrapper>());
+    return runtime::compile_with_wrappers<AotRequest>(wrappers, std::move(request),
+                                                      needs_autograd ? aot_dispatch_autograd : aot_dispatch_base);
+  } catch (const Error& e) {
+    detail::record_failure(compile_id, kind, reason, "crucible::Error", e.what());
+    throw;
+  } catch (const std::exception& e) {
+    detail::record_failure(compile_id, kind, reason, "std::exception", e.what());
+    throw;
+  }
+}
+
+}  // namespace crucible::autograd

@@ -1,0 +1,63 @@
+#include "compile_cache.h"
+
+#include <crucible/autograd/aot_dispatch.h>
+#include <crucible/autograd/error.h>
+
+#include <ATen/core/grad_mode.h>
+
+#include <atomic>
+
+namespace crucible::autograd::detail {
+
+CompileCache::CompileCache(std::string api, TraceFn trace, tracer::TensorFn flat_fn, AotConfig config)
+    : api_(std::move(api)), trace_(std::move(trace)), flat_fn_(std::move(flat_fn)), config_(std::move(config)) {
+  static std::atomic<size_t> next_id{0};
+  id_ = next_id++;
+}
+
+std::vector<at::Tensor> CompileCache::call(std::vector<at::Tensor> args, const std::vector<bool>& extra,
+                                           std::optional<size_t> num_params_buffers) {
+  const bool grad_enabled = at::GradMode::is_enabled();
+  std::shared_ptr<const Entry> hit;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& e : entries_)
+      if (e->guards.check(args, grad_enabled, extra)) {
+        hit = e;
+        break;
+      }
+    if (!hit) {
+      // The recompile reason: the first failing guard of the closest compilation.
+      InputGuards::Mismatch closest{0, "first call"};
+      for (auto e = entries_.rbegin(); e != entries_.rend(); ++e) {
+        InputGuards::Mismatch m = (*e)->guards.first_difference(args, grad_enabled, extra);
+        if (e == entries_.rbegin() || m.matched > closest.matched) closest = std::move(m);
+      }
+      const std::string& reason = closest.reason;
+      if (config_.recompile_limit && entries_.size() >= *config_.recompile_limit)
+        throw AotError(api_ + ": the inputs match none of the " + std::to_string(entries_.size()) +
+                       " compiled versions (" + reason + ") and recompile_limit is reached (" +
+                       std::to_string(*config_.recompile_limit) +
+                       "); raise the limit, or keep input sizes, strides, dtypes, devices and requires_grad fixed");
+      AotRequest request;
+      request.flat_fn = flat_fn_;
+      request.trace = trace_;
+      request.flat_args = args;
+      request.config = config_;
+      if (num_params_buffers) request.config.num_params_buffers = *num_params_buffers;
+      request.compile_id = std::to_string(id_) + "/" + std::to_string(entries_.size());
+      request.recompile_reason = reason;
+      ir::CompiledFn fn = create_aot_dispatcher_function(std::move(request));
+      hit = std::make_shared<const Entry>(Entry{InputGuards(args, grad_enabled, extra), std::move(fn)});
+      entries_.push_back(hit);
+    }
+  }
+  return hit->fn(args);
+}
+
+size_t CompileCache::num_compilations() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_.size();
+}
+
+}  // namespace crucible::autograd::detail

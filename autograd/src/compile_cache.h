@@ -1,0 +1,46 @@
+// Private: the compilations of one aot_function or aot_module, looked up by
+// their guards (Note [AOT cache guards] in aot_function.h).
+#pragma once
+
+#include <crucible/autograd/aot_request.h>
+
+#include "guards.h"
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace crucible::autograd::detail {
+
+class CompileCache {
+ public:
+  /// `api` names the caller in messages ("aot_function", "aot_module").
+  CompileCache(std::string api, TraceFn trace, tracer::TensorFn flat_fn, AotConfig config);
+
+  /// Runs the compilation whose guards `args` meet, compiling one first
+  /// (create_aot_dispatcher_function) when none does; AotError when that
+  /// would exceed config.recompile_limit. `extra` joins the guards (see
+  /// InputGuards); `num_params_buffers` overrides the config's for a new
+  /// compilation (a module's state count).
+  std::vector<at::Tensor> call(std::vector<at::Tensor> args, const std::vector<bool>& extra = {},
+                               std::optional<size_t> num_params_buffers = std::nullopt);
+
+  size_t num_compilations() const;
+
+ private:
+  struct Entry {
+    InputGuards guards;
+    ir::CompiledFn fn;
+  };
+  std::string api_;
+  size_t id_;
+  TraceFn trace_;
+  tracer::TensorFn flat_fn_;
+  AotConfig config_;
+  mutable std::mutex mu_;
+  std::vector<std::shared_ptr<const Entry>> entries_;
+};
+
+}  // namespace crucible::autograd::detail

@@ -1,0 +1,77 @@
+#include "compiled_function.h"
+#include "compile_record.h"
+
+#include <ATen/ATen.h>
+#include <crucible/runtime/timing.h>
+
+#include <chrono>
+
+namespace crucible::autograd::detail {
+
+const ir::CompiledFn& CompiledGraphs::compiled_backward(const std::vector<at::Tensor>& example_inputs) {
+  std::call_once(backward_compiled, [&] {
+    auto timed = runtime::default_phase_timer().time("bw_compiler");
+    const auto start = std::chrono::steady_clock::now();
+    backward = bw_compiler(backward_graph, example_inputs);
+    const double ms = elapsed_ms(start);
+    record_metrics(compile_id, "backward", backward_graph, ms, ms, "first backward");
+  });
+  return backward;
+}
+
+torch::autograd::variable_list CompiledFunction::forward(torch::autograd::AutogradContext* ctx,
+                                                         const c10::intrusive_ptr<CompiledGraphs>& graphs,
+                                                         at::TensorList primals) {
+  std::vector<at::Tensor> args(primals.begin(), primals.end());
+  std::vector<at::Tensor> results = graphs->forward(args);
+  const auto num_outs = static_cast<std::ptrdiff_t>(graphs->num_fwd_outputs);
+  std::vector<at::Tensor> outs(results.begin(), results.begin() + num_outs);
+  // Saved values that are views (of an input, or of each other) are saved
+  // detached, as the seed's CompiledFunction does: autograd then keeps no
+  // view-replay information for them.
+  // A detached tensor shares its version counter, so writing the input
+  // before the backward fails the backward, as it does in eager.
+  torch::autograd::variable_list saved;
+  saved.reserve(results.size() - graphs->num_fwd_outputs);
+  for (auto it = results.begin() + num_outs; it != results.end(); ++it) saved.push_back(it->is_view() ? it->detach() : *it);
+  ctx->save_for_backward(saved);
+  ctx->saved_data["graphs"] = c10::IValue::make_capsule(graphs);
+  // A backend may return one tensor for two outputs (a mutated input's new
+  // value that is also a user output) or return an input; autograd needs a
+  // distinct tensor per output of the Function.
+  for (size_t i = 0; i < outs.size(); ++i) {
+    bool seen = false;
+    for (size_t j = 0; j < i && !seen; ++j) seen = outs[j].is_same(outs[i]);
+    for (size_t j = 0; j < primals.size() && !seen; ++j) seen = primals[j].is_same(outs[i]);
+    if (seen) outs[i] = outs[i].clone();
+  }
+  std::vector<bool> differentiable(outs.size(), false);
+  for (size_t i : graphs->tangent_outputs) differentiable[i] = true;
+  torch::autograd::variable_list non_diff;
+  for (size_t i = 0; i < outs.size(); ++i)
+    if (!differentiable[i]) non_diff.push_back(outs[i]);
+  if (!non_diff.empty()) ctx->mark_non_differentiable(non_diff);
+  return outs;
+}
+
+torch::autograd::variable_list CompiledFunction::backward(torch::autograd::AutogradContext* ctx,
+                                                          torch::autograd::variable_list grad_outputs) {
+  auto graphs = c10::static_intrusive_pointer_cast<CompiledGraphs>(ctx->saved_data.at("graphs").toCapsule());
+  std::vector<at::Tensor> inputs = ctx->get_saved_variables();
+  for (size_t t = 0; t < graphs->tangent_outputs.size(); ++t) {
+    const at::Tensor& g = grad_outputs.at(graphs->tangent_outputs[t]);
+    const ir::TensorMeta& m = graphs->tangent_meta[t];
+    // The backward graph was traced with contiguous tangents, and one for
+    // every output with a gradient; see Note [AOT dispatch].
+    inputs.push_back(g.defined() ? g.contiguous()
+                                 : at::zeros(m.sizes, at::TensorOptions().dtype(m.dtype).device(m.device)));
+  }
+  const ir::CompiledFn& bw = graphs->compiled_backward(inputs);
+  std::vector<at::Tensor> grads = bw(inputs);
+  // One entry per forward() argument: the graphs capsule, then each primal.
+  torch::autograd::variable_list result(1 + graphs->num_primals);
+  for (size_t i = 0; i < grads.size(); ++i) result[1 + graphs->gradient_inputs[i]] = grads[i];
+  return result;
+}
+
+}  // namespace crucible::autograd::detail

@@ -1,0 +1,48 @@
+// Private: the custom autograd Function the autograd path runs its compiled
+// forward in (aot_dispatch_autograd's CompiledFunction in the seed).
+#pragma once
+
+#include <crucible/ir/backend.h>
+#include <crucible/ir/graph.h>
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace crucible::autograd::detail {
+
+/// What one compilation of the autograd path produced. See Note [AOT dispatch].
+struct CompiledGraphs : torch::CustomClassHolder {
+  ir::CompiledFn forward;
+  ir::Graph backward_graph;
+  ir::Backend bw_compiler;
+  std::once_flag backward_compiled;
+  ir::CompiledFn backward;
+  size_t num_fwd_outputs = 0;           // outputs the Function returns (before the saved values)
+  std::vector<size_t> tangent_outputs;  // forward outputs that have a tangent, in order
+  std::vector<ir::TensorMeta> tangent_meta;
+  std::vector<size_t> gradient_inputs;  // per backward output: the primal it is the gradient of
+  size_t num_primals = 0;
+  std::string compile_id;
+
+  /// Compiles the backward graph at the first call (thread-safe).
+  const ir::CompiledFn& compiled_backward(const std::vector<at::Tensor>& example_inputs);
+};
+
+/// forward(graphs, primals) runs the compiled forward, saves the saved values
+/// and returns the forward outputs; outputs without a tangent are marked
+/// non-differentiable. backward runs the compiled backward on the saved
+/// values and the incoming gradients (contiguous; zeros for an output the
+/// loss does not use) and returns one gradient per primal.
+struct CompiledFunction : torch::autograd::Function<CompiledFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const c10::intrusive_ptr<CompiledGraphs>& graphs,
+                                                at::TensorList primals);
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs);
+};
+
+}  // namespace crucible::autograd::detail

@@ -1,0 +1,22 @@
+// Private: running a trace for a compilation, with the function's own
+// failures reported as AotError.
+#pragma once
+
+#include <crucible/autograd/aot_request.h>
+
+#include <string_view>
+
+namespace crucible::autograd::detail {
+
+/// request.trace(body, args, options) with functionalization on and the
+/// request's decompositions. A c10::Error thrown by the traced function
+/// (a shape mismatch, an in-place write autograd forbids) becomes AotError
+/// naming `what` and the compilation; crucible errors pass unchanged.
+tracer::TraceResult trace_functionalized(const AotRequest& request, const tracer::TensorFn& body,
+                                         const std::vector<at::Tensor>& args, std::string_view what);
+
+/// The traced tensor behind a functional wrapper (the tensor the tracer
+/// knows), or `t` itself when it is not one.
+at::Tensor unwrap_functional(const at::Tensor& t);
+
+}  // namespace crucible::autograd::detail
