@@ -15,8 +15,10 @@ void notify_before(const Instruments& instruments, const StageEvent& event) {
   for (const auto& i : instruments) i->before_stage(event);
 }
 
+// In reverse: the first instrument's hooks wrap the others' (a timer added
+// last times the stage alone, not the dumps of instruments added before it).
 void notify_after(const Instruments& instruments, const StageEvent& event) {
-  for (const auto& i : instruments) i->after_stage(event);
+  for (auto it = instruments.rbegin(); it != instruments.rend(); ++it) (*it)->after_stage(event);
 }
 
 void notify_failed(const Instruments& instruments, std::string_view stage) {
@@ -186,6 +188,10 @@ autograd::AotConfig Builder::aot_config() const {
 }
 
 autograd::AotFunction Builder::compile(tracer::TensorFn fn) const { return autograd::aot_function(std::move(fn), aot_config()); }
+
+autograd::AotModule Builder::compile(std::shared_ptr<torch::nn::Module> module, tracer::ModuleFn fn) const {
+  return autograd::aot_module(std::move(module), std::move(fn), aot_config());
+}
 
 TrainStep Builder::compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimizer& optimizer,
                                       LossFn loss_fn) const {

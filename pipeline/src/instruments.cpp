@@ -89,16 +89,31 @@ void GraphDumper::before_stage(const StageEvent& event) {
 }
 
 void GraphDumper::after_stage(const StageEvent& event) {
-  if (event.failed || !event.changed) return;
+  if (event.failed) return;
+  if (event.stage == "backend" && options_.code) {
+    for (const StageGraph& g : event.graphs) {
+      if (!g.graph) continue;
+      const std::string base = next_base(g.name, "code");
+      for (const GeneratedFile& f : options_.code(*g.graph)) {
+        write_file(base + "." + f.name, f.text);
+        files_.push_back(base + "." + f.name);
+      }
+    }
+  }
+  if (!event.changed) return;
   for (const StageGraph& g : event.graphs)
     if (g.graph) dump(g.name, event.stage, *g.graph);
 }
 
-void GraphDumper::dump(std::string_view graph_name, std::string_view stage, const ir::Graph& graph) {
+std::string GraphDumper::next_base(std::string_view graph_name, std::string_view stage) {
   int& n = counters_.try_emplace(std::string(graph_name), 0).first->second;
   char seq[16];
   std::snprintf(seq, sizeof seq, "%02d", n++);
-  const std::string base = options_.dir + "/" + std::string(graph_name) + "." + seq + "." + std::string(stage);
+  return options_.dir + "/" + std::string(graph_name) + "." + seq + "." + std::string(stage);
+}
+
+void GraphDumper::dump(std::string_view graph_name, std::string_view stage, const ir::Graph& graph) {
+  const std::string base = next_base(graph_name, stage);
   if (options_.text) {
     write_file(base + ".txt", ir::to_text(graph));
     files_.push_back(base + ".txt");

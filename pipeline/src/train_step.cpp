@@ -3,6 +3,7 @@
 #include <crucible/pipeline/error.h>
 #include <crucible/pipeline/train_step.h>
 
+#include <crucible/autograd/aot_module.h>
 #include <crucible/tracer/functional_call.h>
 
 #include <ATen/ATen.h>
@@ -75,20 +76,12 @@ struct TrainStepState {
   std::unordered_map<std::string, std::shared_ptr<Entry>> cache;
   std::shared_ptr<Entry> latest;
 
-  // The module's parameters and buffers as functional_call lifts them
-  // (undefined tensors skipped), detached: aliases the graph writes through.
-  std::vector<at::Tensor> module_tensors() const {
-    std::vector<at::Tensor> out;
-    for (const auto& p : module->named_parameters(/*recurse=*/true))
-      if (p.value().defined()) out.push_back(p.value().detach());
-    for (const auto& b : module->named_buffers(/*recurse=*/true))
-      if (b.value().defined()) out.push_back(b.value().detach());
-    return out;
-  }
-
-  // Every input of the graph, in placeholder order.
+  // Every input of the graph, in placeholder order: the module's parameters
+  // and buffers as functional_call lifts them, detached (aliases the graph
+  // writes through), the optimizer state, the rate, the batch.
   std::vector<at::Tensor> graph_inputs(const std::vector<at::Tensor>& batch) const {
-    std::vector<at::Tensor> in = module_tensors();
+    std::vector<at::Tensor> in = autograd::module_state(*module);
+    for (at::Tensor& t : in) t = t.detach();
     in.insert(in.end(), flat_state.begin(), flat_state.end());
     in.push_back(lr);
     in.insert(in.end(), batch.begin(), batch.end());

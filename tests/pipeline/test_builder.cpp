@@ -174,6 +174,26 @@ TEST_CASE("builder: compile() runs the AOT path through the builder's partitione
                                 "before:backend:backward", "after:backend:backward"});
 }
 
+TEST_CASE("builder: after_stage runs in reverse order, so the first instrument wraps the others",
+          "[pipeline][builder]") {
+  struct Named : StageInstrument {
+    Named(std::string name, std::vector<std::string>& log) : name(std::move(name)), log(log) {}
+    void before_stage(const StageEvent& e) override { log.push_back(name + ">" + std::string(e.stage)); }
+    void after_stage(const StageEvent& e) override { log.push_back(name + "<" + std::string(e.stage)); }
+    std::string name;
+    std::vector<std::string>& log;
+  };
+  std::vector<std::string> log;
+  torch::manual_seed(0);
+  SmallMlp s;
+  torch::optim::SGD opt(s.model.module->parameters(), torch::optim::SGDOptions(0.1));
+  Builder b;
+  b.passes({}).instrument(std::make_shared<Named>("a", log)).instrument(std::make_shared<Named>("b", log));
+  b.compile_train_step(s.model.module, opt, s.loss()).compile(s.batch);
+  CHECK(log == std::vector<std::string>{"a>trace", "b>trace", "b<trace", "a<trace", "a>backend", "b>backend",
+                                        "b<backend", "a<backend"});
+}
+
 TEST_CASE("builder: runtime wrappers run around the backend", "[pipeline][builder]") {
   struct CountingWrapper : runtime::GraphWrapper {
     std::string_view name() const override { return "CountingWrapper"; }
@@ -203,7 +223,10 @@ TEST_CASE("instruments: stage timer, graph dumps and verification", "[pipeline][
   auto stage_timer = std::make_shared<StageTimer>(timer);
   const std::string dir = std::filesystem::temp_directory_path() / ("crucible_dump_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
-  auto dumper = std::make_shared<GraphDumper>(GraphDumpOptions{.dir = dir, .svg = false});
+  auto dumper = std::make_shared<GraphDumper>(GraphDumpOptions{
+      .dir = dir, .svg = false, .code = [](const ir::Graph& g) {
+        return std::vector<GeneratedFile>{{"kernel.txt", std::to_string(g.num_nodes()) + " nodes"}};
+      }});
   Builder b;
   b.instrument(stage_timer).instrument(dumper).instrument(std::make_shared<GraphVerifier>());
   b.compile_train_step(s.model.module, opt, s.loss()).compile(s.batch);
@@ -220,6 +243,10 @@ TEST_CASE("instruments: stage timer, graph dumps and verification", "[pipeline][
   // The traced graph, then each pass that changed it.
   REQUIRE(std::filesystem::exists(dir + "/train_step.00.trace.txt"));
   REQUIRE(std::filesystem::exists(dir + "/train_step.00.trace.dot"));
+  // The backend stage writes the generated code, after the graphs of the passes.
+  const std::string code = dumper->files().back();
+  CHECK(code.ends_with(".code.kernel.txt"));
+  CHECK(code.find("/train_step.") != std::string::npos);
   for (const std::string& f : dumper->files()) CHECK(std::filesystem::exists(f));
   std::filesystem::remove_all(dir);
 }

@@ -20,18 +20,20 @@ struct GeneratedFile {
   std::string text;
 };
 
+/// The source files a backend generates for a graph.
+using CodeGenerator = std::function<std::vector<GeneratedFile>(const ir::Graph& graph)>;
+
 /// One registered backend.
 struct BackendInfo {
   std::string name;
   /// One line for --help listings.
   std::string description;
   ir::Backend compile;
-  /// The code the backend generates for a graph (one per placeholder in
-  /// `example_inputs`), for `crucible compile --dump-dir`. Empty function for
-  /// backends that generate none, such as the interpreter, which runs the
-  /// graph as it is.
-  std::function<std::vector<GeneratedFile>(const ir::Graph& graph, const std::vector<at::Tensor>& example_inputs)>
-      generated_code;
+  /// The code the backend generates for a graph (from its placeholders'
+  /// metadata), for dumps (GraphDumpOptions::code, `crucible compile
+  /// --dump-dir`). Empty for backends that generate none, such as the
+  /// interpreter, which runs the graph as it is.
+  CodeGenerator generated_code;
   /// best() picks the registered backend of the highest rank: the fastest
   /// that works on this build.
   int rank = 0;

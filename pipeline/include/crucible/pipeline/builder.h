@@ -7,11 +7,13 @@
 //   Builder b;
 //   b.passes({"dce", "cse"}).backend("interpreter").instrument(std::make_shared<StageTimer>(timer));
 //   auto f = b.compile(fn);                              // forward + backward, via aot_function
+//   auto m = b.compile(module, forward);                 // the same over a module, via aot_module
 //   auto step = b.compile_train_step(module, opt, loss); // forward + backward + optimizer, one graph
 #pragma once
 
 #include <crucible/autograd/aot_config.h>
 #include <crucible/autograd/aot_function.h>
+#include <crucible/autograd/aot_module.h>
 #include <crucible/ir/pass_manager.h>
 #include <crucible/partitioner/partition.h>
 #include <crucible/pipeline/backend_registry.h>
@@ -104,6 +106,11 @@ class Builder {
   /// aot_config()). It compiles at the first call for each input metadata
   /// (Note [AOT cache guards]); the instruments see those compilations.
   autograd::AotFunction compile(tracer::TensorFn fn) const;
+  /// `fn(module, inputs)` compiled ahead of time with the module's parameters
+  /// and buffers lifted to inputs: aot_module(module, fn, aot_config()). As
+  /// in eager, loss.backward() fills the module's .grad and an optimizer's
+  /// updates are seen by the next call; see autograd/aot_module.h.
+  autograd::AotModule compile(std::shared_ptr<torch::nn::Module> module, tracer::ModuleFn fn) const;
   /// A whole training step as one graph; see compile_train_step in train_step.h.
   TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimizer& optimizer,
                                LossFn loss_fn) const;

@@ -52,8 +52,10 @@ struct StageEvent {
 };
 
 /// Hooks around compilation stages; see Note [Compilation stages]. Override
-/// what you need. Instruments are called in the order they were added to the
-/// builder, from the compiling thread.
+/// what you need. should_run and before_stage are called in the order the
+/// instruments were added to the builder, after_stage in the reverse order,
+/// so the first added wraps the others (add a timer last to time the stage
+/// alone); all from the compiling thread.
 class StageInstrument {
  public:
   virtual ~StageInstrument() = default;

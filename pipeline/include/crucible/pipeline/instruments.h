@@ -2,6 +2,7 @@
 // dumps (text, DOT, SVG), and verification after every stage.
 #pragma once
 
+#include <crucible/pipeline/backend_registry.h>
 #include <crucible/pipeline/instrument.h>
 
 #include <cstddef>
@@ -50,6 +51,9 @@ struct GraphDumpOptions {
   /// A rendering still running after this many seconds is stopped and its
   /// SVG left out.
   double svg_timeout_s = 30;
+  /// The code the backend generates (BackendInfo::generated_code), written
+  /// after each backend stage as `<graph>.<NN>.code.<file name>`; empty: none.
+  CodeGenerator code;
 };
 
 /// Writes each graph a stage makes or changes to `dir` as
@@ -57,7 +61,8 @@ struct GraphDumpOptions {
 /// name in the order the files are written, so `ls` lists a graph's history
 /// in order. A graph first seen as a stage's input (the joint graph, which
 /// aot_function traces) is written as `<graph>.<NN>.input` before that stage.
-/// Passes that leave the graph unchanged, and the backend stage, write nothing.
+/// Passes that leave the graph unchanged write nothing; the backend stage
+/// writes the generated code, when `code` is set.
 /// Throws PipelineError naming the file it cannot write.
 class GraphDumper : public StageInstrument {
  public:
@@ -69,6 +74,7 @@ class GraphDumper : public StageInstrument {
 
  private:
   void dump(std::string_view graph_name, std::string_view stage, const ir::Graph& graph);
+  std::string next_base(std::string_view graph_name, std::string_view stage);
   GraphDumpOptions options_;
   std::map<std::string, int, std::less<>> counters_;
   std::vector<std::string> files_;

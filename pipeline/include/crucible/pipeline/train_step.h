@@ -43,10 +43,11 @@ class Builder;
 // Note [Traceable optimizer state] in optim.h).
 // The graph writes the new parameters, buffers (BatchNorm's running
 // statistics) and state into those placeholders with in-place ops (addcmul_,
-// copy_, add_, ...), as _spmd's graph holds copy_ write-backs: it is not
-// functionalized (functionalization cannot remove in-place updates of state
-// swapped into a module; see Note [Functionalization] in make_fx.cpp), and
-// DCE and CSE keep and respect in-place ops. The output is the loss
+// copy_, add_, ...), as _spmd's graph holds copy_ write-backs. It is not
+// functionalized: a functional graph would return every new value as an
+// extra output (MutatedInput) for a runtime epilogue to copy back, one more
+// pass over all the state per step; written in place, the update lands where
+// the state lives. DCE and CSE keep and respect in-place ops. The output is the loss
 // (OutputKind::Loss). Each call runs the compiled graph under no-grad on
 // detached aliases of the module's own tensors, so the module's parameters
 // and buffers are updated in place, as torch::optim updates them.
@@ -87,7 +88,7 @@ class TrainStep {
   /// Every input of the graph for `batch`, in placeholder order (Note [Train
   /// step graph]): the module's tensors (detached aliases), the optimizer
   /// state, the learning rate, the batch. What the compiled graph is called
-  /// with; also the example inputs for a backend's generated code.
+  /// with (e.g. to compile graph() with another backend and run it).
   std::vector<at::Tensor> graph_inputs(const std::vector<at::Tensor>& batch) const;
   const OptimizerOptions& optimizer_options() const;
   /// The optimizer state the graph updates. The torch::optim optimizer's own
