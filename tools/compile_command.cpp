@@ -1,11 +1,13 @@
 // `crucible compile --model M [--backend B] [--batch N] [--passes P,...]
-// [--optimizer ...] --dump-dir D [--no-svg]`: compile a zoo model's training
-// step with the builder and write every stage's graph to D (text, DOT, and
-// SVG where Graphviz is installed) and the code the backend generates, so
-// that a user can look at what each stage did.
+// [--optimizer ...] --dump-dir D [--no-svg]`: compile a zoo model with the
+// builder, as a whole training step and through the AOT path (joint graph,
+// forward, backward), and write every stage's graph to D (text, DOT, and SVG
+// where Graphviz is installed) and the code the backend generates, so that a
+// user can look at what each stage did.
 #include "commands.h"
 #include "training.h"
 
+#include <crucible/autograd/aot_module.h>
 #include <crucible/pipeline/backend_registry.h>
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/error.h>
@@ -17,7 +19,6 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
-#include <fstream>
 #include <iostream>
 #include <memory>
 
@@ -41,33 +42,40 @@ void run_compile_command(const CompileCommandOptions& o) {
   const std::vector<at::Tensor> inputs = {batch.inputs, batch.targets};
   std::unique_ptr<torch::optim::Optimizer> optimizer = o.optimizer.make(model.module->parameters());
 
-  runtime::PhaseTimer timer;
-  auto stage_timer = std::make_shared<pipeline::StageTimer>(timer);
-  auto dumper = std::make_shared<pipeline::GraphDumper>(pipeline::GraphDumpOptions{.dir = o.dump_dir, .svg = o.svg});
+  const pipeline::BackendRegistry registry = pipeline::BackendRegistry::builtin();
+  const pipeline::BackendInfo& backend = registry.get(o.backend);
+  auto dumper = std::make_shared<pipeline::GraphDumper>(
+      pipeline::GraphDumpOptions{.dir = o.dump_dir, .svg = o.svg, .code = backend.generated_code});
   pipeline::Builder builder;
-  builder.passes(o.passes).backend(o.backend).instrument(stage_timer).instrument(dumper);
-  const pipeline::TrainStep step = builder.compile_train_step(model.module, *optimizer, loss_of(model));
+  builder.passes(o.passes).backend(o.backend).instrument(dumper);
+
+  // The training step: one graph (forward, backward, optimizer update).
+  runtime::PhaseTimer step_timer;
+  pipeline::Builder timed = builder;
+  timed.instrument(std::make_shared<pipeline::StageTimer>(step_timer));
+  const pipeline::TrainStep step = timed.compile_train_step(model.module, *optimizer, loss_of(model));
   step.compile(inputs);
+  std::cout << "training step (" << o.optimizer.kind << ", batch " << o.batch << "), " << step.graph().num_nodes()
+            << " nodes: " << describe_stages(ordered_stages(step_timer, o.passes)) << "\n";
 
-  std::vector<std::string> files = dumper->files();
-  const pipeline::BackendInfo& backend = pipeline::BackendRegistry::builtin().get(o.backend);
-  std::string code_note;
-  if (backend.generated_code) {
-    for (const pipeline::GeneratedFile& f : backend.generated_code(step.graph(), step.graph_inputs(inputs))) {
-      const std::string path = o.dump_dir + "/train_step.code." + f.name;
-      std::ofstream(path) << f.text;
-      files.push_back(path);
-    }
-  } else {
-    code_note = "backend " + o.backend + " generates no code: it runs the graph of the last stage as it is";
-  }
+  // The loss through the AOT path (Builder::compile over the module): the
+  // joint graph, its partition into forward and backward, each through the
+  // passes and the backend. The backward compiles at the first backward.
+  runtime::PhaseTimer aot_timer;
+  timed = builder;
+  timed.instrument(std::make_shared<pipeline::StageTimer>(aot_timer));
+  const autograd::AotModule aot =
+      timed.compile(model.module, [loss = loss_of(model)](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+        return std::vector<at::Tensor>{loss(m, in)};
+      });
+  aot(inputs).at(0).backward();
+  std::cout << "forward and backward (AOT): " << describe_stages(ordered_stages(aot_timer, o.passes))
+            << " (the joint trace runs inside aot_module)\n";
 
-  std::cout << "compiled the " << o.model << " training step (" << o.optimizer.kind << ", batch " << o.batch
-            << ") with the " << o.backend << " backend: " << step.graph().num_nodes() << " nodes\n"
-            << "compile: " << describe_stages(ordered_stages(timer, o.passes)) << "\n";
-  if (!code_note.empty()) std::cout << code_note << "\n";
-  std::cout << "wrote " << files.size() << " files:\n";
-  for (const std::string& f : files) std::cout << "  " << f << "\n";
+  if (!backend.generated_code)
+    std::cout << "backend " << o.backend << " generates no code: it runs the graph of the last stage as it is\n";
+  std::cout << "wrote " << dumper->files().size() << " files:\n";
+  for (const std::string& f : dumper->files()) std::cout << "  " << f << "\n";
 }
 
 }  // namespace

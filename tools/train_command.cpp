@@ -9,6 +9,7 @@
 #include "progress.h"
 #include "training.h"
 
+#include <crucible/autograd/aot_module.h>
 #include <crucible/pipeline/backend_registry.h>
 #include <crucible/pipeline/batcher.h>
 #include <crucible/pipeline/builder.h>
@@ -113,18 +114,19 @@ Data synthetic_data(const TrainCommandOptions& o, const pipeline::Model& model) 
   return d;
 }
 
-// Top-1 accuracy over the held-out batches, in eval mode without gradients
-// (every position counts for the GPT).
-double test_accuracy(const pipeline::Model& model, const std::vector<pipeline::Batch>& batches, int64_t* counted) {
-  model.module->eval();
+// Top-1 accuracy of `forward` over the held-out batches, with `module` in
+// eval mode and no gradients (every position counts for the GPT).
+double test_accuracy(torch::nn::Module& module, const std::function<at::Tensor(const at::Tensor&)>& forward,
+                     const std::vector<pipeline::Batch>& batches, int64_t* counted) {
+  module.eval();
   at::NoGradGuard no_grad;
   int64_t correct = 0, total = 0;
   for (const pipeline::Batch& b : batches) {
-    const at::Tensor predicted = model.forward(b.inputs).argmax(-1);
+    const at::Tensor predicted = forward(b.inputs).argmax(-1);
     correct += predicted.eq(b.targets).sum().item<int64_t>();
     total += b.targets.numel();
   }
-  model.module->train();
+  module.train();
   *counted = total;
   return total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
 }
@@ -180,14 +182,15 @@ void run_train_command(const TrainCommandOptions& o) {
   std::cout << ", backend " << o.backend << "\n";
 
   // Compile before the loop, so that throughput counts steps only.
+  pipeline::Builder builder;
+  if (compiled) builder.passes(o.passes).backend(o.backend);
   runtime::PhaseTimer timer;
-  auto stage_timer = std::make_shared<pipeline::StageTimer>(timer);
   std::optional<pipeline::TrainStep> step;
   std::vector<std::pair<std::string, double>> compile_s;
   if (compiled) {
-    pipeline::Builder builder;
-    builder.passes(o.passes).backend(o.backend).instrument(stage_timer);
-    step = builder.compile_train_step(model.module, *optimizer, loss_of(model));
+    pipeline::Builder timed = builder;
+    timed.instrument(std::make_shared<pipeline::StageTimer>(timer));
+    step = timed.compile_train_step(model.module, *optimizer, loss_of(model));
     const pipeline::Batch first = data.train_batch(0);
     step->compile({first.inputs, first.targets});
     compile_s = ordered_stages(timer, o.passes);
@@ -214,8 +217,18 @@ void run_train_command(const TrainCommandOptions& o) {
   const double samples_per_s = static_cast<double>(steps * o.batch) / train_s;
   bar.finish("loss " + fixed(loss, 4) + "  " + fixed(samples_per_s, 0) + " samples/s");
 
+  // The test split through the forward compiled by the same builder (its AOT
+  // inference path), or eagerly with --backend eager.
+  std::function<at::Tensor(const at::Tensor&)> forward = model.forward;
+  std::optional<autograd::AotModule> compiled_forward;
+  if (compiled) {
+    compiled_forward = builder.compile(model.module, [f = model.forward](torch::nn::Module&, const std::vector<at::Tensor>& in) {
+      return std::vector<at::Tensor>{f(in.at(0))};
+    });
+    forward = [&compiled_forward](const at::Tensor& x) { return (*compiled_forward)({x}).at(0); };
+  }
   int64_t counted = 0;
-  const double accuracy = test_accuracy(model, data.test_batches, &counted);
+  const double accuracy = test_accuracy(*model.module, forward, data.test_batches, &counted);
   std::cout << "train: final loss " << fixed(loss, 4) << ", " << fixed(samples_per_s, 0) << " samples/s";
   if (eager) {
     const double eager_rate = static_cast<double>(steps * o.batch) / eager_s;
@@ -223,7 +236,8 @@ void run_train_command(const TrainCommandOptions& o) {
               << fixed(samples_per_s / eager_rate, 2) << "x)";
   }
   std::cout << "\ntest accuracy: " << fixed(100 * accuracy, 2) << "% of " << counted
-            << (gpt ? " next tokens" : " examples") << "\n";
+            << (gpt ? " next tokens" : " examples")
+            << (compiled ? " (the forward compiled by the " + o.backend + " backend)" : std::string()) << "\n";
 
   nlohmann::ordered_json j;
   j["model"] = o.model;
@@ -241,12 +255,16 @@ void run_train_command(const TrainCommandOptions& o) {
   if (eager) {
     const double diff = max_param_diff(*model.module, *eager->module);
     agree = diff <= o.tolerance;
+    int64_t eager_counted = 0;
+    const double eager_accuracy = test_accuracy(*eager->module, eager->forward, data.test_batches, &eager_counted);
     j["eager_final_loss"] = eager_loss;
     j["max_param_diff"] = diff;
+    j["eager_test_accuracy"] = eager_accuracy;
     j["eager_samples_per_s"] = static_cast<double>(steps * o.batch) / eager_s;
     std::cout << "agreement with eager: max |param diff| " << sci(diff) << ", final loss " << fixed(loss, 6)
-              << " vs eager " << fixed(eager_loss, 6) << " (|diff| " << sci(std::abs(loss - eager_loss)) << "): "
-              << (agree ? "agree" : "DIFFER") << " within " << sci(o.tolerance) << "\n";
+              << " vs " << fixed(eager_loss, 6) << " (|diff| " << sci(std::abs(loss - eager_loss)) << "), test accuracy " << fixed(100 * accuracy, 2) << "% vs "
+              << fixed(100 * eager_accuracy, 2) << "%: " << (agree ? "agree" : "DIFFER") << " within "
+              << sci(o.tolerance) << "\n";
   }
   if (o.json) std::cout << j.dump() << "\n";
   std::cout.flush();

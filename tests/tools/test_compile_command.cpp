@@ -1,5 +1,6 @@
-// `crucible compile --dump-dir`: every stage's graph on disk, in forms that
-// read back.
+// `crucible compile --dump-dir`: every stage's graph on disk (the training
+// step, and the joint, forward and backward graphs of the AOT path), in forms
+// that read back.
 #include "catch.h"
 #include "cli.h"
 
@@ -51,6 +52,17 @@ TEST_CASE("crucible compile writes each stage's graph as text and DOT", "[tools]
   CHECK(sig.inputs_of(crucible::ir::InputKind::State).size() == 6 * 2 + 1);
   CHECK_THAT(r.out, CRUCIBLE_HAS_SUBSTR("generates no code"));
   CHECK_THAT(r.out, CRUCIBLE_HAS_SUBSTR(traced));
+  // The AOT path: the joint graph as traced, then its two parts.
+  const std::string joint = dir + "/joint.00.input.txt";
+  REQUIRE(std::filesystem::exists(joint));
+  REQUIRE(std::filesystem::exists(dir + "/forward.00.partition.txt"));
+  REQUIRE(std::filesystem::exists(dir + "/backward.00.partition.txt"));
+  const crucible::ir::Graph forward = crucible::ir::parse(read(dir + "/forward.00.partition.txt"));
+  const crucible::ir::Graph backward = crucible::ir::parse(read(dir + "/backward.00.partition.txt"));
+  // The backward returns one gradient per parameter; the forward's outputs
+  // are the loss and the values saved for the backward.
+  CHECK(backward.signature().outputs_of(crucible::ir::OutputKind::Gradient).size() == 6);
+  CHECK(forward.signature().outputs_of(crucible::ir::OutputKind::SavedValue).size() > 0);
   std::filesystem::remove_all(dir);
 }
 

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -34,7 +35,7 @@ TEST_CASE("crucible train --check-eager --json: every field, and the compiled ru
   REQUIRE(r.exit_code == 0);
   const nlohmann::json j = last_line_json(r.out);
   for (const char* field : {"model", "backend", "steps", "final_loss", "test_accuracy", "samples_per_s", "compile_s",
-                            "eager_final_loss", "max_param_diff"}) {
+                            "eager_final_loss", "max_param_diff", "eager_test_accuracy"}) {
     INFO(field);
     CHECK(j.contains(field));
   }
@@ -53,9 +54,11 @@ TEST_CASE("crucible train --check-eager --json: every field, and the compiled ru
   // 1e-4, holds by a wide margin, as does the final loss.
   CHECK(j["max_param_diff"].get<double>() <= 1e-4);
   CHECK(std::abs(j["final_loss"].get<double>() - j["eager_final_loss"].get<double>()) <= 1e-4);
-  // 40 steps of Adam take a ConvNet well above chance (10%) on the test split.
+  // 40 steps of Adam take a ConvNet well above chance (10%) on the test split;
+  // the compiled forward scores the compiled model as eager scores its copy.
   CHECK(j["test_accuracy"].get<double>() > 0.4);
   CHECK(j["test_accuracy"].get<double>() <= 1.0);
+  CHECK(std::abs(j["test_accuracy"].get<double>() - j["eager_test_accuracy"].get<double>()) <= 1e-3);
   CHECK_THAT(r.out, CRUCIBLE_HAS_SUBSTR("agreement with eager: max |param diff|"));
   CHECK_THAT(r.out, CRUCIBLE_HAS_SUBSTR("test accuracy:"));
   // Progress goes to stderr; not a terminal here, so plain lines.
