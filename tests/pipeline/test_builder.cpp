@@ -1,5 +1,6 @@
 // The builder: each stage replaceable, instruments around every stage, and
 // what it compiles equal to eager.
+#include <crucible/autograd/aot_module.h>
 #include <crucible/ir/graph.h>
 #include <crucible/pipeline/backend_registry.h>
 #include <crucible/pipeline/builder.h>
@@ -192,6 +193,34 @@ TEST_CASE("builder: after_stage runs in reverse order, so the first instrument w
   b.compile_train_step(s.model.module, opt, s.loss()).compile(s.batch);
   CHECK(log == std::vector<std::string>{"a>trace", "b>trace", "b<trace", "a<trace", "a>backend", "b>backend",
                                         "b<backend", "a<backend"});
+}
+
+TEST_CASE("builder: compile() over a module gives eager's loss and fills the module's gradients",
+          "[pipeline][builder]") {
+  torch::manual_seed(0);
+  SmallMlp compiled, eager;
+  copy_state(*compiled.model.module, *eager.model.module);
+  auto recorder = std::make_shared<Recorder>();
+  const autograd::AotModule f = Builder().instrument(recorder).compile(
+      compiled.model.module, [loss = compiled.loss()](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+        return std::vector<at::Tensor>{loss(m, in)};
+      });
+  const at::Tensor loss = f(compiled.batch).at(0);
+  loss.backward();
+  const at::Tensor eager_loss = eager.loss()(*eager.model.module, compiled.batch);
+  eager_loss.backward();
+  // The same kernels; only the backward's accumulation order may differ.
+  REQUIRE_CLOSE(loss.detach(), eager_loss.detach(), 1e-6, 1e-6);
+  auto eager_params = eager.model.module->named_parameters();
+  for (const auto& p : compiled.model.module->named_parameters()) {
+    INFO(p.key());
+    REQUIRE(p.value().grad().defined());
+    REQUIRE_CLOSE(p.value().grad(), eager_params[p.key()].grad(), 1e-6, 1e-6);
+  }
+  REQUIRE(recorder->events.size() >= 2);
+  CHECK(recorder->events[0] == "before:partition:joint");
+  CHECK(recorder->events[1] == "after:partition:forward:backward");
+  CHECK(recorder->events.back() == "after:backend:backward");
 }
 
 TEST_CASE("builder: runtime wrappers run around the backend", "[pipeline][builder]") {
