@@ -28,7 +28,7 @@ namespace {
 struct CompileCommandOptions {
   std::string model = "mlp";
   std::string backend = pipeline::BackendRegistry::builtin().best().name;
-  std::vector<std::string> passes = {"dce", "cse"};
+  std::vector<std::string> passes;
   OptimizerFlags optimizer;
   int64_t batch = 8;
   std::string dump_dir;
@@ -90,7 +90,7 @@ void add_compile_command(CLI::App& app) {
   cmd->add_option("--backend", o->backend, "compiler backend")
       ->check(CLI::IsMember(pipeline::BackendRegistry::builtin().names()))
       ->capture_default_str();
-  cmd->add_option("--passes", o->passes, "graph passes, in order")->delimiter(',')->default_str("dce,cse");
+  add_passes_option(*cmd, o->passes);
   o->optimizer.add_to(*cmd);
   cmd->add_option("--batch", o->batch, "batch size of the example inputs")
       ->check(CLI::PositiveNumber)

@@ -44,7 +44,7 @@ struct TrainCommandOptions {
   int64_t batch = 32;
   OptimizerFlags optimizer;
   std::string backend = pipeline::BackendRegistry::builtin().best().name;
-  std::vector<std::string> passes = {"dce", "cse"};
+  std::vector<std::string> passes;
   bool check_eager = false;
   bool json = false;
   uint64_t seed = 0;
@@ -297,9 +297,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--backend", o->backend, "eager (no compilation), or a compiler backend")
       ->check(CLI::IsMember(backends))
       ->capture_default_str();
-  cmd->add_option("--passes", o->passes, "graph passes, in order (names from the pass registry)")
-      ->delimiter(',')
-      ->default_str("dce,cse");
+  add_passes_option(*cmd, o->passes);
   cmd->add_flag("--check-eager", o->check_eager,
                 "train an eager copy from the same weights on the same batches and compare");
   cmd->add_option("--tolerance", o->tolerance,

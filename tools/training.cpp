@@ -1,5 +1,6 @@
 #include "training.h"
 
+#include <crucible/pipeline/builder.h>
 #include <crucible/runtime/timing.h>
 
 #include <CLI/CLI.hpp>
@@ -35,6 +36,15 @@ std::unique_ptr<torch::optim::Optimizer> OptimizerFlags::make(const std::vector<
   if (kind == "adamw")
     return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(rate).weight_decay(weight_decay));
   return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(rate).weight_decay(weight_decay));
+}
+
+void add_passes_option(CLI::App& cmd, std::vector<std::string>& passes) {
+  passes = pipeline::Builder::default_passes();
+  std::string names;
+  for (const std::string& p : passes) names += (names.empty() ? "" : ",") + p;
+  cmd.add_option("--passes", passes, "graph passes, in order (names from the pass registry)")
+      ->delimiter(',')
+      ->default_str(names);
 }
 
 pipeline::LossFn loss_of(const pipeline::Model& model) {

@@ -37,6 +37,9 @@ struct OptimizerFlags {
   std::unique_ptr<torch::optim::Optimizer> make(const std::vector<at::Tensor>& params) const;
 };
 
+/// --passes P,...: the pass list, by name (default: the builder's).
+void add_passes_option(CLI::App& cmd, std::vector<std::string>& passes);
+
 /// The model's mean cross-entropy on batch {inputs, targets}.
 pipeline::LossFn loss_of(const pipeline::Model& model);
 

@@ -72,8 +72,13 @@ class PassEvents : public ir::PassInstrument {
 
 }  // namespace
 
+const std::vector<std::string>& Builder::default_passes() {
+  static const std::vector<std::string> names = {"dce", "cse"};
+  return names;
+}
+
 Builder::Builder() : partition_fn_(partitioner::default_partition) {
-  passes({"dce", "cse"});
+  passes(default_passes());
   backend(BackendRegistry::builtin().best().name);
 }
 

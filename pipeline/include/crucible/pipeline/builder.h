@@ -40,6 +40,8 @@ class Builder {
   /// BackendRegistry::builtin(), no wrappers, no instruments, and
   /// verification between passes.
   Builder();
+  /// The default pass list's names: "dce", "cse".
+  static const std::vector<std::string>& default_passes();
 
   // --- choosing the stages -------------------------------------------------------
 
