@@ -12,5 +12,13 @@ namespace crucible::tools {
 void add_graph_command(CLI::App& app);
 /// `crucible trace --model M [--joint] [--functionalize] [--mode real|fake] [--format F]` (trace_command.cpp).
 void add_trace_command(CLI::App& app);
+/// `crucible train --model M [--dataset D] [--epochs E | --steps N] [--batch B] [--optimizer O] [--lr X]
+/// [--backend B] [--check-eager] [--json]` (train_command.cpp).
+void add_train_command(CLI::App& app);
+/// `crucible compile --model M [--backend B] [--passes P] --dump-dir D` (compile_command.cpp).
+void add_compile_command(CLI::App& app);
+/// `crucible bench [--model M] [--stage S] [--json FILE] [-- FLAGS]` (bench_command.cpp; built where
+/// Google Benchmark is found).
+void add_bench_command(CLI::App& app);
 
 }  // namespace crucible::tools

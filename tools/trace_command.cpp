@@ -1,4 +1,4 @@
-// `crucible trace --model {mlp,convnet} [--joint] [--functionalize] [--mode real|fake]
+// `crucible trace --model {mlp,convnet,gpt,resnet18} [--joint] [--functionalize] [--mode real|fake]
 // [--format text|dot|json]`: trace a zoo model with the tracer and print its graph.
 // add_trace_command is declared in commands.h with the other subcommands.
 #include "commands.h"
@@ -64,7 +64,7 @@ void run_trace_command(const TraceCommandOptions& o) {
 void add_trace_command(CLI::App& app) {
   auto opts = std::make_shared<TraceCommandOptions>();
   CLI::App* cmd = app.add_subcommand("trace", "trace a model of the zoo into a graph (make_fx) and print it");
-  cmd->add_option("--model", opts->model, "model to trace")->check(CLI::IsMember({"mlp", "convnet"}));
+  cmd->add_option("--model", opts->model, "model of the zoo to trace")->check(CLI::IsMember(pipeline::model_names()));
   cmd->add_flag("--joint", opts->joint, "trace one training step: forward, loss.backward(), gradients as outputs");
   cmd->add_flag("--functionalize", opts->functionalize, "remove in-place ops and view mutation");
   cmd->add_option("--mode", opts->mode, "real: run on example data; fake: meta tensors")

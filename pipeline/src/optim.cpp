@@ -105,9 +105,14 @@ void sgd_step(const OptimizerOptions& o, at::TensorList params, at::TensorList g
     if (o.momentum != 0) {
       at::Tensor& buf = s.momentum_buffer;
       // torch::optim starts the buffer as a clone of d_p on the first step;
-      // here that branch is data: where(step == 0, ...).
-      at::Tensor later = buf.mul(o.momentum).add_(d_p, 1 - o.dampening);
-      buf.copy_(at::where(s.step.eq(0), d_p, later));
+      // here that branch is data: where(step == 0, ...), needed only with
+      // dampening (see Note [Traceable optimizer state]).
+      if (o.dampening == 0) {
+        buf.mul_(o.momentum).add_(d_p);
+      } else {
+        at::Tensor later = buf.mul(o.momentum).add_(d_p, 1 - o.dampening);
+        buf.copy_(at::where(s.step.eq(0), d_p, later));
+      }
       d_p = o.nesterov ? d_p.add(buf, o.momentum) : buf;
     }
     // p.add_(d_p, -lr) with alpha as a tensor: addcmul computes p + d_p * alpha

@@ -290,4 +290,20 @@ Model make_model(std::string_view name) {
   throw PipelineError("unknown model '" + std::string(name) + "'; the zoo has " + known);
 }
 
+void copy_state(const torch::nn::Module& from, torch::nn::Module& to) {
+  at::NoGradGuard no_grad;
+  auto copy = [](const auto& source, auto target, const char* what) {
+    for (const auto& item : source) {
+      at::Tensor* t = target.find(item.key());
+      if (!t || t->sizes() != item.value().sizes())
+        throw PipelineError(std::string("copy_state: the target module ") + (t ? "has sizes " + c10::str(t->sizes()) + " for" : "has no") +
+                            " " + what + " '" + item.key() + "' (" + c10::str(item.value().sizes()) +
+                            " in the source); copy between instances of the same model");
+      t->copy_(item.value());
+    }
+  };
+  copy(from.named_parameters(), to.named_parameters(), "parameter");
+  copy(from.named_buffers(), to.named_buffers(), "buffer");
+}
+
 }  // namespace crucible::pipeline

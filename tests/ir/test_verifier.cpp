@@ -66,6 +66,25 @@ TEST_CASE("verify: missing TensorMeta", "[ir][verifier]") {
   REQUIRE_THROWS_WITH(verify(s.g), CRUCIBLE_HAS_SUBSTR("node %exp (aten::exp): tensor result %exp has no TensorMeta"));
 }
 
+TEST_CASE("verify: an unread result a backward op did not compute may lack TensorMeta", "[ir][verifier]") {
+  // convolution_backward with output_mask [false, true, true]: no input gradient.
+  Graph g;
+  Value* grad = g.add_placeholder("grad", f32({1, 2, 4, 4}));
+  Value* x = g.add_placeholder("x", f32({1, 1, 4, 4}));
+  Value* w = g.add_placeholder("w", f32({2, 1, 1, 1}));
+  Node* bw = g.add_call("aten::convolution_backward",
+                        {grad, x, w, std::vector<int64_t>{2}, std::vector<int64_t>{1, 1}, std::vector<int64_t>{0, 0},
+                         std::vector<int64_t>{1, 1}, false, std::vector<int64_t>{0, 0}, int64_t{1},
+                         std::vector<bool>{false, true, true}});
+  bw->result(1)->set_meta(f32({2, 1, 1, 1}));
+  bw->result(2)->set_meta(f32({2}));
+  g.set_output({bw->result(1), bw->result(2)});
+  REQUIRE_NOTHROW(verify(g));
+  // Read, it must have metadata.
+  g.set_output({bw->result(0), bw->result(1), bw->result(2)});
+  REQUIRE_THROWS_WITH(verify(g), CRUCIBLE_HAS_SUBSTR("tensor result %convolution_backward has no TensorMeta"));
+}
+
 TEST_CASE("verify: argument kinds against the schema", "[ir][verifier]") {
   SECTION("a constant where a tensor goes") {
     Small s;

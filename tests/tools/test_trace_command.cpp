@@ -38,6 +38,19 @@ TEST_CASE("crucible trace --joint adds a gradient output per parameter, function
   }
 }
 
+TEST_CASE("crucible trace traces every model of the zoo", "[tools][trace]") {
+  for (const char* model : {"mlp", "convnet", "gpt", "resnet18"}) {
+    INFO(model);
+    const auto r = run_cli(std::string("trace --batch 2 --model ") + model);
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    const crucible::ir::Graph g = crucible::ir::parse(r.out);
+    CHECK(g.signature().inputs_of(crucible::ir::InputKind::Parameter).size() > 0);
+    REQUIRE(g.outputs().size() == 1);
+    CHECK(g.outputs()[0]->meta().sizes.front() == 2);
+  }
+}
+
 TEST_CASE("crucible trace refuses an unknown model", "[tools][trace][errors]") {
   const auto r = run_cli("trace --model alexnet");
   CHECK(r.exit_code != 0);

@@ -20,7 +20,10 @@ namespace crucible::ir {
 ///    int, float, bool, Scalar, int[], ScalarType, ...: a constant of that
 ///    type or a Value of that type), and one result per schema return of the
 ///    return's type, with at least one for a Tensor[] return;
-///  * metadata: every tensor Value has TensorMeta;
+///  * metadata: every tensor Value has TensorMeta, except an unread result of
+///    a call whose other results have it (an output a backward op was told
+///    not to compute, e.g. by convolution_backward's output_mask, which the
+///    tracer leaves without metadata and the text form prints as `Tensor`);
 ///  * signature: one InputSpec per placeholder and one OutputSpec per output;
 ///    input_index present for gradients and mutated inputs and in range;
 ///    duplicate_of names an earlier placeholder;

@@ -11,7 +11,10 @@
 // exact for counts below 2^53), and the learning rate (float64, 0-dim, a
 // per-call input so schedules work). Bias corrections are computed from the
 // step tensor with ATen ops, and SGD's first step is selected with where() on
-// step == 0. Nothing reads a tensor back to the host. Hyperparameters that stay
+// step == 0 — or, without dampening, needs no branch at all: the momentum
+// buffer starts at zero, and momentum * 0 + d_p is d_p exactly, so the later
+// steps' in-place update also gives the first step's value, at the cost of
+// torch's own update (the where() would read and write every buffer twice more). Nothing reads a tensor back to the host. Hyperparameters that stay
 // fixed for a run (betas, eps, momentum, dampening, weight decay) are plain
 // doubles and become graph constants.
 //
@@ -88,7 +91,8 @@ at::Tensor lr_tensor(double lr, c10::Device device = c10::kCPU);
 /// gradient g (parameters whose gradient is undefined are skipped, as there):
 ///   d = g + weight_decay * p                          (if weight_decay != 0)
 ///   if momentum != 0:
-///     buf = d                                         (first step: step == 0)
+///     buf = d                                         (first step: step == 0;
+///                                                      buf starts at 0, see the Note)
 ///     buf = momentum * buf + (1 - dampening) * d      (later steps)
 ///     d   = nesterov ? d + momentum * buf : buf
 ///   p  -= lr * d;  step += 1
@@ -120,5 +124,16 @@ void optimizer_step(const OptimizerOptions& options, at::TensorList params, at::
 /// share one set of options). Throws PipelineError for other optimizers or for
 /// groups with different options.
 OptimizerOptions optimizer_options_from(const torch::optim::Optimizer& optimizer);
+
+/// The state `optimizer` (a torch::optim::SGD, Adam or AdamW described by
+/// `options`) holds for `params`, copied into an OptimizerState, so a
+/// compiled step resumes where eager steps (or a loaded checkpoint) left off.
+/// A parameter the optimizer has not stepped yet gets fresh state
+/// (init_optimizer_state). torch's SGD keeps no step count, only whether its
+/// momentum buffer exists: a parameter with a buffer gets step 1 (any value
+/// above 0 selects the later-step branch, which is all SGD reads it for).
+/// Throws PipelineError when a state tensor's sizes differ from its parameter's.
+OptimizerState optimizer_state_from(const torch::optim::Optimizer& optimizer, const OptimizerOptions& options,
+                                    at::TensorList params);
 
 }  // namespace crucible::pipeline

@@ -106,4 +106,10 @@ const std::vector<std::string>& model_names();
 /// unknown name, listing the known ones.
 Model make_model(std::string_view name);
 
+/// Copies every parameter and buffer of `from` into the one of the same name
+/// in `to` (under no-grad), so two instances of a model start from the same
+/// weights (an eager reference and a compiled copy). Throws PipelineError
+/// naming a tensor that `to` lacks or whose sizes differ.
+void copy_state(const torch::nn::Module& from, torch::nn::Module& to);
+
 }  // namespace crucible::pipeline

@@ -1,0 +1,131 @@
+// The pipeline builder: composes Crucible's stages — tracer options and
+// decompositions, a pass list, a partitioner, a backend, runtime wrappers —
+// each replaceable, with instruments around every stage, and compiles
+// functions and whole training steps with them (torch.compile's
+// backend/options, AOTAutograd's AOTConfig and _spmd's compile in one place).
+//
+//   Builder b;
+//   b.passes({"dce", "cse"}).backend("interpreter").instrument(std::make_shared<StageTimer>(timer));
+//   auto f = b.compile(fn);                              // forward + backward, via aot_function
+//   auto m = b.compile(module, forward);                 // the same over a module, via aot_module
+//   auto step = b.compile_train_step(module, opt, loss); // forward + backward + optimizer, one graph
+#pragma once
+
+#include <crucible/autograd/aot_config.h>
+#include <crucible/autograd/aot_function.h>
+#include <crucible/autograd/aot_module.h>
+#include <crucible/ir/pass_manager.h>
+#include <crucible/partitioner/partition.h>
+#include <crucible/pipeline/backend_registry.h>
+#include <crucible/pipeline/instrument.h>
+#include <crucible/pipeline/train_step.h>
+#include <crucible/runtime/compiler_wrapper.h>
+#include <crucible/tracer/make_fx.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace crucible::pipeline {
+
+/// A value type: setters return *this for chaining; copies are independent
+/// (instruments and wrappers are shared pointers, shared by the copies).
+/// See Note [Compilation stages] in instrument.h for what runs when.
+class Builder {
+ public:
+  /// The defaults: real-mode tracing without decompositions, the passes
+  /// "dce" and "cse", the default partition, the best backend of
+  /// BackendRegistry::builtin(), no wrappers, no instruments, and
+  /// verification between passes.
+  Builder();
+  /// The default pass list's names: "dce", "cse".
+  static const std::vector<std::string>& default_passes();
+
+  // --- choosing the stages -------------------------------------------------------
+
+  /// How compile_train_step traces: mode (real or fake), max_constant_bytes
+  /// and decompositions; `functionalize` is ignored there (see Note [Train step
+  /// graph] in train_step.h). compile() uses the decompositions only:
+  /// aot_function always traces real, functionalized.
+  Builder& trace_options(tracer::TraceOptions options);
+  /// Replaces the decomposition table of the trace options.
+  Builder& decompositions(tracer::DecompositionTable table);
+  /// Replaces the pass list with passes by name from `registry` (default:
+  /// ir::PassRegistry::builtin()); `passes({})` empties it. Throws ir::IrError
+  /// naming an unknown pass and listing the known ones.
+  Builder& passes(const std::vector<std::string>& names, const ir::PassRegistry& registry = ir::PassRegistry::builtin());
+  /// Appends a pass (a user pass, or one from any registry) to the list.
+  Builder& add_pass(ir::Pass pass);
+  /// Verify the graph before the first pass and after each (ir::PassManager's
+  /// verify); on by default.
+  Builder& verify_passes(bool verify);
+  /// Splits joint graphs for compile() (see partitioner/partition.h).
+  Builder& partitioner(partitioner::PartitionFn partition_fn);
+  /// A backend by name from `registry` (default: BackendRegistry::builtin()).
+  /// Throws PipelineError naming an unknown backend and listing the known ones.
+  Builder& backend(std::string_view name, const BackendRegistry& registry = BackendRegistry::builtin());
+  /// A user backend, under a name for reports.
+  Builder& backend(std::string name, ir::Backend backend);
+  /// Appends a runtime wrapper around the backend (runtime/compiler_wrapper.h;
+  /// the first added is the outermost).
+  Builder& add_wrapper(std::shared_ptr<runtime::GraphWrapper> wrapper);
+  /// Appends an instrument; see instrument.h and instruments.h.
+  Builder& instrument(std::shared_ptr<StageInstrument> instrument);
+
+  const tracer::TraceOptions& trace_options() const { return trace_options_; }
+  const std::vector<ir::Pass>& passes() const { return passes_; }
+  const std::string& backend_name() const { return backend_name_; }
+  const std::vector<std::shared_ptr<StageInstrument>>& instruments() const { return instruments_; }
+
+  // --- running one stage (for callers that compose their own compilation) --------
+
+  /// The "trace" stage: calls `trace` with the builder's trace options, with
+  /// the instruments' events around it; the graph it returns is reported
+  /// under `graph_name`. Use it to trace with any tracer entry point
+  /// (make_fx, functional_call) and adjust the result (its signature) inside.
+  tracer::TraceResult trace(std::string_view graph_name,
+                            const std::function<tracer::TraceResult(const tracer::TraceOptions&)>& trace) const;
+  /// The pass stages: runs the pass list over `graph` in place.
+  /// Errors as ir::PassManager::run.
+  void run_passes(ir::Graph& graph, std::string_view graph_name) const;
+  /// The "backend" stage: the wrappers and the backend, on `graph` with one
+  /// example input per placeholder. Errors are the backend's.
+  ir::CompiledFn run_backend(const ir::Graph& graph, const std::vector<at::Tensor>& example_inputs,
+                             std::string_view graph_name) const;
+  /// Passes then backend, as an ir::Backend whose graphs are reported under
+  /// `graph_name`: what AotConfig's compilers are set to.
+  ir::Backend graph_compiler(std::string graph_name) const;
+  /// The builder's choices as AotConfig: fw/bw/inference compilers =
+  /// graph_compiler("forward" / "backward" / "inference"), the partitioner
+  /// with "partition" stage events, the decompositions.
+  autograd::AotConfig aot_config() const;
+
+  // --- compiling ---------------------------------------------------------------
+
+  /// `fn` compiled ahead of time, forward and backward: aot_function(fn,
+  /// aot_config()). It compiles at the first call for each input metadata
+  /// (Note [AOT cache guards]); the instruments see those compilations.
+  autograd::AotFunction compile(tracer::TensorFn fn) const;
+  /// `fn(module, inputs)` compiled ahead of time with the module's parameters
+  /// and buffers lifted to inputs: aot_module(module, fn, aot_config()). As
+  /// in eager, loss.backward() fills the module's .grad and an optimizer's
+  /// updates are seen by the next call; see autograd/aot_module.h.
+  autograd::AotModule compile(std::shared_ptr<torch::nn::Module> module, tracer::ModuleFn fn) const;
+  /// A whole training step as one graph; see compile_train_step in train_step.h.
+  TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimizer& optimizer,
+                               LossFn loss_fn) const;
+
+ private:
+  tracer::TraceOptions trace_options_;
+  std::vector<ir::Pass> passes_;
+  bool verify_passes_ = true;
+  partitioner::PartitionFn partition_fn_;
+  std::string backend_name_;
+  ir::Backend backend_;
+  runtime::WrapperList<runtime::GraphRequest> wrappers_;
+  std::vector<std::shared_ptr<StageInstrument>> instruments_;
+};
+
+}  // namespace crucible::pipeline

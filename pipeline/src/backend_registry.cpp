@@ -1,0 +1,49 @@
+#include <crucible/pipeline/backend_registry.h>
+#include <crucible/pipeline/error.h>
+
+#include <crucible/ir/interpreter.h>
+
+namespace crucible::pipeline {
+
+BackendRegistry BackendRegistry::builtin() {
+  BackendRegistry r;
+  r.add({"interpreter", "runs the graph node by node through the dispatcher (the reference backend)", ir::interpret,
+         {}, 0});
+  return r;
+}
+
+void BackendRegistry::add(BackendInfo backend) {
+  if (!backend.compile)
+    throw PipelineError("BackendRegistry::add: backend '" + backend.name + "' has no compile function");
+  if (backends_.contains(backend.name))
+    throw PipelineError("BackendRegistry::add: a backend named '" + backend.name +
+                        "' is registered already; pick another name");
+  std::string name = backend.name;
+  backends_.emplace(std::move(name), std::move(backend));
+}
+
+const BackendInfo& BackendRegistry::get(std::string_view name) const {
+  if (auto it = backends_.find(name); it != backends_.end()) return it->second;
+  std::string known;
+  for (const auto& [n, b] : backends_) known += (known.empty() ? "" : ", ") + n;
+  throw PipelineError("unknown backend '" + std::string(name) + "'; the registered backends are " +
+                      (known.empty() ? std::string("none") : known));
+}
+
+bool BackendRegistry::contains(std::string_view name) const { return backends_.find(name) != backends_.end(); }
+
+std::vector<std::string> BackendRegistry::names() const {
+  std::vector<std::string> out;
+  for (const auto& [n, b] : backends_) out.push_back(n);
+  return out;
+}
+
+const BackendInfo& BackendRegistry::best() const {
+  const BackendInfo* best = nullptr;
+  for (const auto& [n, b] : backends_)
+    if (!best || b.rank > best->rank) best = &b;
+  if (!best) throw PipelineError("BackendRegistry::best: no backend is registered");
+  return *best;
+}
+
+}  // namespace crucible::pipeline

@@ -1,0 +1,206 @@
+// See Note [Compilation stages] in instrument.h.
+#include <crucible/pipeline/builder.h>
+#include <crucible/pipeline/error.h>
+
+#include <crucible/partitioner/default_partition.h>
+
+#include <optional>
+
+namespace crucible::pipeline {
+namespace {
+
+using Instruments = std::vector<std::shared_ptr<StageInstrument>>;
+
+void notify_before(const Instruments& instruments, const StageEvent& event) {
+  for (const auto& i : instruments) i->before_stage(event);
+}
+
+// In reverse: the first instrument's hooks wrap the others' (a timer added
+// last times the stage alone, not the dumps of instruments added before it).
+void notify_after(const Instruments& instruments, const StageEvent& event) {
+  for (auto it = instruments.rbegin(); it != instruments.rend(); ++it) (*it)->after_stage(event);
+}
+
+void notify_failed(const Instruments& instruments, std::string_view stage) {
+  notify_after(instruments, StageEvent{stage, {}, false, true});
+}
+
+// Runs `body` as stage `stage`: before_stage with `inputs`, after_stage with
+// what `outputs` returns from the body's result, or a failed after_stage.
+template <typename Body, typename Outputs>
+auto run_stage(const Instruments& instruments, std::string_view stage, std::vector<StageGraph> inputs, Body&& body,
+               Outputs&& outputs, bool changed = true) {
+  notify_before(instruments, StageEvent{stage, std::move(inputs)});
+  std::optional<decltype(body())> result;
+  try {
+    result.emplace(body());
+  } catch (...) {
+    notify_failed(instruments, stage);
+    throw;
+  }
+  notify_after(instruments, StageEvent{stage, outputs(*result), changed});
+  return std::move(*result);
+}
+
+// The pass manager's instrument hooks, forwarded as stage events for one graph.
+class PassEvents : public ir::PassInstrument {
+ public:
+  PassEvents(const Instruments& instruments, std::string_view graph_name)
+      : instruments_(instruments), graph_name_(graph_name) {}
+  bool should_run(std::string_view pass, const ir::Graph& graph) override {
+    const StageEvent event{pass, {{graph_name_, &graph}}};
+    for (const auto& i : instruments_)
+      if (!i->should_run(event)) return false;
+    return true;
+  }
+  void before_pass(std::string_view pass, const ir::Graph& graph) override {
+    notify_before(instruments_, StageEvent{pass, {{graph_name_, &graph}}});
+    open_ = std::string(pass);
+  }
+  void after_pass(std::string_view pass, const ir::Graph& graph, bool changed) override {
+    open_.reset();
+    notify_after(instruments_, StageEvent{pass, {{graph_name_, &graph}}, changed});
+  }
+  /// The pass that began and did not end (it threw), if any.
+  const std::optional<std::string>& open() const { return open_; }
+
+ private:
+  const Instruments& instruments_;
+  std::string_view graph_name_;
+  std::optional<std::string> open_;
+};
+
+}  // namespace
+
+const std::vector<std::string>& Builder::default_passes() {
+  static const std::vector<std::string> names = {"dce", "cse"};
+  return names;
+}
+
+Builder::Builder() : partition_fn_(partitioner::default_partition) {
+  passes(default_passes());
+  backend(BackendRegistry::builtin().best().name);
+}
+
+Builder& Builder::trace_options(tracer::TraceOptions options) {
+  trace_options_ = std::move(options);
+  return *this;
+}
+
+Builder& Builder::decompositions(tracer::DecompositionTable table) {
+  trace_options_.decompositions = std::move(table);
+  return *this;
+}
+
+Builder& Builder::passes(const std::vector<std::string>& names, const ir::PassRegistry& registry) {
+  passes_ = registry.passes(names);
+  return *this;
+}
+
+Builder& Builder::add_pass(ir::Pass pass) {
+  passes_.push_back(std::move(pass));
+  return *this;
+}
+
+Builder& Builder::verify_passes(bool verify) {
+  verify_passes_ = verify;
+  return *this;
+}
+
+Builder& Builder::partitioner(partitioner::PartitionFn partition_fn) {
+  if (!partition_fn) throw PipelineError("Builder::partitioner: the partition function is empty");
+  partition_fn_ = std::move(partition_fn);
+  return *this;
+}
+
+Builder& Builder::backend(std::string_view name, const BackendRegistry& registry) {
+  const BackendInfo& info = registry.get(name);
+  backend_name_ = info.name;
+  backend_ = info.compile;
+  return *this;
+}
+
+Builder& Builder::backend(std::string name, ir::Backend backend) {
+  if (!backend) throw PipelineError("Builder::backend: backend '" + name + "' is an empty function");
+  backend_name_ = std::move(name);
+  backend_ = std::move(backend);
+  return *this;
+}
+
+Builder& Builder::add_wrapper(std::shared_ptr<runtime::GraphWrapper> wrapper) {
+  if (!wrapper) throw PipelineError("Builder::add_wrapper: the wrapper is null");
+  wrappers_.push_back(std::move(wrapper));
+  return *this;
+}
+
+Builder& Builder::instrument(std::shared_ptr<StageInstrument> instrument) {
+  if (!instrument) throw PipelineError("Builder::instrument: the instrument is null");
+  instruments_.push_back(std::move(instrument));
+  return *this;
+}
+
+tracer::TraceResult Builder::trace(std::string_view graph_name,
+                                   const std::function<tracer::TraceResult(const tracer::TraceOptions&)>& trace) const {
+  return run_stage(
+      instruments_, "trace", {}, [&] { return trace(trace_options_); },
+      [&](const tracer::TraceResult& r) { return std::vector<StageGraph>{{graph_name, &r.graph}}; });
+}
+
+void Builder::run_passes(ir::Graph& graph, std::string_view graph_name) const {
+  auto events = std::make_shared<PassEvents>(instruments_, graph_name);
+  const ir::PassManager manager(passes_, ir::PassManagerOptions{verify_passes_, {events}});
+  try {
+    manager.run(graph);
+  } catch (...) {
+    if (events->open()) notify_failed(instruments_, *events->open());
+    throw;
+  }
+}
+
+ir::CompiledFn Builder::run_backend(const ir::Graph& graph, const std::vector<at::Tensor>& example_inputs,
+                                    std::string_view graph_name) const {
+  const std::vector<StageGraph> graphs = {{graph_name, &graph}};
+  return run_stage(
+      instruments_, "backend", graphs,
+      [&] { return wrappers_.empty() ? backend_(graph, example_inputs) : runtime::wrap_backend(wrappers_, backend_)(graph, example_inputs); },
+      [&](const ir::CompiledFn&) { return graphs; }, /*changed=*/false);
+}
+
+ir::Backend Builder::graph_compiler(std::string graph_name) const {
+  return [self = *this, graph_name = std::move(graph_name)](const ir::Graph& graph,
+                                                             const std::vector<at::Tensor>& example_inputs) {
+    ir::Graph g = graph.clone();
+    self.run_passes(g, graph_name);
+    return self.run_backend(g, example_inputs, graph_name);
+  };
+}
+
+autograd::AotConfig Builder::aot_config() const {
+  autograd::AotConfig config;
+  config.fw_compiler = graph_compiler("forward");
+  config.bw_compiler = graph_compiler("backward");
+  config.inference_compiler = graph_compiler("inference");
+  config.partition_fn = [partition = partition_fn_, instruments = instruments_](const ir::Graph& joint,
+                                                                                size_t num_fwd_outputs) {
+    return run_stage(
+        instruments, "partition", {{"joint", &joint}}, [&] { return partition(joint, num_fwd_outputs); },
+        [](const partitioner::PartitionResult& r) {
+          return std::vector<StageGraph>{{"forward", &r.forward}, {"backward", &r.backward}};
+        });
+  };
+  config.decompositions = trace_options_.decompositions;
+  return config;
+}
+
+autograd::AotFunction Builder::compile(tracer::TensorFn fn) const { return autograd::aot_function(std::move(fn), aot_config()); }
+
+autograd::AotModule Builder::compile(std::shared_ptr<torch::nn::Module> module, tracer::ModuleFn fn) const {
+  return autograd::aot_module(std::move(module), std::move(fn), aot_config());
+}
+
+TrainStep Builder::compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimizer& optimizer,
+                                      LossFn loss_fn) const {
+  return pipeline::compile_train_step(std::move(module), optimizer, std::move(loss_fn), *this);
+}
+
+}  // namespace crucible::pipeline

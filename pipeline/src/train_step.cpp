@@ -1,0 +1,264 @@
+// See Note [Train step graph] in train_step.h.
+#include <crucible/pipeline/builder.h>
+#include <crucible/pipeline/error.h>
+#include <crucible/pipeline/train_step.h>
+
+#include <crucible/autograd/aot_module.h>
+#include <crucible/tracer/functional_call.h>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace crucible::pipeline {
+namespace {
+
+// Restores the CPU generator's state when it goes out of scope: compiling
+// traces the step once, drawing from the generator as a step would.
+class GeneratorStateGuard {
+ public:
+  GeneratorStateGuard() : gen_(at::detail::getDefaultCPUGenerator()) {
+    std::lock_guard lock(gen_.mutex());
+    state_ = gen_.get_state();
+  }
+  ~GeneratorStateGuard() {
+    std::lock_guard lock(gen_.mutex());
+    gen_.set_state(state_);
+  }
+  GeneratorStateGuard(const GeneratorStateGuard&) = delete;
+  GeneratorStateGuard& operator=(const GeneratorStateGuard&) = delete;
+
+ private:
+  at::Generator gen_;
+  at::Tensor state_;
+};
+
+// The names OptimizerState::flat() lists a parameter's state under, in its order.
+std::vector<std::string> state_names(const OptimizerOptions& o) {
+  std::vector<std::string> names = {"step"};
+  if (o.kind == OptimizerKind::SGD && o.momentum != 0) names.push_back("momentum_buffer");
+  if (o.kind != OptimizerKind::SGD) {
+    names.push_back("exp_avg");
+    names.push_back("exp_avg_sq");
+    if (o.amsgrad) names.push_back("max_exp_avg_sq");
+  }
+  return names;
+}
+
+}  // namespace
+
+namespace detail {
+
+struct TrainStepState {
+  std::shared_ptr<torch::nn::Module> module;
+  torch::optim::Optimizer* optimizer = nullptr;
+  LossFn loss_fn;
+  Builder builder;
+  OptimizerOptions options;
+  std::vector<at::Tensor> params;  // the optimizer's parameters, in its order
+  std::vector<std::string> param_names;
+  OptimizerState optimizer_state;
+  std::vector<at::Tensor> flat_state;
+  at::Tensor lr;  // float64 0-dim on the parameters' device
+  double lr_value = 0;
+
+  struct Entry {
+    ir::Graph graph;
+    ir::CompiledFn fn;
+  };
+  std::mutex mu;
+  std::unordered_map<std::string, std::shared_ptr<Entry>> cache;
+  std::shared_ptr<Entry> latest;
+
+  // Every input of the graph, in placeholder order: the module's parameters
+  // and buffers as functional_call lifts them, detached (aliases the graph
+  // writes through), the optimizer state, the rate, the batch.
+  std::vector<at::Tensor> graph_inputs(const std::vector<at::Tensor>& batch) const {
+    std::vector<at::Tensor> in = autograd::module_state(*module);
+    for (at::Tensor& t : in) t = t.detach();
+    in.insert(in.end(), flat_state.begin(), flat_state.end());
+    in.push_back(lr);
+    in.insert(in.end(), batch.begin(), batch.end());
+    return in;
+  }
+
+  // The cache key: every input's metadata and the module's mode.
+  std::string key(const std::vector<at::Tensor>& inputs) const {
+    std::ostringstream os;
+    os << (module->is_training() ? 'T' : 'E');
+    for (const at::Tensor& t : inputs) {
+      if (!t.defined()) {
+        os << "|undef";
+        continue;
+      }
+      os << '|' << t.sizes() << t.strides() << c10::toString(t.scalar_type()) << t.device();
+    }
+    return os.str();
+  }
+
+  void update_lr() {
+    const auto& groups = optimizer->param_groups();
+    const double lr0 = groups.front().options().get_lr();
+    for (const auto& g : groups)
+      if (g.options().get_lr() != lr0)
+        throw PipelineError("TrainStep: the optimizer's parameter groups have different learning rates (" +
+                            std::to_string(lr0) + " and " + std::to_string(g.options().get_lr()) +
+                            "); a compiled step updates every parameter with one rate: give the groups one rate, "
+                            "or use one optimizer per group");
+    if (lr0 != lr_value) {
+      lr.fill_(lr0);
+      lr_value = lr0;
+    }
+  }
+
+  std::shared_ptr<Entry> compile(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& batch) {
+    GeneratorStateGuard restore_generator;
+    at::AutoGradMode grad_on(true);
+    const size_t num_flat = flat_state.size();
+    const size_t num_params = params.size();
+    const OptimizerOptions o = options;
+    const std::vector<at::Tensor>& ps = params;
+    const LossFn& loss = loss_fn;
+    // The step as functional_call traces it: `in` = flat state, lr, batch.
+    tracer::ModuleFn fn = [&](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+      const std::vector<at::Tensor> flat(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(num_flat));
+      OptimizerState st = OptimizerState::from_flat(o, num_params, flat);
+      const std::vector<at::Tensor> b(in.begin() + static_cast<std::ptrdiff_t>(num_flat) + 1, in.end());
+      at::Tensor l = loss(m, b);
+      if (!l.defined() || l.dim() != 0)
+        throw PipelineError("compile_train_step: the loss function must return a 0-dim tensor; it returned " +
+                            (l.defined() ? "sizes " + c10::str(l.sizes()) : std::string("an undefined tensor")));
+      l.backward();
+      std::vector<at::Tensor> grads;
+      for (const at::Tensor& p : ps) grads.push_back(p.grad());
+      optimizer_step(o, ps, grads, st, in[num_flat]);
+      return std::vector<at::Tensor>{l.detach()};
+    };
+    std::vector<at::Tensor> examples = flat_state;
+    examples.push_back(lr);
+    examples.insert(examples.end(), batch.begin(), batch.end());
+
+    auto entry = std::make_shared<Entry>();
+    tracer::TraceResult traced = builder.trace("train_step", [&](const tracer::TraceOptions& trace_options) {
+      tracer::ModuleTraceOptions options;
+      options.trace = trace_options;
+      options.trace.functionalize = false;  // See Note [Train step graph].
+      tracer::TraceResult r = tracer::functional_call(*module, fn, examples, options);
+      name_inputs(r.graph, inputs.size() - examples.size());
+      r.graph.signature().outputs.at(0) = ir::OutputSpec{ir::OutputKind::Loss, std::nullopt};
+      return r;
+    });
+    entry->graph = std::move(traced.graph);
+    builder.run_passes(entry->graph, "train_step");
+    entry->fn = builder.run_backend(entry->graph, inputs, "train_step");
+    return entry;
+  }
+
+  // Marks the optimizer state and the learning rate as State inputs with
+  // readable names (functional_call names its extra inputs arg0, arg1, ...).
+  void name_inputs(ir::Graph& g, size_t num_module_tensors) const {
+    const std::vector<ir::Value*> ph = g.placeholders();
+    const std::vector<std::string> per_param = state_names(options);
+    size_t i = num_module_tensors;
+    auto mark = [&](const std::string& target) {
+      g.signature().inputs.at(i) = ir::InputSpec{ir::InputKind::State, target, std::nullopt};
+      g.rename(ph.at(i), g.unique_name(target));
+      ++i;
+    };
+    for (const std::string& param : param_names)
+      for (const std::string& s : per_param) mark(param + "." + s);
+    mark("lr");
+    for (size_t b = 0; i < ph.size(); ++b, ++i) g.rename(ph[i], g.unique_name("batch" + std::to_string(b)));
+  }
+
+  std::shared_ptr<Entry> entry_for(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& batch) {
+    const std::string k = key(inputs);
+    std::lock_guard lock(mu);
+    auto it = cache.find(k);
+    if (it == cache.end()) it = cache.emplace(k, compile(inputs, batch)).first;
+    latest = it->second;
+    return it->second;
+  }
+};
+
+}  // namespace detail
+
+at::Tensor TrainStep::operator()(const std::vector<at::Tensor>& batch) const {
+  detail::TrainStepState& s = *state_;
+  std::vector<at::Tensor> inputs = s.graph_inputs(batch);
+  std::shared_ptr<detail::TrainStepState::Entry> entry = s.entry_for(inputs, batch);
+  s.update_lr();
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> outs = entry->fn(inputs);
+  return outs.at(0);
+}
+
+void TrainStep::compile(const std::vector<at::Tensor>& batch) const {
+  state_->entry_for(state_->graph_inputs(batch), batch);
+}
+
+size_t TrainStep::num_compilations() const {
+  std::lock_guard lock(state_->mu);
+  return state_->cache.size();
+}
+
+const ir::Graph& TrainStep::graph() const {
+  std::lock_guard lock(state_->mu);
+  if (!state_->latest)
+    throw PipelineError("TrainStep::graph: nothing is compiled yet; call the step or TrainStep::compile first");
+  return state_->latest->graph;
+}
+
+std::vector<at::Tensor> TrainStep::graph_inputs(const std::vector<at::Tensor>& batch) const {
+  return state_->graph_inputs(batch);
+}
+
+const OptimizerOptions& TrainStep::optimizer_options() const { return state_->options; }
+const OptimizerState& TrainStep::optimizer_state() const { return state_->optimizer_state; }
+
+TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimizer& optimizer,
+                             LossFn loss_fn, const Builder& builder) {
+  if (!module) throw PipelineError("compile_train_step: the module is null");
+  if (!loss_fn) throw PipelineError("compile_train_step: the loss function is empty");
+  auto s = std::make_shared<detail::TrainStepState>();
+  s->options = optimizer_options_from(optimizer);
+  std::unordered_map<const c10::TensorImpl*, std::string> module_params;
+  for (const auto& p : module->named_parameters(/*recurse=*/true))
+    module_params.emplace(p.value().unsafeGetTensorImpl(), p.key());
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& group : optimizer.param_groups())
+    for (const at::Tensor& p : group.params()) {
+      auto it = module_params.find(p.unsafeGetTensorImpl());
+      if (it == module_params.end())
+        throw PipelineError("compile_train_step: the optimizer updates a tensor of sizes " + c10::str(p.sizes()) +
+                            " that is not a parameter of the module; build the optimizer over module->parameters()");
+      if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+      s->params.push_back(p);
+      s->param_names.push_back(it->second);
+    }
+  if (s->params.empty()) throw PipelineError("compile_train_step: the optimizer has no parameters");
+  s->module = std::move(module);
+  s->optimizer = &optimizer;
+  s->loss_fn = std::move(loss_fn);
+  s->builder = builder;
+  s->optimizer_state = optimizer_state_from(optimizer, s->options, s->params);
+  s->flat_state = s->optimizer_state.flat();
+  s->lr = lr_tensor(s->options.lr, s->params.front().device());
+  s->lr_value = s->options.lr;
+  TrainStep step;
+  step.state_ = std::move(s);
+  return step;
+}
+
+TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimizer& optimizer,
+                             LossFn loss_fn) {
+  return compile_train_step(std::move(module), optimizer, std::move(loss_fn), Builder());
+}
+
+}  // namespace crucible::pipeline

@@ -1,0 +1,304 @@
+// The builder: each stage replaceable, instruments around every stage, and
+// what it compiles equal to eager.
+#include <crucible/autograd/aot_module.h>
+#include <crucible/ir/graph.h>
+#include <crucible/pipeline/backend_registry.h>
+#include <crucible/pipeline/builder.h>
+#include <crucible/pipeline/error.h>
+#include <crucible/pipeline/instruments.h>
+#include <crucible/pipeline/zoo.h>
+#include <crucible/runtime/timing.h>
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+#include <unistd.h>
+
+#include "catch.h"
+#include "testing.h"
+
+using namespace crucible;
+using namespace crucible::pipeline;
+
+namespace {
+
+// Records every event as "before:<stage>:<graph>,..." / "after:<stage>:<graph>".
+class Recorder : public StageInstrument {
+ public:
+  explicit Recorder(std::string skip = {}) : skip_(std::move(skip)) {}
+  bool should_run(const StageEvent& e) override { return e.stage != skip_; }
+  void before_stage(const StageEvent& e) override { events.push_back("before:" + describe(e)); }
+  void after_stage(const StageEvent& e) override {
+    events.push_back(std::string(e.failed ? "failed:" : "after:") + describe(e));
+  }
+  std::vector<std::string> events;
+
+ private:
+  static std::string describe(const StageEvent& e) {
+    std::string s(e.stage);
+    for (const StageGraph& g : e.graphs) s += ":" + std::string(g.name);
+    return s;
+  }
+  std::string skip_;
+};
+
+struct SmallMlp {
+  Model model = make_mlp({.in_features = 6, .hidden = {5}, .num_classes = 3});
+  std::vector<at::Tensor> batch = {at::randn({4, 6}), at::randint(0, 3, {4}, at::kLong)};
+  LossFn loss() const {
+    return [m = model](torch::nn::Module&, const std::vector<at::Tensor>& b) { return m.loss(m.forward(b[0]), b[1]); };
+  }
+};
+
+std::vector<at::Tensor> mlp_fn(const std::vector<at::Tensor>& in) {
+  return {at::linear(at::relu(at::linear(in[0], in[1], in[2])), in[3]).sum(1)};
+}
+
+}  // namespace
+
+TEST_CASE("builder: the defaults are DCE and CSE on the best registered backend", "[pipeline][builder]") {
+  const Builder b;
+  REQUIRE(b.passes().size() == 2);
+  CHECK(b.passes()[0].name == "dce");
+  CHECK(b.passes()[1].name == "cse");
+  CHECK(b.backend_name() == BackendRegistry::builtin().best().name);
+  CHECK(b.backend_name() == "interpreter");
+}
+
+TEST_CASE("builder: unknown passes and backends are refused by name", "[pipeline][builder][errors]") {
+  Builder b;
+  CHECK_THROWS_WITH(b.passes({"dce", "fuse_everything"}), CRUCIBLE_HAS_SUBSTR("fuse_everything"));
+  CHECK_THROWS_WITH(b.backend("tpu"), CRUCIBLE_HAS_SUBSTR("'tpu'") && CRUCIBLE_HAS_SUBSTR("interpreter"));
+}
+
+TEST_CASE("backend registry: names, lookup, ranks", "[pipeline][builder]") {
+  BackendRegistry r = BackendRegistry::builtin();
+  CHECK(r.names() == std::vector<std::string>{"interpreter"});
+  CHECK_THROWS_AS(r.add({"interpreter", "again", ir::interpret, {}, 0}), PipelineError);
+  CHECK_THROWS_AS(r.add({"empty", "no compile function", {}, {}, 0}), PipelineError);
+  r.add({"fast", "a better one", ir::interpret, {}, 5});
+  CHECK(r.best().name == "fast");
+  CHECK(r.contains("fast"));
+  CHECK(Builder().backend("fast", r).backend_name() == "fast");
+}
+
+TEST_CASE("builder: a train step's stages are trace, each pass, backend, in order", "[pipeline][builder]") {
+  torch::manual_seed(0);
+  SmallMlp s;
+  torch::optim::SGD opt(s.model.module->parameters(), torch::optim::SGDOptions(0.1));
+  auto recorder = std::make_shared<Recorder>();
+  Builder b;
+  b.instrument(recorder);
+  TrainStep step = b.compile_train_step(s.model.module, opt, s.loss());
+  step.compile(s.batch);
+  CHECK(recorder->events == std::vector<std::string>{"before:trace", "after:trace:train_step",
+                                                      "before:dce:train_step", "after:dce:train_step",
+                                                      "before:cse:train_step", "after:cse:train_step",
+                                                      "before:backend:train_step", "after:backend:train_step"});
+  recorder->events.clear();
+  step(s.batch);  // compiled already: no stage runs
+  CHECK(recorder->events.empty());
+}
+
+TEST_CASE("builder: should_run skips a pass; a failing stage still gets its after event", "[pipeline][builder]") {
+  torch::manual_seed(0);
+  SmallMlp s;
+  torch::optim::SGD opt(s.model.module->parameters(), torch::optim::SGDOptions(0.1));
+  SECTION("skip") {
+    auto recorder = std::make_shared<Recorder>("cse");
+    Builder b;
+    b.instrument(recorder);
+    b.compile_train_step(s.model.module, opt, s.loss()).compile(s.batch);
+    CHECK(std::find(recorder->events.begin(), recorder->events.end(), "before:cse:train_step") ==
+          recorder->events.end());
+    CHECK(std::find(recorder->events.begin(), recorder->events.end(), "after:dce:train_step") !=
+          recorder->events.end());
+  }
+  SECTION("failure") {
+    auto recorder = std::make_shared<Recorder>();
+    Builder b;
+    b.instrument(recorder).add_pass({"explode", [](ir::Graph&) { throw std::runtime_error("boom"); }});
+    CHECK_THROWS_WITH(b.compile_train_step(s.model.module, opt, s.loss()).compile(s.batch),
+                      CRUCIBLE_HAS_SUBSTR("explode"));
+    REQUIRE(recorder->events.size() >= 2);
+    CHECK(recorder->events[recorder->events.size() - 2] == "before:explode:train_step");
+    CHECK(recorder->events.back() == "failed:explode");
+  }
+}
+
+TEST_CASE("builder: compile() runs the AOT path through the builder's partitioner, passes and backend",
+          "[pipeline][builder]") {
+  auto recorder = std::make_shared<Recorder>();
+  int partitions = 0, compiles = 0, pass_runs = 0;
+  Builder b;
+  b.instrument(recorder)
+      .partitioner([&](const ir::Graph& joint, size_t n) {
+        ++partitions;
+        return partitioner::default_partition(joint, n);
+      })
+      .passes({})
+      .add_pass({"count", [&](ir::Graph&) { ++pass_runs; }})
+      .backend("counting", [&](const ir::Graph& g, const std::vector<at::Tensor>& examples) {
+        ++compiles;
+        return ir::interpret(g, examples);
+      });
+  auto compiled = b.compile(mlp_fn);
+
+  at::manual_seed(3);
+  const std::vector<at::Tensor> eager_in = {at::randn({4, 6}), at::randn({5, 6}).requires_grad_(),
+                                            at::randn({5}).requires_grad_(), at::randn({3, 5}).requires_grad_()};
+  std::vector<at::Tensor> in;
+  for (const auto& t : eager_in) in.push_back(t.detach().clone().requires_grad_(t.requires_grad()));
+  const at::Tensor out = compiled(in)[0];
+  const at::Tensor ref = mlp_fn(eager_in)[0];
+  // The same kernels; only the backward's accumulation order may differ.
+  REQUIRE_CLOSE(out.detach(), ref.detach(), 1e-6, 1e-6);
+  CHECK(partitions == 1);
+  CHECK(compiles == 1);  // the backward compiles at the first backward
+  out.sum().backward();
+  ref.sum().backward();
+  for (size_t i = 1; i < in.size(); ++i) REQUIRE_CLOSE(in[i].grad(), eager_in[i].grad(), 1e-6, 1e-6);
+  CHECK(compiles == 2);
+  CHECK(pass_runs == 2);
+  CHECK(recorder->events == std::vector<std::string>{
+                                "before:partition:joint", "after:partition:forward:backward",
+                                "before:count:forward", "after:count:forward",
+                                "before:backend:forward", "after:backend:forward",
+                                "before:count:backward", "after:count:backward",
+                                "before:backend:backward", "after:backend:backward"});
+}
+
+TEST_CASE("builder: after_stage runs in reverse order, so the first instrument wraps the others",
+          "[pipeline][builder]") {
+  struct Named : StageInstrument {
+    Named(std::string name, std::vector<std::string>& log) : name(std::move(name)), log(log) {}
+    void before_stage(const StageEvent& e) override { log.push_back(name + ">" + std::string(e.stage)); }
+    void after_stage(const StageEvent& e) override { log.push_back(name + "<" + std::string(e.stage)); }
+    std::string name;
+    std::vector<std::string>& log;
+  };
+  std::vector<std::string> log;
+  torch::manual_seed(0);
+  SmallMlp s;
+  torch::optim::SGD opt(s.model.module->parameters(), torch::optim::SGDOptions(0.1));
+  Builder b;
+  b.passes({}).instrument(std::make_shared<Named>("a", log)).instrument(std::make_shared<Named>("b", log));
+  b.compile_train_step(s.model.module, opt, s.loss()).compile(s.batch);
+  CHECK(log == std::vector<std::string>{"a>trace", "b>trace", "b<trace", "a<trace", "a>backend", "b>backend",
+                                        "b<backend", "a<backend"});
+}
+
+TEST_CASE("builder: compile() over a module gives eager's loss and fills the module's gradients",
+          "[pipeline][builder]") {
+  torch::manual_seed(0);
+  SmallMlp compiled, eager;
+  copy_state(*compiled.model.module, *eager.model.module);
+  auto recorder = std::make_shared<Recorder>();
+  const autograd::AotModule f = Builder().instrument(recorder).compile(
+      compiled.model.module, [loss = compiled.loss()](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+        return std::vector<at::Tensor>{loss(m, in)};
+      });
+  const at::Tensor loss = f(compiled.batch).at(0);
+  loss.backward();
+  const at::Tensor eager_loss = eager.loss()(*eager.model.module, compiled.batch);
+  eager_loss.backward();
+  // The same kernels; only the backward's accumulation order may differ.
+  REQUIRE_CLOSE(loss.detach(), eager_loss.detach(), 1e-6, 1e-6);
+  auto eager_params = eager.model.module->named_parameters();
+  for (const auto& p : compiled.model.module->named_parameters()) {
+    INFO(p.key());
+    REQUIRE(p.value().grad().defined());
+    REQUIRE_CLOSE(p.value().grad(), eager_params[p.key()].grad(), 1e-6, 1e-6);
+  }
+  REQUIRE(recorder->events.size() >= 2);
+  CHECK(recorder->events[0] == "before:partition:joint");
+  CHECK(recorder->events[1] == "after:partition:forward:backward");
+  CHECK(recorder->events.back() == "after:backend:backward");
+}
+
+TEST_CASE("builder: runtime wrappers run around the backend", "[pipeline][builder]") {
+  struct CountingWrapper : runtime::GraphWrapper {
+    std::string_view name() const override { return "CountingWrapper"; }
+    ir::CompiledFn post_compile(ir::CompiledFn fn, const runtime::GraphRequest&) override {
+      return [this, fn](std::vector<at::Tensor>& args) {
+        ++calls;
+        return fn(args);
+      };
+    }
+    int calls = 0;
+  };
+  auto wrapper = std::make_shared<CountingWrapper>();
+  torch::manual_seed(0);
+  SmallMlp s;
+  torch::optim::SGD opt(s.model.module->parameters(), torch::optim::SGDOptions(0.1));
+  TrainStep step = Builder().add_wrapper(wrapper).compile_train_step(s.model.module, opt, s.loss());
+  step(s.batch);
+  step(s.batch);
+  CHECK(wrapper->calls == 2);
+}
+
+TEST_CASE("instruments: stage timer, graph dumps and verification", "[pipeline][builder]") {
+  torch::manual_seed(0);
+  SmallMlp s;
+  torch::optim::SGD opt(s.model.module->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  runtime::PhaseTimer timer;
+  auto stage_timer = std::make_shared<StageTimer>(timer);
+  const std::string dir = std::filesystem::temp_directory_path() / ("crucible_dump_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  auto dumper = std::make_shared<GraphDumper>(GraphDumpOptions{
+      .dir = dir, .svg = false, .code = [](const ir::Graph& g) {
+        return std::vector<GeneratedFile>{{"kernel.txt", std::to_string(g.num_nodes()) + " nodes"}};
+      }});
+  Builder b;
+  b.instrument(stage_timer).instrument(dumper).instrument(std::make_shared<GraphVerifier>());
+  b.compile_train_step(s.model.module, opt, s.loss()).compile(s.batch);
+
+  // One phase per stage, each run once.
+  const std::vector<runtime::PhaseStats> phases = timer.phases();
+  REQUIRE(phases.size() == 4);
+  const char* stages[] = {"trace", "dce", "cse", "backend"};
+  for (size_t i = 0; i < 4; ++i) {
+    CHECK(phases[i].name == stages[i]);
+    CHECK(phases[i].calls() == 1);
+  }
+  CHECK(timer.total_ms("trace") > 0);
+  // The traced graph, then each pass that changed it.
+  REQUIRE(std::filesystem::exists(dir + "/train_step.00.trace.txt"));
+  REQUIRE(std::filesystem::exists(dir + "/train_step.00.trace.dot"));
+  // The backend stage writes the generated code, after the graphs of the passes.
+  const std::string code = dumper->files().back();
+  CHECK(code.ends_with(".code.kernel.txt"));
+  CHECK(code.find("/train_step.") != std::string::npos);
+  for (const std::string& f : dumper->files()) CHECK(std::filesystem::exists(f));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("builder: a training step traced in fake mode (meta tensors) trains as eager", "[pipeline][builder]") {
+  torch::manual_seed(0);
+  SmallMlp compiled, eager;
+  copy_state(*compiled.model.module, *eager.model.module);
+  torch::optim::Adam compiled_opt(compiled.model.module->parameters(), torch::optim::AdamOptions(1e-2));
+  torch::optim::Adam eager_opt(eager.model.module->parameters(), torch::optim::AdamOptions(1e-2));
+  tracer::TraceOptions fake;
+  fake.mode = tracer::TraceMode::Fake;
+  TrainStep step = Builder().trace_options(fake).compile_train_step(compiled.model.module, compiled_opt, compiled.loss());
+  for (int i = 0; i < 5; ++i) {
+    const at::Tensor loss = step(compiled.batch);
+    eager_opt.zero_grad();
+    const at::Tensor eager_loss = eager.model.loss(eager.model.forward(compiled.batch[0]), compiled.batch[1]);
+    eager_loss.backward();
+    eager_opt.step();
+    // The same kernels at run time; fake mode changes only how the graph was found.
+    REQUIRE_CLOSE(loss, eager_loss.detach(), 1e-5, 1e-6);
+  }
+  auto eager_params = eager.model.module->named_parameters();
+  for (const auto& p : compiled.model.module->named_parameters())
+    REQUIRE_CLOSE(p.value().detach(), eager_params[p.key()].detach(), 1e-5, 1e-6);
+}

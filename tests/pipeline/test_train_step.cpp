@@ -1,0 +1,267 @@
+// compile_train_step against eager LibTorch: two copies of a zoo model with
+// the same initial weights train on the same batches, one through the
+// compiled training step (one graph: forward, backward, optimizer update),
+// one with torch::optim.
+#include <crucible/pipeline/builder.h>
+#include <crucible/pipeline/error.h>
+#include <crucible/pipeline/fashion_mnist.h>
+#include <crucible/pipeline/synthetic_tokens.h>
+#include <crucible/pipeline/train_step.h>
+#include <crucible/pipeline/zoo.h>
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+#include <cmath>
+#include <functional>
+
+#include "catch.h"
+#include "data_dir.h"
+#include "testing.h"
+
+using namespace crucible::pipeline;
+
+namespace {
+
+// The first 50 * 32 training images, normalized, read once.
+const FashionMnist& fashion_mnist_subset() {
+  static const FashionMnist subset = [] {
+    FashionMnist all = load_fashion_mnist(Split::Train, fashion_mnist_test_dir());
+    return FashionMnist{all.images.slice(0, 0, 50 * 32).clone(), all.labels.slice(0, 0, 50 * 32).clone()};
+  }();
+  return subset;
+}
+
+using BatchFn = std::function<Batch(int64_t step)>;
+
+BatchFn fashion_mnist_batches(int64_t batch_size) {
+  return [batch_size](int64_t step) {
+    const FashionMnist& d = fashion_mnist_subset();
+    const int64_t start = (step * batch_size) % d.images.size(0);
+    return Batch{d.images.slice(0, start, start + batch_size), d.labels.slice(0, start, start + batch_size)};
+  };
+}
+
+// Two instances of a model with the same parameters and buffers.
+struct Twins {
+  Model compiled;
+  Model eager;
+};
+
+Twins twins(const std::function<Model()>& make) {
+  torch::manual_seed(0);
+  Model a = make();
+  Model b = make();
+  copy_state(*a.module, *b.module);
+  return {std::move(a), std::move(b)};
+}
+
+LossFn loss_of(const Model& m) {
+  return [forward = m.forward, loss = m.loss](torch::nn::Module&, const std::vector<at::Tensor>& batch) {
+    return loss(forward(batch[0]), batch[1]);
+  };
+}
+
+at::Tensor eager_step(const Model& m, torch::optim::Optimizer& opt, const Batch& b) {
+  opt.zero_grad();
+  at::Tensor loss = m.loss(m.forward(b.inputs), b.targets);
+  loss.backward();
+  opt.step();
+  return loss.detach();
+}
+
+// Parameters and buffers of both copies, by name.
+void require_same_state(const Model& compiled, const Model& eager, double rtol, double atol) {
+  auto pe = eager.module->named_parameters();
+  for (const auto& p : compiled.module->named_parameters()) {
+    INFO("parameter " << p.key());
+    REQUIRE_CLOSE(p.value().detach(), pe[p.key()].detach(), rtol, atol);
+  }
+  auto be = eager.module->named_buffers();
+  for (const auto& b : compiled.module->named_buffers()) {
+    INFO("buffer " << b.key());
+    REQUIRE_CLOSE(b.value(), be[b.key()], rtol, atol);
+  }
+}
+
+std::vector<at::Tensor> snapshot(const Model& m) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : m.module->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+// Trains both copies `steps` steps on `batches`; the losses must agree at
+// every step and the parameters and buffers at the end, and the parameters
+// must have moved (so that agreement is not that of two untouched copies).
+template <typename Optimizer, typename Options>
+void train_and_compare(const std::function<Model()>& make, const Options& options, const BatchFn& batches,
+                       int64_t steps, double rtol, double atol) {
+  Twins t = twins(make);
+  t.compiled.module->train();
+  t.eager.module->train();
+  const std::vector<at::Tensor> initial = snapshot(t.compiled);
+  Optimizer compiled_opt(t.compiled.module->parameters(), options);
+  Optimizer eager_opt(t.eager.module->parameters(), options);
+  TrainStep step = compile_train_step(t.compiled.module, compiled_opt, loss_of(t.compiled));
+  for (int64_t i = 0; i < steps; ++i) {
+    const Batch b = batches(i);
+    const at::Tensor compiled_loss = step({b.inputs, b.targets});
+    const at::Tensor eager_loss = eager_step(t.eager, eager_opt, b);
+    INFO("step " << i);
+    REQUIRE_CLOSE(compiled_loss, eager_loss, rtol, atol);
+  }
+  REQUIRE(step.num_compilations() == 1);
+  require_same_state(t.compiled, t.eager, rtol, atol);
+  const std::vector<at::Tensor> final = snapshot(t.compiled);
+  double moved = 0;
+  for (size_t i = 0; i < final.size(); ++i) moved = std::max(moved, (final[i] - initial[i]).abs().max().item<double>());
+  REQUIRE(moved > 1e-3);
+}
+
+}  // namespace
+
+// Tolerance of every comparison here: rtol 1e-5, atol 1e-6. The compiled graph
+// runs the kernels eager runs, on operands of the same layout and in the
+// same order, and the optimizer updates are torch::optim's ops
+// (Note [Traceable optimizer state]): with the interpreter the two runs agree
+// bitwise (observed with 1 and 2 OpenMP threads). The tolerance leaves room
+// for a backend that reorders floating-point work (fused reductions), whose
+// last-bit differences 50 steps compound to well below these bounds; a graph
+// that baked a step-1 constant (Adam's bias correction, a learning rate),
+// missed a buffer update or dropped a step is off by far more.
+constexpr double kRtol = 1e-5, kAtol = 1e-6;
+
+TEST_CASE("train step: MLP, 50 steps of SGD with momentum on Fashion-MNIST equal eager", "[pipeline][train_step]") {
+  train_and_compare<torch::optim::SGD>([] { return make_mlp(); }, torch::optim::SGDOptions(0.05).momentum(0.9),
+                                       fashion_mnist_batches(32), 50, kRtol, kAtol);
+}
+
+TEST_CASE("train step: MLP, 50 steps of Adam on Fashion-MNIST equal eager", "[pipeline][train_step]") {
+  train_and_compare<torch::optim::Adam>([] { return make_mlp(); }, torch::optim::AdamOptions(1e-3),
+                                        fashion_mnist_batches(32), 50, kRtol, kAtol);
+}
+
+TEST_CASE("train step: ConvNet, 50 steps of SGD with momentum on Fashion-MNIST equal eager", "[pipeline][train_step]") {
+  train_and_compare<torch::optim::SGD>([] { return make_convnet(); },
+                                       torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true),
+                                       fashion_mnist_batches(32), 50, kRtol, kAtol);
+}
+
+TEST_CASE("train step: ConvNet, 50 steps of AdamW on Fashion-MNIST equal eager", "[pipeline][train_step]") {
+  train_and_compare<torch::optim::AdamW>([] { return make_convnet(); }, torch::optim::AdamWOptions(2e-3),
+                                         fashion_mnist_batches(32), 50, kRtol, kAtol);
+}
+
+TEST_CASE("train step: ResNet-18's BatchNorm running statistics are updated as eager updates them",
+          "[pipeline][train_step]") {
+  // One block per stage and width 4 keep it quick; every BatchNorm and the
+  // downsampling path are still there.
+  const ResNetConfig config{.in_channels = 1, .image_size = 16, .width = 4, .blocks = {1, 1, 1, 1}};
+  const Model shapes = make_resnet(config);
+  train_and_compare<torch::optim::SGD>([&] { return make_resnet(config); }, torch::optim::SGDOptions(0.05).momentum(0.9),
+                                       [&](int64_t i) { return shapes.example_batch(8, 100 + i); }, 8, kRtol, kAtol);
+}
+
+TEST_CASE("train step: the GPT with its tied head (one parameter) trains as eager with AdamW", "[pipeline][train_step]") {
+  const GptConfig config{.vocab_size = 32, .block_size = 16, .n_layer = 1, .n_head = 2, .n_embd = 32};
+  train_and_compare<torch::optim::AdamW>(
+      [&] { return make_gpt(config); }, torch::optim::AdamWOptions(3e-3),
+      [&](int64_t i) { return synthetic_token_batch({config.vocab_size, config.block_size, 4, 0}, i); }, 20, kRtol, kAtol);
+}
+
+TEST_CASE("train step: the step count and the learning rate are graph inputs, not constants", "[pipeline][train_step]") {
+  Twins t = twins([] { return make_mlp({.in_features = 784, .hidden = {32}, .num_classes = 10}); });
+  torch::optim::Adam compiled_opt(t.compiled.module->parameters(), torch::optim::AdamOptions(1e-2));
+  torch::optim::Adam eager_opt(t.eager.module->parameters(), torch::optim::AdamOptions(1e-2));
+  TrainStep step = compile_train_step(t.compiled.module, compiled_opt, loss_of(t.compiled));
+  const BatchFn batches = fashion_mnist_batches(16);
+  // A schedule that changes the rate at every step, set on each optimizer as
+  // a torch::optim scheduler would set it.
+  for (int64_t i = 0; i < 30; ++i) {
+    const double lr = 1e-2 * (1 + std::cos(M_PI * static_cast<double>(i) / 30)) / 2;
+    static_cast<torch::optim::AdamOptions&>(compiled_opt.param_groups()[0].options()).lr(lr);
+    static_cast<torch::optim::AdamOptions&>(eager_opt.param_groups()[0].options()).lr(lr);
+    const Batch b = batches(i);
+    step({b.inputs, b.targets});
+    eager_step(t.eager, eager_opt, b);
+  }
+  require_same_state(t.compiled, t.eager, kRtol, kAtol);
+
+  const crucible::ir::Graph& g = step.graph();
+  const auto& sig = g.signature();
+  const auto state = sig.inputs_of(crucible::ir::InputKind::State);
+  // step, exp_avg and exp_avg_sq of 4 parameters, then the learning rate.
+  REQUIRE(state.size() == 4 * 3 + 1);
+  CHECK(sig.inputs[state.back()].target == "lr");
+  CHECK(sig.inputs[state.front()].target == "fc1.weight.step");
+  CHECK(sig.inputs_of(crucible::ir::InputKind::Parameter).size() == 4);
+  CHECK(sig.inputs_of(crucible::ir::InputKind::UserInput).size() == 2);
+  REQUIRE(sig.outputs.size() == 1);
+  CHECK(sig.outputs[0].kind == crucible::ir::OutputKind::Loss);
+  // The optimizer's state has counted the 30 steps.
+  for (const ParamState& s : step.optimizer_state().params) CHECK(s.step.item<double>() == 30);
+}
+
+TEST_CASE("train step: compiling changes nothing; a new batch size compiles again", "[pipeline][train_step]") {
+  Twins t = twins([] { return make_convnet(); });
+  torch::optim::SGD compiled_opt(t.compiled.module->parameters(), torch::optim::SGDOptions(0.1).momentum(0.5));
+  torch::optim::SGD eager_opt(t.eager.module->parameters(), torch::optim::SGDOptions(0.1).momentum(0.5));
+  TrainStep step = compile_train_step(t.compiled.module, compiled_opt, loss_of(t.compiled));
+  const std::vector<at::Tensor> before = snapshot(t.compiled);
+  const Batch first = fashion_mnist_batches(8)(0);
+  step.compile({first.inputs, first.targets});
+  REQUIRE(step.num_compilations() == 1);
+  const std::vector<at::Tensor> after = snapshot(t.compiled);
+  for (size_t i = 0; i < before.size(); ++i) REQUIRE_EQUAL_TENSORS(after[i], before[i]);
+  for (const ParamState& s : step.optimizer_state().params) REQUIRE(s.step.item<double>() == 0);
+
+  for (int64_t i = 0; i < 4; ++i) {
+    const Batch b = fashion_mnist_batches(i % 2 ? 8 : 5)(i);
+    REQUIRE_CLOSE(step({b.inputs, b.targets}), eager_step(t.eager, eager_opt, b), kRtol, kAtol);
+  }
+  CHECK(step.num_compilations() == 2);
+  require_same_state(t.compiled, t.eager, kRtol, kAtol);
+}
+
+TEST_CASE("train step: a compiled step resumes from the state eager steps left in the optimizer",
+          "[pipeline][train_step]") {
+  Twins t = twins([] { return make_mlp({.in_features = 784, .hidden = {32}, .num_classes = 10}); });
+  torch::optim::Adam compiled_opt(t.compiled.module->parameters(), torch::optim::AdamOptions(1e-2).amsgrad(true));
+  torch::optim::Adam eager_opt(t.eager.module->parameters(), torch::optim::AdamOptions(1e-2).amsgrad(true));
+  const BatchFn batches = fashion_mnist_batches(16);
+  for (int64_t i = 0; i < 3; ++i) {
+    eager_step(t.compiled, compiled_opt, batches(i));
+    eager_step(t.eager, eager_opt, batches(i));
+  }
+  TrainStep step = compile_train_step(t.compiled.module, compiled_opt, loss_of(t.compiled));
+  for (int64_t i = 3; i < 10; ++i) {
+    const Batch b = batches(i);
+    REQUIRE_CLOSE(step({b.inputs, b.targets}), eager_step(t.eager, eager_opt, b), kRtol, kAtol);
+  }
+  require_same_state(t.compiled, t.eager, kRtol, kAtol);
+}
+
+TEST_CASE("train step: clear errors for optimizers it cannot compile", "[pipeline][train_step][errors]") {
+  Model m = make_mlp({.in_features = 4, .hidden = {}, .num_classes = 2});
+  const LossFn loss = loss_of(m);
+  SECTION("a tensor that is not a parameter of the module") {
+    torch::optim::SGD opt({at::zeros({3}, at::requires_grad())}, torch::optim::SGDOptions(0.1));
+    CHECK_THROWS_WITH(compile_train_step(m.module, opt, loss), CRUCIBLE_HAS_SUBSTR("not a parameter of the module"));
+  }
+  SECTION("an optimizer without a traceable update") {
+    torch::optim::Adagrad opt(m.module->parameters(), torch::optim::AdagradOptions(0.1));
+    CHECK_THROWS_AS(compile_train_step(m.module, opt, loss), PipelineError);
+  }
+  SECTION("a loss that is not a scalar") {
+    torch::optim::SGD opt(m.module->parameters(), torch::optim::SGDOptions(0.1));
+    TrainStep step = compile_train_step(m.module, opt, [&](torch::nn::Module&, const std::vector<at::Tensor>& b) {
+      return m.forward(b[0]);
+    });
+    CHECK_THROWS_WITH(step({at::ones({2, 4}), at::zeros({2}, at::kLong)}), CRUCIBLE_HAS_SUBSTR("0-dim"));
+  }
+}

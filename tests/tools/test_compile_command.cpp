@@ -1,0 +1,73 @@
+// `crucible compile --dump-dir`: every stage's graph on disk (the training
+// step, and the joint, forward and backward graphs of the AOT path), in forms
+// that read back.
+#include "catch.h"
+#include "cli.h"
+
+#include <crucible/ir/graph.h>
+#include <crucible/ir/parser.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <unistd.h>
+
+using crucible::testing::run_cli;
+
+namespace {
+
+std::string read(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool graphviz_installed() {
+  for (const char* dir : {"/usr/bin", "/usr/local/bin"})
+    if (::access((std::string(dir) + "/dot").c_str(), X_OK) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("crucible compile writes each stage's graph as text and DOT", "[tools][compile]") {
+  const std::string dir = "/tmp/crucible_compile_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const auto r = run_cli("compile --model mlp --optimizer sgd --dump-dir " + dir);
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  // The traced step, then the passes that changed it.
+  const std::string traced = dir + "/train_step.00.trace.txt";
+  REQUIRE(std::filesystem::exists(traced));
+  REQUIRE(std::filesystem::exists(dir + "/train_step.00.trace.dot"));
+  CHECK_THAT(read(dir + "/train_step.00.trace.dot"), CRUCIBLE_HAS_SUBSTR("digraph"));
+  if (graphviz_installed()) CHECK(std::filesystem::exists(dir + "/train_step.00.trace.svg"));
+  // The text form parses back: the training step with its loss and its state.
+  const crucible::ir::Graph g = crucible::ir::parse(read(traced));
+  const auto& sig = g.signature();
+  CHECK(sig.outputs_of(crucible::ir::OutputKind::Loss).size() == 1);
+  CHECK(sig.inputs_of(crucible::ir::InputKind::Parameter).size() == 6);
+  // SGD with momentum: step and momentum buffer per parameter, and the rate.
+  CHECK(sig.inputs_of(crucible::ir::InputKind::State).size() == 6 * 2 + 1);
+  CHECK_THAT(r.out, CRUCIBLE_HAS_SUBSTR("generates no code"));
+  CHECK_THAT(r.out, CRUCIBLE_HAS_SUBSTR(traced));
+  // The AOT path: the joint graph as traced, then its two parts.
+  const std::string joint = dir + "/joint.00.input.txt";
+  REQUIRE(std::filesystem::exists(joint));
+  REQUIRE(std::filesystem::exists(dir + "/forward.00.partition.txt"));
+  REQUIRE(std::filesystem::exists(dir + "/backward.00.partition.txt"));
+  const crucible::ir::Graph forward = crucible::ir::parse(read(dir + "/forward.00.partition.txt"));
+  const crucible::ir::Graph backward = crucible::ir::parse(read(dir + "/backward.00.partition.txt"));
+  // The backward returns one gradient per parameter; the forward's outputs
+  // are the loss and the values saved for the backward.
+  CHECK(backward.signature().outputs_of(crucible::ir::OutputKind::Gradient).size() == 6);
+  CHECK(forward.signature().outputs_of(crucible::ir::OutputKind::SavedValue).size() > 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("crucible compile needs --dump-dir", "[tools][compile][errors]") {
+  const auto r = run_cli("compile --model mlp");
+  CHECK(r.exit_code != 0);
+  CHECK_THAT(r.err, CRUCIBLE_HAS_SUBSTR("--dump-dir"));
+}

@@ -1,0 +1,114 @@
+// `crucible train`: a short run as a user starts it, checked through its
+// --json line (every field) and its error paths.
+#include "catch.h"
+#include "cli.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+using crucible::testing::run_cli;
+
+namespace {
+
+// The Fashion-MNIST directory meson passes (the package's, or a carried copy).
+std::string data_dir() {
+  const char* dir = std::getenv("CRUCIBLE_FASHION_MNIST_DIR");
+  return dir && *dir ? dir : "/usr/share/datasets/fashion-mnist";
+}
+
+nlohmann::json last_line_json(const std::string& out) {
+  std::string s = out;
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  const size_t nl = s.rfind('\n');
+  return nlohmann::json::parse(nl == std::string::npos ? s : s.substr(nl + 1));
+}
+
+}  // namespace
+
+TEST_CASE("crucible train --check-eager --json: every field, and the compiled run agrees with eager",
+          "[tools][train]") {
+  const auto r = run_cli("train --model convnet --steps 40 --batch 32 --check-eager --json --data-dir " + data_dir());
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  const nlohmann::json j = last_line_json(r.out);
+  for (const char* field : {"model", "backend", "steps", "final_loss", "test_accuracy", "samples_per_s", "compile_s",
+                            "eager_final_loss", "max_param_diff", "eager_test_accuracy"}) {
+    INFO(field);
+    CHECK(j.contains(field));
+  }
+  CHECK(j["model"] == "convnet");
+  CHECK(j["backend"] == "interpreter");
+  CHECK(j["steps"] == 40);
+  CHECK(j["samples_per_s"].get<double>() > 0);
+  // Per-stage compile times: the trace, each default pass, the backend.
+  for (const char* stage : {"trace", "dce", "cse", "backend"}) {
+    INFO(stage);
+    REQUIRE(j["compile_s"].contains(stage));
+    CHECK(j["compile_s"][stage].get<double>() >= 0);
+  }
+  // The same kernels on the same batches from the same weights (see
+  // tests/pipeline/test_train_step.cpp): the command's default tolerance,
+  // 1e-4, holds by a wide margin, as does the final loss.
+  CHECK(j["max_param_diff"].get<double>() <= 1e-4);
+  CHECK(std::abs(j["final_loss"].get<double>() - j["eager_final_loss"].get<double>()) <= 1e-4);
+  // 40 steps of Adam take a ConvNet well above chance (10%) on the test split;
+  // the compiled forward scores the compiled model as eager scores its copy.
+  CHECK(j["test_accuracy"].get<double>() > 0.4);
+  CHECK(j["test_accuracy"].get<double>() <= 1.0);
+  CHECK(std::abs(j["test_accuracy"].get<double>() - j["eager_test_accuracy"].get<double>()) <= 1e-3);
+  CHECK_THAT(r.out, CRUCIBLE_HAS_SUBSTR("agreement with eager: max |param diff|"));
+  CHECK_THAT(r.out, CRUCIBLE_HAS_SUBSTR("test accuracy:"));
+  // Progress goes to stderr; not a terminal here, so plain lines.
+  CHECK_THAT(r.err, CRUCIBLE_HAS_SUBSTR("train 40/40 (100%)"));
+}
+
+TEST_CASE("crucible train --backend eager compiles nothing", "[tools][train]") {
+  const auto r = run_cli("train --model mlp --steps 5 --batch 16 --optimizer sgd --backend eager --json --data-dir " +
+                         data_dir());
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  const nlohmann::json j = last_line_json(r.out);
+  CHECK(j["backend"] == "eager");
+  CHECK(j["optimizer"] == "sgd");
+  CHECK(j["compile_s"].empty());
+  CHECK_FALSE(j.contains("max_param_diff"));
+}
+
+TEST_CASE("crucible train trains the GPT on synthetic tokens", "[tools][train]") {
+  const auto r = run_cli("train --model gpt --steps 4 --batch 4 --optimizer adamw --json");
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  const nlohmann::json j = last_line_json(r.out);
+  CHECK(j["model"] == "gpt");
+  CHECK(j["dataset"] == "synthetic");
+  CHECK(j["steps"] == 4);
+}
+
+TEST_CASE("crucible train: a missing dataset names the path and the package", "[tools][train][errors]") {
+  const auto r = run_cli("train --model mlp --steps 2 --json --data-dir /nonexistent/fashion-mnist");
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, CRUCIBLE_HAS_SUBSTR("/nonexistent/fashion-mnist/train-images-idx3-ubyte.gz"));
+  CHECK_THAT(r.err, CRUCIBLE_HAS_SUBSTR("dataset-fashion-mnist"));
+  CHECK(r.out.find('{') == std::string::npos);
+}
+
+TEST_CASE("crucible train refuses contradictory options", "[tools][train][errors]") {
+  SECTION("the gpt on images") {
+    const auto r = run_cli("train --model gpt --dataset fashion-mnist --steps 1");
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.err, CRUCIBLE_HAS_SUBSTR("--dataset synthetic"));
+  }
+  SECTION("--epochs and --steps together") {
+    const auto r = run_cli("train --model mlp --epochs 1 --steps 3");
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.err, CRUCIBLE_HAS_SUBSTR("excludes"));
+  }
+  SECTION("an unknown backend") {
+    const auto r = run_cli("train --model mlp --backend tpu");
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.err, CRUCIBLE_HAS_SUBSTR("tpu"));
+  }
+}

@@ -1,0 +1,103 @@
+// `crucible compile --model M [--backend B] [--batch N] [--passes P,...]
+// [--optimizer ...] --dump-dir D [--no-svg]`: compile a zoo model with the
+// builder, as a whole training step and through the AOT path (joint graph,
+// forward, backward), and write every stage's graph to D (text, DOT, and SVG
+// where Graphviz is installed) and the code the backend generates, so that a
+// user can look at what each stage did.
+#include "commands.h"
+#include "training.h"
+
+#include <crucible/autograd/aot_module.h>
+#include <crucible/pipeline/backend_registry.h>
+#include <crucible/pipeline/builder.h>
+#include <crucible/pipeline/error.h>
+#include <crucible/pipeline/instruments.h>
+#include <crucible/pipeline/zoo.h>
+#include <crucible/runtime/timing.h>
+
+#include <CLI/CLI.hpp>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <iostream>
+#include <memory>
+
+namespace crucible::tools {
+namespace {
+
+struct CompileCommandOptions {
+  std::string model = "mlp";
+  std::string backend = pipeline::BackendRegistry::builtin().best().name;
+  std::vector<std::string> passes;
+  OptimizerFlags optimizer;
+  int64_t batch = 8;
+  std::string dump_dir;
+  bool svg = true;
+};
+
+void run_compile_command(const CompileCommandOptions& o) {
+  const pipeline::Model model = pipeline::make_model(o.model);
+  model.module->train();
+  const pipeline::Batch batch = model.example_batch(o.batch, /*seed=*/0);
+  const std::vector<at::Tensor> inputs = {batch.inputs, batch.targets};
+  std::unique_ptr<torch::optim::Optimizer> optimizer = o.optimizer.make(model.module->parameters());
+
+  const pipeline::BackendRegistry registry = pipeline::BackendRegistry::builtin();
+  const pipeline::BackendInfo& backend = registry.get(o.backend);
+  auto dumper = std::make_shared<pipeline::GraphDumper>(
+      pipeline::GraphDumpOptions{.dir = o.dump_dir, .svg = o.svg, .code = backend.generated_code});
+  pipeline::Builder builder;
+  builder.passes(o.passes).backend(o.backend).instrument(dumper);
+
+  // The training step: one graph (forward, backward, optimizer update).
+  runtime::PhaseTimer step_timer;
+  pipeline::Builder timed = builder;
+  timed.instrument(std::make_shared<pipeline::StageTimer>(step_timer));
+  const pipeline::TrainStep step = timed.compile_train_step(model.module, *optimizer, loss_of(model));
+  step.compile(inputs);
+  std::cout << "training step (" << o.optimizer.kind << ", batch " << o.batch << "), " << step.graph().num_nodes()
+            << " nodes: " << describe_stages(ordered_stages(step_timer, o.passes)) << "\n";
+
+  // The loss through the AOT path (Builder::compile over the module): the
+  // joint graph, its partition into forward and backward, each through the
+  // passes and the backend. The backward compiles at the first backward.
+  runtime::PhaseTimer aot_timer;
+  timed = builder;
+  timed.instrument(std::make_shared<pipeline::StageTimer>(aot_timer));
+  const autograd::AotModule aot =
+      timed.compile(model.module, [loss = loss_of(model)](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+        return std::vector<at::Tensor>{loss(m, in)};
+      });
+  aot(inputs).at(0).backward();
+  std::cout << "forward and backward (AOT): " << describe_stages(ordered_stages(aot_timer, o.passes))
+            << " (the joint trace runs inside aot_module)\n";
+
+  if (!backend.generated_code)
+    std::cout << "backend " << o.backend << " generates no code: it runs the graph of the last stage as it is\n";
+  std::cout << "wrote " << dumper->files().size() << " files:\n";
+  for (const std::string& f : dumper->files()) std::cout << "  " << f << "\n";
+}
+
+}  // namespace
+
+void add_compile_command(CLI::App& app) {
+  auto o = std::make_shared<CompileCommandOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "compile", "compile a zoo model's training step and write each stage's graph and the generated code");
+  cmd->add_option("--model", o->model, "model of the zoo")
+      ->check(CLI::IsMember(pipeline::model_names()))
+      ->capture_default_str();
+  cmd->add_option("--backend", o->backend, "compiler backend")
+      ->check(CLI::IsMember(pipeline::BackendRegistry::builtin().names()))
+      ->capture_default_str();
+  add_passes_option(*cmd, o->passes);
+  o->optimizer.add_to(*cmd);
+  cmd->add_option("--batch", o->batch, "batch size of the example inputs")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--dump-dir", o->dump_dir, "directory for the graphs and code (created if missing)")->required();
+  cmd->add_flag("!--no-svg", o->svg, "skip the SVG renderings (Graphviz)");
+  cmd->callback([o] { run_compile_command(*o); });
+}
+
+}  // namespace crucible::tools

@@ -1,0 +1,312 @@
+// `crucible train --model M --dataset D [--epochs E | --steps N] [--batch B]
+// [--lr X] [--optimizer sgd|adam|adamw] --backend B [--check-eager] [--json]`:
+// train a zoo model through the compiled training step (one graph: forward,
+// backward, optimizer update; see crucible/pipeline/train_step.h), or eagerly
+// with --backend eager; report per-stage compile times, throughput and the
+// test accuracy. --check-eager trains an eager copy from the same weights on
+// the same batches alongside and reports how far the two ended apart.
+#include "commands.h"
+#include "progress.h"
+#include "training.h"
+
+#include <crucible/autograd/aot_module.h>
+#include <crucible/pipeline/backend_registry.h>
+#include <crucible/pipeline/batcher.h>
+#include <crucible/pipeline/builder.h>
+#include <crucible/pipeline/error.h>
+#include <crucible/pipeline/fashion_mnist.h>
+#include <crucible/pipeline/instruments.h>
+#include <crucible/pipeline/synthetic_tokens.h>
+#include <crucible/pipeline/zoo.h>
+#include <crucible/runtime/timing.h>
+
+#include <ATen/ATen.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/utils.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <optional>
+
+namespace crucible::tools {
+namespace {
+
+struct TrainCommandOptions {
+  std::string model = "convnet";
+  std::string dataset;  // empty: fashion-mnist for image models, synthetic for the GPT
+  std::optional<int64_t> epochs;
+  std::optional<int64_t> steps;
+  int64_t batch = 32;
+  OptimizerFlags optimizer;
+  std::string backend = pipeline::BackendRegistry::builtin().best().name;
+  std::vector<std::string> passes;
+  bool check_eager = false;
+  bool json = false;
+  uint64_t seed = 0;
+  std::string data_dir = pipeline::kFashionMnistDir;
+  double tolerance = 1e-4;
+};
+
+constexpr int64_t kSyntheticSteps = 200;
+constexpr int64_t kTestBatch = 500;
+
+std::string sci(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1e", v);
+  return buf;
+}
+
+// Where batches come from: the training stream by step, and the held-out set.
+struct Data {
+  std::string description;
+  int64_t steps_per_epoch = 0;  // 0: a stream without epochs (synthetic)
+  std::function<pipeline::Batch(int64_t step)> train_batch;
+  std::vector<pipeline::Batch> test_batches;
+};
+
+Data fashion_mnist_data(const TrainCommandOptions& o) {
+  pipeline::FashionMnist train = pipeline::load_fashion_mnist(pipeline::Split::Train, o.data_dir);
+  pipeline::FashionMnist test = pipeline::load_fashion_mnist(pipeline::Split::Test, o.data_dir);
+  Data d;
+  d.description = "fashion-mnist (" + std::to_string(train.images.size(0)) + " training, " +
+                  std::to_string(test.images.size(0)) + " test images)";
+  // The last, smaller batch of an epoch is dropped: every step has one shape,
+  // so the step compiles once.
+  auto batcher = std::make_shared<pipeline::Batcher>(
+      train.images, train.labels, pipeline::BatcherOptions{o.batch, /*shuffle=*/true, o.seed, /*drop_last=*/true});
+  d.steps_per_epoch = batcher->batches_per_epoch();
+  if (d.steps_per_epoch == 0)
+    throw pipeline::PipelineError("--batch " + std::to_string(o.batch) + " is larger than the training set");
+  auto epoch = std::make_shared<std::optional<std::pair<int64_t, pipeline::Epoch>>>();
+  d.train_batch = [batcher, epoch, per_epoch = d.steps_per_epoch](int64_t step) {
+    const int64_t e = step / per_epoch;
+    if (!*epoch || (*epoch)->first != e) epoch->emplace(e, batcher->epoch(e));
+    return (*epoch)->second[step % per_epoch];
+  };
+  for (int64_t i = 0; i < test.images.size(0); i += kTestBatch)
+    d.test_batches.push_back({test.images.slice(0, i, i + kTestBatch), test.labels.slice(0, i, i + kTestBatch)});
+  return d;
+}
+
+Data synthetic_data(const TrainCommandOptions& o, const pipeline::Model& model) {
+  Data d;
+  if (o.model == "gpt") {
+    const pipeline::GptConfig c;
+    const pipeline::SyntheticTokenOptions train{c.vocab_size, c.block_size, o.batch, o.seed};
+    pipeline::SyntheticTokenOptions test = train;
+    test.seed = o.seed + 1'000'003;  // another stream: held out
+    d.description = "synthetic token sequences (vocabulary " + std::to_string(c.vocab_size) + ", length " +
+                    std::to_string(c.block_size) + ")";
+    d.train_batch = [train](int64_t step) { return pipeline::synthetic_token_batch(train, step); };
+    for (int64_t i = 0; i < 10; ++i) d.test_batches.push_back(pipeline::synthetic_token_batch(test, i));
+  } else {
+    d.description = "synthetic images (N(0, 1) pixels, uniform labels: nothing to learn)";
+    d.train_batch = [examples = model.example_batch, b = o.batch, seed = o.seed](int64_t step) {
+      return examples(b, seed + static_cast<uint64_t>(step));
+    };
+    for (int64_t i = 0; i < 10; ++i) d.test_batches.push_back(model.example_batch(o.batch, o.seed + 1'000'000 + i));
+  }
+  return d;
+}
+
+// Top-1 accuracy of `forward` over the held-out batches, with `module` in
+// eval mode and no gradients (every position counts for the GPT).
+double test_accuracy(torch::nn::Module& module, const std::function<at::Tensor(const at::Tensor&)>& forward,
+                     const std::vector<pipeline::Batch>& batches, int64_t* counted) {
+  module.eval();
+  at::NoGradGuard no_grad;
+  int64_t correct = 0, total = 0;
+  for (const pipeline::Batch& b : batches) {
+    const at::Tensor predicted = forward(b.inputs).argmax(-1);
+    correct += predicted.eq(b.targets).sum().item<int64_t>();
+    total += b.targets.numel();
+  }
+  module.train();
+  *counted = total;
+  return total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
+}
+
+at::Tensor eager_step(const pipeline::Model& m, torch::optim::Optimizer& opt, const pipeline::Batch& b) {
+  opt.zero_grad();
+  at::Tensor loss = m.loss(m.forward(b.inputs), b.targets);
+  loss.backward();
+  opt.step();
+  return loss.detach();
+}
+
+double max_param_diff(const torch::nn::Module& a, const torch::nn::Module& b) {
+  double diff = 0;
+  auto pb = b.named_parameters();
+  for (const auto& p : a.named_parameters())
+    diff = std::max(diff, (p.value() - pb[p.key()]).abs().max().item<double>());
+  return diff;
+}
+
+void run_train_command(const TrainCommandOptions& o) {
+  const bool gpt = o.model == "gpt";
+  const std::string dataset = o.dataset.empty() ? (gpt ? "synthetic" : "fashion-mnist") : o.dataset;
+  if (gpt && dataset == "fashion-mnist")
+    throw pipeline::PipelineError("the gpt model trains on token sequences: use --dataset synthetic");
+  if (dataset == "synthetic" && o.epochs)
+    throw pipeline::PipelineError("synthetic data is a stream without epochs: use --steps");
+  const double lr = o.optimizer.effective_lr();
+  const bool compiled = o.backend != "eager";
+
+  torch::manual_seed(o.seed);
+  const pipeline::Model model = pipeline::make_model(o.model);
+  model.module->train();
+  const Data data = dataset == "synthetic" ? synthetic_data(o, model) : fashion_mnist_data(o);
+  const int64_t steps =
+      o.steps ? *o.steps : (data.steps_per_epoch ? o.epochs.value_or(1) * data.steps_per_epoch : kSyntheticSteps);
+  std::unique_ptr<torch::optim::Optimizer> optimizer = o.optimizer.make(model.module->parameters());
+
+  std::optional<pipeline::Model> eager;
+  std::unique_ptr<torch::optim::Optimizer> eager_optimizer;
+  if (o.check_eager) {
+    eager.emplace(pipeline::make_model(o.model));
+    pipeline::copy_state(*model.module, *eager->module);
+    eager->module->train();
+    eager_optimizer = o.optimizer.make(eager->module->parameters());
+  }
+
+  int64_t num_params = 0;
+  for (const auto& p : model.module->parameters()) num_params += p.numel();
+  std::cout << "model " << o.model << " (" << num_params << " parameters) on " << data.description << "\n"
+            << "optimizer " << o.optimizer.kind << " lr " << lr << ", batch " << o.batch << ", " << steps << " steps";
+  if (data.steps_per_epoch) std::cout << " (" << data.steps_per_epoch << " per epoch)";
+  std::cout << ", backend " << o.backend << "\n";
+
+  // Compile before the loop, so that throughput counts steps only.
+  pipeline::Builder builder;
+  if (compiled) builder.passes(o.passes).backend(o.backend);
+  runtime::PhaseTimer timer;
+  std::optional<pipeline::TrainStep> step;
+  std::vector<std::pair<std::string, double>> compile_s;
+  if (compiled) {
+    pipeline::Builder timed = builder;
+    timed.instrument(std::make_shared<pipeline::StageTimer>(timer));
+    step = timed.compile_train_step(model.module, *optimizer, loss_of(model));
+    const pipeline::Batch first = data.train_batch(0);
+    step->compile({first.inputs, first.targets});
+    compile_s = ordered_stages(timer, o.passes);
+    std::cout << "compile (" << o.backend << "): " << describe_stages(compile_s) << "\n";
+  }
+  std::cout.flush();
+
+  using clock = std::chrono::steady_clock;
+  double train_s = 0, eager_s = 0, loss = 0, eager_loss = 0;
+  ProgressBar bar("train", steps);
+  for (int64_t i = 0; i < steps; ++i) {
+    const pipeline::Batch b = data.train_batch(i);
+    auto start = clock::now();
+    loss = (compiled ? (*step)({b.inputs, b.targets}) : eager_step(model, *optimizer, b)).item<double>();
+    train_s += std::chrono::duration<double>(clock::now() - start).count();
+    if (eager) {
+      start = clock::now();
+      eager_loss = eager_step(*eager, *eager_optimizer, b).item<double>();
+      eager_s += std::chrono::duration<double>(clock::now() - start).count();
+    }
+    bar.update(i + 1, "loss " + fixed(loss, 4) + "  " +
+                          fixed(static_cast<double>((i + 1) * o.batch) / train_s, 0) + " samples/s");
+  }
+  const double samples_per_s = static_cast<double>(steps * o.batch) / train_s;
+  bar.finish("loss " + fixed(loss, 4) + "  " + fixed(samples_per_s, 0) + " samples/s");
+
+  // The test split through the forward compiled by the same builder (its AOT
+  // inference path), or eagerly with --backend eager.
+  std::function<at::Tensor(const at::Tensor&)> forward = model.forward;
+  std::optional<autograd::AotModule> compiled_forward;
+  if (compiled) {
+    compiled_forward = builder.compile(model.module, [f = model.forward](torch::nn::Module&, const std::vector<at::Tensor>& in) {
+      return std::vector<at::Tensor>{f(in.at(0))};
+    });
+    forward = [&compiled_forward](const at::Tensor& x) { return (*compiled_forward)({x}).at(0); };
+  }
+  int64_t counted = 0;
+  const double accuracy = test_accuracy(*model.module, forward, data.test_batches, &counted);
+  std::cout << "train: final loss " << fixed(loss, 4) << ", " << fixed(samples_per_s, 0) << " samples/s";
+  if (eager) {
+    const double eager_rate = static_cast<double>(steps * o.batch) / eager_s;
+    std::cout << " (eager copy: " << fixed(eager_rate, 0) << " samples/s; compiled/eager "
+              << fixed(samples_per_s / eager_rate, 2) << "x)";
+  }
+  std::cout << "\ntest accuracy: " << fixed(100 * accuracy, 2) << "% of " << counted
+            << (gpt ? " next tokens" : " examples")
+            << (compiled ? " (the forward compiled by the " + o.backend + " backend)" : std::string()) << "\n";
+
+  nlohmann::ordered_json j;
+  j["model"] = o.model;
+  j["backend"] = o.backend;
+  j["dataset"] = dataset;
+  j["optimizer"] = o.optimizer.kind;
+  j["batch"] = o.batch;
+  j["steps"] = steps;
+  j["final_loss"] = loss;
+  j["test_accuracy"] = accuracy;
+  j["samples_per_s"] = samples_per_s;
+  j["compile_s"] = nlohmann::ordered_json::object();
+  for (const auto& [stage, s] : compile_s) j["compile_s"][stage] = s;
+  bool agree = true;
+  if (eager) {
+    const double diff = max_param_diff(*model.module, *eager->module);
+    agree = diff <= o.tolerance;
+    int64_t eager_counted = 0;
+    const double eager_accuracy = test_accuracy(*eager->module, eager->forward, data.test_batches, &eager_counted);
+    j["eager_final_loss"] = eager_loss;
+    j["max_param_diff"] = diff;
+    j["eager_test_accuracy"] = eager_accuracy;
+    j["eager_samples_per_s"] = static_cast<double>(steps * o.batch) / eager_s;
+    std::cout << "agreement with eager: max |param diff| " << sci(diff) << ", final loss " << fixed(loss, 6)
+              << " vs " << fixed(eager_loss, 6) << " (|diff| " << sci(std::abs(loss - eager_loss)) << "), test accuracy " << fixed(100 * accuracy, 2) << "% vs "
+              << fixed(100 * eager_accuracy, 2) << "%: " << (agree ? "agree" : "DIFFER") << " within "
+              << sci(o.tolerance) << "\n";
+  }
+  if (o.json) std::cout << j.dump() << "\n";
+  std::cout.flush();
+  if (!agree)
+    throw pipeline::PipelineError("the compiled training ended more than --tolerance " + sci(o.tolerance) +
+                                  " away from the eager copy");
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  auto o = std::make_shared<TrainCommandOptions>();
+  CLI::App* cmd = app.add_subcommand("train", "train a zoo model through the compiled training step");
+  cmd->add_option("--model", o->model, "model of the zoo")
+      ->check(CLI::IsMember(pipeline::model_names()))
+      ->capture_default_str();
+  cmd->add_option("--dataset", o->dataset, "training data (default: fashion-mnist, synthetic for gpt)")
+      ->check(CLI::IsMember({"fashion-mnist", "synthetic"}));
+  auto* epochs = cmd->add_option("--epochs", o->epochs, "passes over the training set (default 1)")
+                     ->check(CLI::PositiveNumber);
+  auto* steps = cmd->add_option("--steps", o->steps, "training steps (default: one epoch; 200 on synthetic data)")
+                    ->check(CLI::PositiveNumber);
+  epochs->excludes(steps);
+  cmd->add_option("--batch", o->batch, "batch size; an epoch's last, smaller batch is dropped")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  o->optimizer.add_to(*cmd);
+  std::vector<std::string> backends = pipeline::BackendRegistry::builtin().names();
+  backends.insert(backends.begin(), "eager");
+  cmd->add_option("--backend", o->backend, "eager (no compilation), or a compiler backend")
+      ->check(CLI::IsMember(backends))
+      ->capture_default_str();
+  add_passes_option(*cmd, o->passes);
+  cmd->add_flag("--check-eager", o->check_eager,
+                "train an eager copy from the same weights on the same batches and compare");
+  cmd->add_option("--tolerance", o->tolerance,
+                  "with --check-eager: the largest parameter difference that counts as agreement (exit 1 beyond)")
+      ->capture_default_str();
+  cmd->add_flag("--json", o->json, "print one JSON object with the results as the last line");
+  cmd->add_option("--seed", o->seed, "seed of the initial weights and of the batch order")->capture_default_str();
+  cmd->add_option("--data-dir", o->data_dir, "where the Fashion-MNIST files are")->capture_default_str();
+  cmd->callback([o] { run_train_command(*o); });
+}
+
+}  // namespace crucible::tools
