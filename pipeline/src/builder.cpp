@@ -92,13 +92,20 @@ Builder& Builder::decompositions(tracer::DecompositionTable table) {
   return *this;
 }
 
+Builder& Builder::passes(const std::vector<std::string>& names) {
+  passes_ = ir::PassRegistry::builtin().passes(names);
+  return *this;
+}
+
 Builder& Builder::passes(const std::vector<std::string>& names, const ir::PassRegistry& registry) {
   passes_ = registry.passes(names);
+  user_compilers_ = true;
   return *this;
 }
 
 Builder& Builder::add_pass(ir::Pass pass) {
   passes_.push_back(std::move(pass));
+  user_compilers_ = true;
   return *this;
 }
 
@@ -113,10 +120,19 @@ Builder& Builder::partitioner(partitioner::PartitionFn partition_fn) {
   return *this;
 }
 
+Builder& Builder::backend(std::string_view name) {
+  const BackendRegistry builtin = BackendRegistry::builtin();  // outlives the entry read from it
+  const BackendInfo& info = builtin.get(name);
+  backend_name_ = info.name;
+  backend_ = info.compile;
+  return *this;
+}
+
 Builder& Builder::backend(std::string_view name, const BackendRegistry& registry) {
   const BackendInfo& info = registry.get(name);
   backend_name_ = info.name;
   backend_ = info.compile;
+  user_compilers_ = true;
   return *this;
 }
 
@@ -124,13 +140,29 @@ Builder& Builder::backend(std::string name, ir::Backend backend) {
   if (!backend) throw PipelineError("Builder::backend: backend '" + name + "' is an empty function");
   backend_name_ = std::move(name);
   backend_ = std::move(backend);
+  user_compilers_ = true;
   return *this;
 }
 
 Builder& Builder::add_wrapper(std::shared_ptr<runtime::GraphWrapper> wrapper) {
   if (!wrapper) throw PipelineError("Builder::add_wrapper: the wrapper is null");
   wrappers_.push_back(std::move(wrapper));
+  user_compilers_ = true;
   return *this;
+}
+
+Builder& Builder::compiler_key(std::string key) {
+  compiler_key_ = std::move(key);
+  return *this;
+}
+
+// See Note [Builder compiler key].
+std::string Builder::compiler_key() const {
+  if (compiler_key_) return *compiler_key_;
+  if (user_compilers_) return {};
+  std::string key = "backend=" + backend_name_ + ";passes=";
+  for (size_t i = 0; i < passes_.size(); ++i) key += (i ? "," : "") + passes_[i].name;
+  return key;
 }
 
 Builder& Builder::instrument(std::shared_ptr<StageInstrument> instrument) {
@@ -189,6 +221,7 @@ autograd::AotConfig Builder::aot_config() const {
         });
   };
   config.decompositions = trace_options_.decompositions;
+  config.compiler_key = compiler_key();
   return config;
 }
 

@@ -1,5 +1,6 @@
 // The builder: each stage replaceable, instruments around every stage, and
 // what it compiles equal to eager.
+#include <crucible/autograd/aot_cache.h>
 #include <crucible/autograd/aot_module.h>
 #include <crucible/ir/graph.h>
 #include <crucible/pipeline/backend_registry.h>
@@ -173,6 +174,50 @@ TEST_CASE("builder: compile() runs the AOT path through the builder's partitione
                                 "before:backend:forward", "after:backend:forward",
                                 "before:count:backward", "after:count:backward",
                                 "before:backend:backward", "after:backend:backward"});
+}
+
+TEST_CASE("builder: compile() shares compiled graphs between callables only when its compilers have a key",
+          "[pipeline][builder]") {
+  // Counts the backend stages this builder's compilers run (a graph-cache
+  // hit skips them, Note [Builder compiler key]).
+  auto count_backend_runs = [](Builder b, int callables) {
+    auto recorder = std::make_shared<Recorder>();
+    b.instrument(recorder);
+    at::manual_seed(5);
+    const std::vector<at::Tensor> data = {at::randn({4, 6}), at::randn({5, 6}), at::randn({5}), at::randn({3, 5})};
+    for (int c = 0; c < callables; ++c) {
+      auto compiled = b.compile(mlp_fn);  // a new callable: its own guard cache
+      std::vector<at::Tensor> in, eager_in;
+      for (size_t i = 0; i < data.size(); ++i) {
+        in.push_back(data[i].clone().requires_grad_(i > 0));
+        eager_in.push_back(data[i].clone().requires_grad_(i > 0));
+      }
+      const at::Tensor out = compiled(in)[0];
+      const at::Tensor ref = mlp_fn(eager_in)[0];
+      out.sum().backward();
+      ref.sum().backward();
+      // Shared or not, each callable computes eager's values and gradients
+      // (same kernels; the backward may accumulate in another order).
+      REQUIRE_CLOSE(out.detach(), ref.detach(), 1e-6, 1e-6);
+      for (size_t i = 1; i < in.size(); ++i) REQUIRE_CLOSE(in[i].grad(), eager_in[i].grad(), 1e-6, 1e-6);
+    }
+    return std::count_if(recorder->events.begin(), recorder->events.end(),
+                         [](const std::string& e) { return e.rfind("before:backend:", 0) == 0; });
+  };
+  autograd::default_aot_cache()->clear();
+  const Builder builtin;
+  CHECK(builtin.compiler_key() == "backend=" + builtin.backend_name() + ";passes=dce,cse");
+  // Forward and backward compiled once for both callables.
+  CHECK(count_backend_runs(builtin, 2) == 2);
+
+  Builder with_user_pass;
+  with_user_pass.add_pass({"noop", [](ir::Graph&) {}});
+  CHECK(with_user_pass.compiler_key().empty());
+  CHECK(count_backend_runs(with_user_pass, 2) == 4);  // user code: never shared
+
+  Builder named = with_user_pass;
+  named.compiler_key("noop-pass-v1");  // the caller vouches for its compilers
+  CHECK(count_backend_runs(named, 2) == 2);
 }
 
 TEST_CASE("builder: after_stage runs in reverse order, so the first instrument wraps the others",

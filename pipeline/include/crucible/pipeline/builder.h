@@ -24,6 +24,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,6 +34,20 @@ namespace crucible::pipeline {
 /// A value type: setters return *this for chaining; copies are independent
 /// (instruments and wrappers are shared pointers, shared by the copies).
 /// See Note [Compilation stages] in instrument.h for what runs when.
+// Note [Builder compiler key]
+// compile() goes through AOTAutograd, whose graph cache lets callables that
+// trace to the same graph share one backend call when their compilers carry
+// the same key. A builder made only of Crucible's own stages — passes by name
+// from ir::PassRegistry::builtin(), a backend by name from
+// BackendRegistry::builtin(), no wrappers — knows what its compilers do, so
+// its key is derived from those names ("backend=interpreter;passes=dce,cse").
+// Once user code joins the chain (add_pass, a registry of the caller's, a
+// backend function, a wrapper) the builder cannot vouch for it and the key is
+// empty: no sharing, unless the caller names the compilers with
+// compiler_key(std::string). Instruments are not part of the key: they see,
+// they do not change, and a cache hit skips the pass and backend stages'
+// events (the trace and partition stages still run).
+
 class Builder {
  public:
   /// The defaults: real-mode tracing without decompositions, the passes
@@ -52,10 +67,13 @@ class Builder {
   Builder& trace_options(tracer::TraceOptions options);
   /// Replaces the decomposition table of the trace options.
   Builder& decompositions(tracer::DecompositionTable table);
-  /// Replaces the pass list with passes by name from `registry` (default:
-  /// ir::PassRegistry::builtin()); `passes({})` empties it. Throws ir::IrError
-  /// naming an unknown pass and listing the known ones.
-  Builder& passes(const std::vector<std::string>& names, const ir::PassRegistry& registry = ir::PassRegistry::builtin());
+  /// Replaces the pass list with Crucible's passes by name
+  /// (ir::PassRegistry::builtin()); `passes({})` empties it. Throws
+  /// ir::IrError naming an unknown pass and listing the known ones.
+  Builder& passes(const std::vector<std::string>& names);
+  /// The same from a registry of the caller's (its passes are user code: see
+  /// compiler_key()).
+  Builder& passes(const std::vector<std::string>& names, const ir::PassRegistry& registry);
   /// Appends a pass (a user pass, or one from any registry) to the list.
   Builder& add_pass(ir::Pass pass);
   /// Verify the graph before the first pass and after each (ir::PassManager's
@@ -63,9 +81,11 @@ class Builder {
   Builder& verify_passes(bool verify);
   /// Splits joint graphs for compile() (see partitioner/partition.h).
   Builder& partitioner(partitioner::PartitionFn partition_fn);
-  /// A backend by name from `registry` (default: BackendRegistry::builtin()).
-  /// Throws PipelineError naming an unknown backend and listing the known ones.
-  Builder& backend(std::string_view name, const BackendRegistry& registry = BackendRegistry::builtin());
+  /// A backend by name from BackendRegistry::builtin(). Throws PipelineError
+  /// naming an unknown backend and listing the known ones.
+  Builder& backend(std::string_view name);
+  /// The same from a registry of the caller's (user code: see compiler_key()).
+  Builder& backend(std::string_view name, const BackendRegistry& registry);
   /// A user backend, under a name for reports.
   Builder& backend(std::string name, ir::Backend backend);
   /// Appends a runtime wrapper around the backend (runtime/compiler_wrapper.h;
@@ -73,11 +93,19 @@ class Builder {
   Builder& add_wrapper(std::shared_ptr<runtime::GraphWrapper> wrapper);
   /// Appends an instrument; see instrument.h and instruments.h.
   Builder& instrument(std::shared_ptr<StageInstrument> instrument);
+  /// Names the compilers this builder makes, for the graph cache that
+  /// compile() shares between callables (autograd::AotConfig::compiler_key,
+  /// Note [AOT graph cache]): builders with one key promise to compile a
+  /// graph alike. Empty: never share. See Note [Builder compiler key].
+  Builder& compiler_key(std::string key);
 
   const tracer::TraceOptions& trace_options() const { return trace_options_; }
   const std::vector<ir::Pass>& passes() const { return passes_; }
   const std::string& backend_name() const { return backend_name_; }
   const std::vector<std::shared_ptr<StageInstrument>>& instruments() const { return instruments_; }
+  /// The key compile() passes to the graph cache: the one set by
+  /// compiler_key(std::string), else derived per Note [Builder compiler key].
+  std::string compiler_key() const;
 
   // --- running one stage (for callers that compose their own compilation) --------
 
@@ -99,7 +127,7 @@ class Builder {
   ir::Backend graph_compiler(std::string graph_name) const;
   /// The builder's choices as AotConfig: fw/bw/inference compilers =
   /// graph_compiler("forward" / "backward" / "inference"), the partitioner
-  /// with "partition" stage events, the decompositions.
+  /// with "partition" stage events, the decompositions, compiler_key().
   autograd::AotConfig aot_config() const;
 
   // --- compiling ---------------------------------------------------------------
@@ -126,6 +154,8 @@ class Builder {
   ir::Backend backend_;
   runtime::WrapperList<runtime::GraphRequest> wrappers_;
   std::vector<std::shared_ptr<StageInstrument>> instruments_;
+  std::optional<std::string> compiler_key_;  // set by compiler_key(std::string)
+  bool user_compilers_ = false;  // a user pass, registry, backend or wrapper is in the chain
 };
 
 }  // namespace crucible::pipeline
