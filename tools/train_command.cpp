@@ -1,5 +1,5 @@
 // `crucible train --model M --dataset D [--epochs E | --steps N] [--batch B]
-// [--lr X] [--optimizer sgd|adam|adamw] --backend B [--check-eager] [--json]`:
+// [--lr X] [--optimizer sgd|adam|adamw] --backend B [--device cpu|cuda] [--check-eager] [--json]`:
 // train a zoo model through the compiled training step (one graph: forward,
 // backward, optimizer update; see crucible/pipeline/train_step.h), or eagerly
 // with --backend eager; report per-stage compile times, throughput and the
@@ -44,6 +44,7 @@ struct TrainCommandOptions {
   int64_t batch = 32;
   OptimizerFlags optimizer;
   std::string backend = pipeline::BackendRegistry::builtin().best().name;
+  std::string device = "cpu";
   std::vector<std::string> passes;
   bool check_eager = false;
   bool json = false;
@@ -131,6 +132,10 @@ double test_accuracy(torch::nn::Module& module, const std::function<at::Tensor(c
   return total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
 }
 
+pipeline::Batch on(const pipeline::Batch& b, const at::Device& device) {
+  return {b.inputs.to(device), b.targets.to(device)};
+}
+
 at::Tensor eager_step(const pipeline::Model& m, torch::optim::Optimizer& opt, const pipeline::Batch& b) {
   opt.zero_grad();
   at::Tensor loss = m.loss(m.forward(b.inputs), b.targets);
@@ -156,11 +161,17 @@ void run_train_command(const TrainCommandOptions& o) {
     throw pipeline::PipelineError("synthetic data is a stream without epochs: use --steps");
   const double lr = o.optimizer.effective_lr();
   const bool compiled = o.backend != "eager";
+  const at::Device device(o.device);
+  if (device.is_cuda() && !at::hasCUDA())
+    throw pipeline::PipelineError("--device cuda: no CUDA device is usable here (no GPU, or a LibTorch without "
+                                  "CUDA); train with --device cpu");
 
   torch::manual_seed(o.seed);
   const pipeline::Model model = pipeline::make_model(o.model);
+  model.module->to(device);
   model.module->train();
-  const Data data = dataset == "synthetic" ? synthetic_data(o, model) : fashion_mnist_data(o);
+  Data data = dataset == "synthetic" ? synthetic_data(o, model) : fashion_mnist_data(o);
+  for (pipeline::Batch& b : data.test_batches) b = on(b, device);
   const int64_t steps =
       o.steps ? *o.steps : (data.steps_per_epoch ? o.epochs.value_or(1) * data.steps_per_epoch : kSyntheticSteps);
   std::unique_ptr<torch::optim::Optimizer> optimizer = o.optimizer.make(model.module->parameters());
@@ -169,6 +180,7 @@ void run_train_command(const TrainCommandOptions& o) {
   std::unique_ptr<torch::optim::Optimizer> eager_optimizer;
   if (o.check_eager) {
     eager.emplace(pipeline::make_model(o.model));
+    eager->module->to(device);
     pipeline::copy_state(*model.module, *eager->module);
     eager->module->train();
     eager_optimizer = o.optimizer.make(eager->module->parameters());
@@ -179,7 +191,7 @@ void run_train_command(const TrainCommandOptions& o) {
   std::cout << "model " << o.model << " (" << num_params << " parameters) on " << data.description << "\n"
             << "optimizer " << o.optimizer.kind << " lr " << lr << ", batch " << o.batch << ", " << steps << " steps";
   if (data.steps_per_epoch) std::cout << " (" << data.steps_per_epoch << " per epoch)";
-  std::cout << ", backend " << o.backend << "\n";
+  std::cout << ", backend " << o.backend << " on " << device << "\n";
 
   // Compile before the loop, so that throughput counts steps only.
   pipeline::Builder builder;
@@ -191,7 +203,7 @@ void run_train_command(const TrainCommandOptions& o) {
     pipeline::Builder timed = builder;
     timed.instrument(std::make_shared<pipeline::StageTimer>(timer));
     step = timed.compile_train_step(model.module, *optimizer, loss_of(model));
-    const pipeline::Batch first = data.train_batch(0);
+    const pipeline::Batch first = on(data.train_batch(0), device);
     step->compile({first.inputs, first.targets});
     compile_s = ordered_stages(timer, o.passes);
     std::cout << "compile (" << o.backend << "): " << describe_stages(compile_s) << "\n";
@@ -202,7 +214,8 @@ void run_train_command(const TrainCommandOptions& o) {
   double train_s = 0, eager_s = 0, loss = 0, eager_loss = 0;
   ProgressBar bar("train", steps);
   for (int64_t i = 0; i < steps; ++i) {
-    const pipeline::Batch b = data.train_batch(i);
+    const pipeline::Batch b = on(data.train_batch(i), device);
+    // Reading the loss (item()) waits for the step's kernels: the time is the step's on any device.
     auto start = clock::now();
     loss = (compiled ? (*step)({b.inputs, b.targets}) : eager_step(model, *optimizer, b)).item<double>();
     train_s += std::chrono::duration<double>(clock::now() - start).count();
@@ -242,6 +255,7 @@ void run_train_command(const TrainCommandOptions& o) {
   nlohmann::ordered_json j;
   j["model"] = o.model;
   j["backend"] = o.backend;
+  j["device"] = device.str();
   j["dataset"] = dataset;
   j["optimizer"] = o.optimizer.kind;
   j["batch"] = o.batch;
@@ -296,6 +310,9 @@ void add_train_command(CLI::App& app) {
   backends.insert(backends.begin(), "eager");
   cmd->add_option("--backend", o->backend, "eager (no compilation), or a compiler backend")
       ->check(CLI::IsMember(backends))
+      ->capture_default_str();
+  cmd->add_option("--device", o->device, "where the model, the batches and the optimizer state live")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   add_passes_option(*cmd, o->passes);
   cmd->add_flag("--check-eager", o->check_eager,

@@ -2,6 +2,7 @@
 // --json line (every field) and its error paths.
 #include "catch.h"
 #include "cli.h"
+#include "testing.h"
 
 #include <nlohmann/json.hpp>
 
@@ -41,6 +42,7 @@ TEST_CASE("crucible train --check-eager --json: every field, and the compiled ru
   }
   CHECK(j["model"] == "convnet");
   CHECK(j["backend"] == "interpreter");
+  CHECK(j["device"] == "cpu");
   CHECK(j["steps"] == 40);
   CHECK(j["samples_per_s"].get<double>() > 0);
   // Per-stage compile times: the trace, each default pass, the backend.
@@ -63,6 +65,30 @@ TEST_CASE("crucible train --check-eager --json: every field, and the compiled ru
   CHECK_THAT(r.out, CRUCIBLE_HAS_SUBSTR("test accuracy:"));
   // Progress goes to stderr; not a terminal here, so plain lines.
   CHECK_THAT(r.err, CRUCIBLE_HAS_SUBSTR("train 40/40 (100%)"));
+}
+
+TEST_CASE("crucible train --device cuda trains on the GPU and agrees with an eager copy there", "[tools][train][cuda]") {
+  CRUCIBLE_REQUIRE_CUDA();
+  // cuDNN's weight-gradient kernels accumulate with atomics, in no fixed
+  // order, so the compiled and eager copies drift by float32 rounding over the
+  // 40 Adam steps instead of staying bitwise equal as on the CPU: 1e-3 bounds
+  // that drift, while a wrong graph would be off by the size of an update.
+  const auto r = run_cli("train --model convnet --steps 40 --batch 32 --device cuda --check-eager --tolerance 1e-3 "
+                         "--json --data-dir " + data_dir());
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  const nlohmann::json j = last_line_json(r.out);
+  CHECK(j["device"] == "cuda:0");
+  CHECK(j["max_param_diff"].get<double>() <= 1e-3);
+  CHECK(j["test_accuracy"].get<double>() > 0.4);
+  CHECK(std::abs(j["test_accuracy"].get<double>() - j["eager_test_accuracy"].get<double>()) <= 0.01);
+}
+
+TEST_CASE("crucible train --device cuda without a GPU says so", "[tools][train][errors]") {
+  if (at::hasCUDA()) CRUCIBLE_SKIP("a CUDA device is present: the error path does not apply");
+  const auto r = run_cli("train --model mlp --steps 1 --device cuda --data-dir " + data_dir());
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, CRUCIBLE_HAS_SUBSTR("--device cuda: no CUDA device is usable here"));
 }
 
 TEST_CASE("crucible train --backend eager compiles nothing", "[tools][train]") {
