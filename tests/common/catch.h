@@ -9,15 +9,16 @@
 #define CRUCIBLE_HAS_SUBSTR(s) Catch::Matchers::Contains(s)
 #endif
 
-/// Ends the test case as skipped (Catch2 3's SKIP; a warning and a return
-/// on Catch2 2, which has no skipped state). Use only for a missing machine
+/// Ends the test case as skipped (Catch2 3's SKIP; on Catch2 2, which has no
+/// skipped state, a warning starting with "skipped: ", which ./x counts, and a
+/// return). `msg` is a string literal. Use only for a missing machine
 /// capability, such as a CUDA device.
 #ifdef SKIP
 #define CRUCIBLE_SKIP(msg) SKIP(msg)
 #else
-#define CRUCIBLE_SKIP(msg) \
-  do {                     \
-    WARN(msg);             \
-    return;                \
+#define CRUCIBLE_SKIP(msg)  \
+  do {                      \
+    WARN("skipped: " msg);  \
+    return;                 \
   } while (0)
 #endif

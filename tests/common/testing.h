@@ -51,5 +51,5 @@ inline std::string mismatch(const at::Tensor& actual, const at::Tensor& expected
 /// the message as a skip under Catch2 2, which has no skipped state).
 #define CRUCIBLE_REQUIRE_CUDA()                                            \
   do {                                                                     \
-    if (!at::hasCUDA()) CRUCIBLE_SKIP("no CUDA device here: skipped");     \
+    if (!at::hasCUDA()) CRUCIBLE_SKIP("no CUDA device here");              \
   } while (0)

@@ -10,6 +10,22 @@
 #include <crucible/ir/verifier.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+// Nothing in Crucible names a symbol of libtorch_cuda, so a linker that drops
+// unreferenced libraries (--as-needed) would leave a CUDA build with no CUDA
+// kernels and every CUDA case below silently skipped. Loading the library is
+// what registers them; this holds with or without a GPU.
+TEST_CASE("a CUDA build registers LibTorch's CUDA kernels", "[ir][cuda]") {
+#ifndef CRUCIBLE_HAVE_CUDA
+  CRUCIBLE_SKIP("built without LibTorch's CUDA libraries");
+#else
+  const auto add = c10::Dispatcher::singleton().findSchema({"aten::add", "Tensor"});
+  REQUIRE(add.has_value());
+  INFO("libtorch_cuda.so is not loaded: check the link flags in meson.build");
+  REQUIRE(add->hasKernelForDispatchKey(c10::DispatchKey::CUDA));
+#endif
+}
 
 TEST_CASE("CUDA: a parsed graph on cuda:0 runs like the ATen calls it spells", "[ir][cuda]") {
   CRUCIBLE_REQUIRE_CUDA();
