@@ -29,6 +29,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -166,9 +167,24 @@ void run_train_command(const TrainCommandOptions& o) {
     throw pipeline::PipelineError("--device cuda: no CUDA device is usable here (no GPU, or a LibTorch without "
                                   "CUDA); train with --device cpu");
 
+  // Eager CUDA training does not repeat itself bit for bit: cuDNN's default
+  // weight-gradient kernels accumulate with atomics in no fixed order, and two
+  // copies so trained drift apart over an epoch until the comparison says
+  // nothing. --check-eager therefore runs both copies with deterministic
+  // kernels, as torch.use_deterministic_algorithms(True, warn_only=True) does;
+  // cuBLAS reads its workspace setting when its first handle is made.
+  const bool deterministic = o.check_eager && device.is_cuda();
+  if (deterministic) {
+    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+    at::globalContext().setBenchmarkCuDNN(false);
+  }
+
   torch::manual_seed(o.seed);
   const pipeline::Model model = pipeline::make_model(o.model);
   model.module->to(device);
+  // "cuda" names the current GPU; report the one the model is on.
+  const at::Device placed = model.module->parameters().front().device();
   model.module->train();
   Data data = dataset == "synthetic" ? synthetic_data(o, model) : fashion_mnist_data(o);
   for (pipeline::Batch& b : data.test_batches) b = on(b, device);
@@ -191,7 +207,8 @@ void run_train_command(const TrainCommandOptions& o) {
   std::cout << "model " << o.model << " (" << num_params << " parameters) on " << data.description << "\n"
             << "optimizer " << o.optimizer.kind << " lr " << lr << ", batch " << o.batch << ", " << steps << " steps";
   if (data.steps_per_epoch) std::cout << " (" << data.steps_per_epoch << " per epoch)";
-  std::cout << ", backend " << o.backend << " on " << device << "\n";
+  std::cout << ", backend " << o.backend << " on " << placed << (deterministic ? " (deterministic kernels)" : "")
+            << "\n";
 
   // Compile before the loop, so that throughput counts steps only.
   pipeline::Builder builder;
@@ -255,7 +272,8 @@ void run_train_command(const TrainCommandOptions& o) {
   nlohmann::ordered_json j;
   j["model"] = o.model;
   j["backend"] = o.backend;
-  j["device"] = device.str();
+  j["device"] = placed.str();
+  j["deterministic"] = deterministic;
   j["dataset"] = dataset;
   j["optimizer"] = o.optimizer.kind;
   j["batch"] = o.batch;
@@ -316,7 +334,8 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   add_passes_option(*cmd, o->passes);
   cmd->add_flag("--check-eager", o->check_eager,
-                "train an eager copy from the same weights on the same batches and compare");
+                "train an eager copy from the same weights on the same batches and compare "
+                "(on a GPU both run deterministic kernels)");
   cmd->add_option("--tolerance", o->tolerance,
                   "with --check-eager: the largest parameter difference that counts as agreement (exit 1 beyond)")
       ->capture_default_str();

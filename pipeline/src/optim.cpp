@@ -72,7 +72,7 @@ OptimizerState init_optimizer_state(const OptimizerOptions& options, at::TensorL
   OptimizerState state;
   for (const at::Tensor& p : params) {
     ParamState s;
-    s.step = at::zeros({}, p.options().dtype(at::kDouble));
+    s.step = at::zeros({}, at::TensorOptions().dtype(at::kDouble));  // on the CPU: Note [Traceable optimizer state]
     auto zeros = [&] { return at::zeros_like(p, at::MemoryFormat::Preserve); };
     if (uses_momentum(options)) s.momentum_buffer = zeros();
     if (uses_moments(options)) {
@@ -148,10 +148,17 @@ void adam_step(const OptimizerOptions& o, at::TensorList params, at::TensorList 
       second = s.max_exp_avg_sq;
     }
     at::Tensor denom = (second.sqrt() / bias_correction2.sqrt()).add_(o.eps);
-    // torch::optim: p.addcdiv_(exp_avg, denom, -step_size), which computes
-    // p + (-step_size * exp_avg) / denom; the product is formed first here.
+    // torch::optim: p.addcdiv_(exp_avg, denom, -step_size) with a host
+    // step_size, which addcdiv takes only as a Scalar. Its kernels round
+    // differently per device, so each is reproduced with tensor operands:
+    // the CPU computes p + (-step_size * exp_avg) / denom, CUDA computes
+    // fma(-step_size, exp_avg / denom, p), which is what addcmul_ computes for
+    // value 1 and a CPU scalar as its second tensor (ATen's pointwise_op_impl).
     at::Tensor step_size = lr / bias_correction1;
-    p.addcdiv_(s.exp_avg.mul(step_size.neg()), denom);
+    if (p.is_cuda())
+      p.addcmul_(s.exp_avg / denom, step_size.neg());
+    else
+      p.addcdiv_(s.exp_avg.mul(step_size.neg()), denom);
   }
 }
 

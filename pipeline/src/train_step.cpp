@@ -249,7 +249,7 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
   s->builder = builder;
   s->optimizer_state = optimizer_state_from(optimizer, s->options, s->params);
   s->flat_state = s->optimizer_state.flat();
-  s->lr = lr_tensor(s->options.lr, s->params.front().device());
+  s->lr = lr_tensor(s->options.lr);  // on the CPU, as the step count: Note [Traceable optimizer state]
   s->lr_value = s->options.lr;
   TrainStep step;
   step.state_ = std::move(s);

@@ -32,10 +32,10 @@ TEST_CASE("CUDA: a parsed graph on cuda:0 runs like the ATen calls it spells", "
   const char* text = R"(%x : f32[8, 16] @cuda:0 = placeholder()
 %w : f32[16, 4] @cuda:0 = placeholder(kind=parameter, target="fc.weight")
 %b : f32[4] @cuda:0 = placeholder(kind=parameter, target="fc.bias")
-%mm : f32[8, 4] @cuda:0 = aten::addmm(%b, %x, %w)
+%mm : f32[8, 4] @cuda:0 = aten::addmm(%b, %x, %w, beta=1, alpha=1)
 %g : f32[8, 4] @cuda:0 = aten::gelu(%mm, approximate="tanh")
-%s : f32[8, 1] @cuda:0 = aten::sum.dim_IntList(%g, [1], True)
-%ones : f32[8, 4] @cuda:0 = aten::ones_like(%g)
+%s : f32[8, 1] @cuda:0 = aten::sum.dim_IntList(%g, [1], True, dtype=None)
+%ones : f32[8, 4] @cuda:0 = aten::ones_like(%g, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None)
 %out : f32[8, 4] @cuda:0 = aten::add.Tensor(%g, %s, alpha=1)
 return (%out, %ones)
 )";

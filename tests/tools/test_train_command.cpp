@@ -43,6 +43,7 @@ TEST_CASE("crucible train --check-eager --json: every field, and the compiled ru
   CHECK(j["model"] == "convnet");
   CHECK(j["backend"] == "interpreter");
   CHECK(j["device"] == "cpu");
+  CHECK(j["deterministic"] == false);
   CHECK(j["steps"] == 40);
   CHECK(j["samples_per_s"].get<double>() > 0);
   // Per-stage compile times: the trace, each default pass, the backend.
@@ -69,19 +70,20 @@ TEST_CASE("crucible train --check-eager --json: every field, and the compiled ru
 
 TEST_CASE("crucible train --device cuda trains on the GPU and agrees with an eager copy there", "[tools][train][cuda]") {
   CRUCIBLE_REQUIRE_CUDA();
-  // cuDNN's weight-gradient kernels accumulate with atomics, in no fixed
-  // order, so the compiled and eager copies drift by float32 rounding over the
-  // 40 Adam steps instead of staying bitwise equal as on the CPU: 1e-3 bounds
-  // that drift, while a wrong graph would be off by the size of an update.
-  const auto r = run_cli("train --model convnet --steps 40 --batch 32 --device cuda --check-eager --tolerance 1e-3 "
+  // --check-eager runs both copies with deterministic kernels on a GPU, and
+  // the traceable Adam rounds as torch::optim's does there: the same kernels
+  // on the same operands, so the copies stay bitwise equal.
+  const auto r = run_cli("train --model convnet --steps 40 --batch 32 --device cuda --check-eager --tolerance 0 "
                          "--json --data-dir " + data_dir());
   INFO(r.out << r.err);
   REQUIRE(r.exit_code == 0);
   const nlohmann::json j = last_line_json(r.out);
   CHECK(j["device"] == "cuda:0");
-  CHECK(j["max_param_diff"].get<double>() <= 1e-3);
+  CHECK(j["deterministic"] == true);
+  CHECK(j["max_param_diff"].get<double>() == 0.0);
+  CHECK(j["final_loss"] == j["eager_final_loss"]);
   CHECK(j["test_accuracy"].get<double>() > 0.4);
-  CHECK(std::abs(j["test_accuracy"].get<double>() - j["eager_test_accuracy"].get<double>()) <= 0.01);
+  CHECK(j["test_accuracy"] == j["eager_test_accuracy"]);
 }
 
 TEST_CASE("crucible train --device cuda without a GPU says so", "[tools][train][errors]") {

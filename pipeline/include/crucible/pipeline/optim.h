@@ -7,9 +7,13 @@
 // Adam's bias corrections 1 - beta^step, and SGD's "first step" branch, on the
 // host. A trace records host values as constants, so a traced torch::optim
 // step would replay step 1 forever. Here everything that changes from step to
-// step is a tensor: the step count (float64, 0-dim, on the parameter's device;
-// exact for counts below 2^53), and the learning rate (float64, 0-dim, a
-// per-call input so schedules work). Bias corrections are computed from the
+// step is a tensor: the step count (float64, 0-dim, exact for counts below
+// 2^53), and the learning rate (float64, 0-dim, a per-call input so schedules
+// work). Both live on the CPU whatever the parameters' device, as torch.optim
+// keeps its step when not capturable: the bias corrections stay host
+// arithmetic, and on a GPU the 0-dim CPU operands take the same CPU-scalar
+// kernel paths (e.g. division as multiplication by the reciprocal) that
+// torch::optim's host doubles take, which keeps the two bitwise equal there too. Bias corrections are computed from the
 // step tensor with ATen ops, and SGD's first step is selected with where() on
 // step == 0 — or, without dampening, needs no branch at all: the momentum
 // buffer starts at zero, and momentum * 0 + d_p is d_p exactly, so the later
@@ -80,11 +84,14 @@ struct OptimizerState {
                                   const std::vector<at::Tensor>& flat);
 };
 
-/// Fresh state for `params` (step 0, zero buffers with each parameter's
-/// sizes, dtype and device), as torch::optim creates lazily on its first step.
+/// Fresh state for `params` (step 0 on the CPU, zero buffers with each
+/// parameter's sizes, dtype and device), as torch::optim creates lazily on its
+/// first step.
 OptimizerState init_optimizer_state(const OptimizerOptions& options, at::TensorList params);
 
-/// A learning rate as the float64 0-dim tensor the step functions take.
+/// A learning rate as the float64 0-dim tensor the step functions take (the
+/// CPU is where it keeps GPU updates bitwise equal to torch::optim's; see
+/// Note [Traceable optimizer state]).
 at::Tensor lr_tensor(double lr, c10::Device device = c10::kCPU);
 
 /// SGD, mirroring torch::optim::SGD::step (sgd.cpp), for each parameter p with
@@ -111,7 +118,8 @@ void sgd_step(const OptimizerOptions& options, at::TensorList params, at::Tensor
 ///   v = beta2 * v + (1 - beta2) * g * g
 ///   vmax = max(vmax, v) and use vmax for v            (amsgrad)
 ///   denom = sqrt(v) / sqrt(bc2) + eps
-///   p += (-(lr / bc1) * m) / denom
+///   p += (-(lr / bc1) * m) / denom                   (CPU; on CUDA fma(-(lr / bc1), m / denom, p),
+///                                                      each as torch::optim's addcdiv_ rounds there)
 /// Same arguments, guard and errors as sgd_step.
 void adam_step(const OptimizerOptions& options, at::TensorList params, at::TensorList grads,
                OptimizerState& state, const at::Tensor& lr);
