@@ -57,16 +57,7 @@ TEST_CASE("functionalize: in-place ops on intermediates leave no mutation", "[tr
 
 TEST_CASE("functionalize: views followed by mutation", "[tracer]") {
   at::manual_seed(11);
-  auto fn = [](const Tensors& in) {
-    auto y = in[0] + 1.0;  // [4, 6]
-    y.view({-1}).add_(1.0);
-    y.transpose(0, 1).mul_(2.0);
-    y.slice(0, 0, 2).sub_(0.5);
-    y.select(1, 3).fill_(7.0);
-    y.as_strided({2, 2}, {1, 6}, 1).mul_(-1.0);
-    auto z = y.select(0, 2).expand({3, 6}) * 2.0;
-    return Tensors{y, z};
-  };
+  const auto fn = crucible::testing::views_then_mutation;
   Tensors inputs = {at::randn({4, 6})};
   auto r = make_fx(fn, inputs, functionalized());
   require_no_mutation(r.graph);
