@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include "catch.h"
+#include "module_testing.h"
 #include "testing.h"
 
 #include <atomic>
@@ -189,16 +190,9 @@ TEST_CASE("aot graph cache: the process-wide cache shares between callables by d
 
 namespace {
 
-struct MlpImpl : torch::nn::Module {
-  MlpImpl() {
-    fc1 = register_module("fc1", torch::nn::Linear(3, 8));
-    fc2 = register_module("fc2", torch::nn::Linear(8, 2));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
-};
+using crucible::testing::Mlp;
 
-Tensors mlp_forward(torch::nn::Module& m, const Tensors& in) { return {static_cast<MlpImpl&>(m).forward(in[0])}; }
+Tensors mlp_forward(torch::nn::Module& m, const Tensors& in) { return {static_cast<Mlp&>(m).forward(in[0])}; }
 
 }  // namespace
 
@@ -206,8 +200,8 @@ TEST_CASE("aot graph cache: two instances of one module share graphs, each with 
   at::manual_seed(5);
   const CountingBackend b;
   const auto cache = std::make_shared<autograd::AotCache>();
-  auto m1 = std::make_shared<MlpImpl>(), m2 = std::make_shared<MlpImpl>();
-  auto e1 = std::make_shared<MlpImpl>(), e2 = std::make_shared<MlpImpl>();
+  auto m1 = std::make_shared<Mlp>(3, 8, 2), m2 = std::make_shared<Mlp>(3, 8, 2);
+  auto e1 = std::make_shared<Mlp>(3, 8, 2), e2 = std::make_shared<Mlp>(3, 8, 2);
   for (auto [from, to] : {std::pair{m1, e1}, std::pair{m2, e2}}) {
     torch::NoGradGuard no_grad;
     const auto src = from->parameters(), dst = to->parameters();

@@ -32,6 +32,14 @@ tracer::ModuleFn forward_fn() {
   return [](torch::nn::Module& m, const Tensors& in) { return Tensors{static_cast<Net&>(m).forward(in[0])}; };
 }
 
+// Options of a joint export whose loss is output `loss_index`.
+autograd::AotExportOptions joint(size_t loss_index) {
+  autograd::AotExportOptions options;
+  options.trace_joint = true;
+  options.output_loss_index = loss_index;
+  return options;
+}
+
 tracer::ModuleFn loss_fn() {
   return [](torch::nn::Module& m, const Tensors& in) {
     const auto out = static_cast<Net&>(m).forward(in[0]);
@@ -79,9 +87,7 @@ TEST_CASE("aot_export_module: the joint graph of a training step has the loss an
   Net net;
   const auto x = torch::randn({5, 6}), y = torch::randn({5, 3});
   const Tensors inputs = module_graph_inputs(net, {x, y});
-  autograd::AotExportOptions options;
-  options.trace_joint = true;
-  options.output_loss_index = 1;
+  const autograd::AotExportOptions options = joint(1);
   const ir::Graph g = autograd::aot_export_module(net, loss_fn(), {x, y}, options);
   ir::verify(g);
   const auto& sig = g.signature();
@@ -125,20 +131,15 @@ TEST_CASE("aot_export_module errors: data mutation of an input that requires gra
     return Tensors{torch::mse_loss(static_cast<Net&>(m).forward(h), in[1].detach())};
   };
   const auto leaf = torch::randn({5, 3}).requires_grad_();
-  autograd::AotExportOptions options;
-  options.trace_joint = true;
-  options.output_loss_index = 0;
+  const autograd::AotExportOptions options = joint(0);
   REQUIRE_THROWS_WITH(autograd::aot_export_module(net, fn, {torch::randn({5, 6}), leaf * 1.0}, options),
                       CRUCIBLE_HAS_SUBSTR("input 8 (arg1) requires grad and its data is written in place"));
 }
 
 TEST_CASE("aot_export_module errors: a loss that is not a scalar", "[autograd][export]") {
   Net net;
-  auto fn = [](torch::nn::Module& m, const Tensors& in) { return Tensors{static_cast<Net&>(m).forward(in[0])}; };
-  autograd::AotExportOptions options;
-  options.trace_joint = true;
-  options.output_loss_index = 0;
-  REQUIRE_THROWS_WITH(autograd::aot_export_module(net, fn, {torch::randn({5, 6})}, options),
+  const autograd::AotExportOptions options = joint(0);
+  REQUIRE_THROWS_WITH(autograd::aot_export_module(net, forward_fn(), {torch::randn({5, 6})}, options),
                       CRUCIBLE_HAS_SUBSTR("must be a scalar, but it has shape f32[5, 3]"));
 }
 
@@ -147,9 +148,7 @@ TEST_CASE("aot_export_module errors: a loss that does not require grad", "[autog
   auto fn = [](torch::nn::Module& m, const Tensors& in) {
     return Tensors{static_cast<Net&>(m).forward(in[0]).sum().detach()};
   };
-  autograd::AotExportOptions options;
-  options.trace_joint = true;
-  options.output_loss_index = 0;
+  const autograd::AotExportOptions options = joint(0);
   REQUIRE_THROWS_WITH(autograd::aot_export_module(net, fn, {torch::randn({5, 6})}, options),
                       CRUCIBLE_HAS_SUBSTR("was marked as the loss, but it does not require gradients"));
 }
@@ -160,9 +159,7 @@ TEST_CASE("aot_export_module errors: an output other than the loss requires grad
     const auto out = static_cast<Net&>(m).forward(in[0]);
     return Tensors{out, out.sum()};
   };
-  autograd::AotExportOptions options;
-  options.trace_joint = true;
-  options.output_loss_index = 1;
+  const autograd::AotExportOptions options = joint(1);
   REQUIRE_THROWS_WITH(autograd::aot_export_module(net, fn, {torch::randn({5, 6})}, options),
                       CRUCIBLE_HAS_SUBSTR("output 0 requires gradients but is not the loss") &&
                           CRUCIBLE_HAS_SUBSTR(".detach()"));

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "catch.h"
+#include "module_testing.h"
 #include "testing.h"
 
 using namespace crucible;
@@ -14,14 +15,7 @@ using Tensors = std::vector<at::Tensor>;
 
 namespace {
 
-struct MlpImpl : torch::nn::Module {
-  MlpImpl() {
-    fc1 = register_module("fc1", torch::nn::Linear(8, 16));
-    fc2 = register_module("fc2", torch::nn::Linear(16, 4));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
-};
+using MlpImpl = crucible::testing::Mlp;
 
 // conv(1->4, 3x3, pad 1) -> relu -> max_pool 2x2 -> linear(4*4*4 -> 3).
 struct ConvNetImpl : torch::nn::Module {

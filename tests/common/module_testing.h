@@ -2,6 +2,8 @@
 #pragma once
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <ATen/ATen.h>
 
 #include <vector>
 
@@ -17,5 +19,14 @@ inline std::vector<at::Tensor> module_graph_inputs(torch::nn::Module& m, const s
   for (const auto& t : inputs) r.push_back(t.detach().clone());
   return r;
 }
+
+/// in -> hidden -> out, ReLU between: the small MLP the autograd tests compile.
+struct Mlp : torch::nn::Module {
+  explicit Mlp(int64_t in = 8, int64_t hidden = 16, int64_t out = 4)
+      : fc1(register_module("fc1", torch::nn::Linear(in, hidden))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden, out))) {}
+  at::Tensor forward(const at::Tensor& x) { return fc2(at::relu(fc1(x))); }
+  torch::nn::Linear fc1, fc2;
+};
 
 }  // namespace crucible::testing

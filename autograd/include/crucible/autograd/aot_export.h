@@ -19,6 +19,8 @@ class Module;
 
 namespace crucible::autograd {
 
+/// What aot_export_module exports (aot_export_module's arguments
+/// trace_joint and output_loss_index in torch/_functorch/aot_autograd.py).
 struct AotExportOptions {
   /// Export the joint forward+backward graph of a training step: the
   /// gradients of the loss output with respect to every parameter (and user
@@ -27,6 +29,7 @@ struct AotExportOptions {
   /// With trace_joint: which output of fn is the loss (a scalar that
   /// requires grad). Required then.
   std::optional<size_t> output_loss_index;
+  /// Applied while tracing, as make_fx's decomposition_table.
   tracer::DecompositionTable decompositions;
 };
 
