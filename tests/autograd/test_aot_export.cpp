@@ -78,7 +78,11 @@ TEST_CASE("aot_export_module: the inference graph lifts parameters and buffers a
   const auto expected = net.forward(x);
   // Same kernels in the same order: bitwise equal.
   REQUIRE_EQUAL_TENSORS(actual[1], expected);
-  REQUIRE(actual[0].item<int64_t>() == 1);
+  // The buffers as eager's forward left them: the counter comes back as an
+  // output, the running statistics are written into the graph's inputs.
+  REQUIRE_EQUAL_TENSORS(actual[0], net.bn->num_batches_tracked);
+  REQUIRE_EQUAL_TENSORS(run_in[4], net.bn->running_mean);
+  REQUIRE_EQUAL_TENSORS(run_in[5], net.bn->running_var);
 }
 
 TEST_CASE("aot_export_module: the joint graph of a training step has the loss and eager's gradients",
