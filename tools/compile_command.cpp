@@ -56,7 +56,7 @@ void run_compile_command(const CompileCommandOptions& o) {
   const pipeline::TrainStep step = timed.compile_train_step(model.module, *optimizer, loss_of(model));
   step.compile(inputs);
   std::cout << "training step (" << o.optimizer.kind << ", batch " << o.batch << "), " << step.graph().num_nodes()
-            << " nodes: " << describe_stages(ordered_stages(step_timer, o.passes)) << "\n";
+            << " nodes: " << describe_stages(ordered_stages(step_timer)) << "\n";
 
   // The loss through the AOT path (Builder::compile over the module): the
   // joint graph, its partition into forward and backward, each through the
@@ -69,7 +69,7 @@ void run_compile_command(const CompileCommandOptions& o) {
         return std::vector<at::Tensor>{loss(m, in)};
       });
   aot(inputs).at(0).backward();
-  std::cout << "forward and backward (AOT): " << describe_stages(ordered_stages(aot_timer, o.passes))
+  std::cout << "forward and backward (AOT): " << describe_stages(ordered_stages(aot_timer))
             << " (the joint trace runs inside aot_module)\n";
 
   if (!backend.generated_code)

@@ -222,7 +222,7 @@ void run_train_command(const TrainCommandOptions& o) {
     step = timed.compile_train_step(model.module, *optimizer, loss_of(model));
     const pipeline::Batch first = on(data.train_batch(0), device);
     step->compile({first.inputs, first.targets});
-    compile_s = ordered_stages(timer, o.passes);
+    compile_s = ordered_stages(timer);
     std::cout << "compile (" << o.backend << "): " << describe_stages(compile_s) << "\n";
   }
   std::cout.flush();

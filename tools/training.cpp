@@ -9,7 +9,6 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
-#include <algorithm>
 #include <cstdio>
 
 namespace crucible::tools {
@@ -53,18 +52,10 @@ pipeline::LossFn loss_of(const pipeline::Model& model) {
   };
 }
 
-std::vector<std::pair<std::string, double>> ordered_stages(const runtime::PhaseTimer& timer,
-                                                           const std::vector<std::string>& passes) {
-  std::vector<std::string> order = {"trace", "partition"};
-  order.insert(order.end(), passes.begin(), passes.end());
-  order.push_back("backend");
+std::vector<std::pair<std::string, double>> ordered_stages(const runtime::PhaseTimer& timer) {
   std::vector<std::pair<std::string, double>> out;
   for (const runtime::PhaseStats& phase : timer.phases())
-    if (std::find(order.begin(), order.end(), phase.name) == order.end())
-      order.push_back(phase.name);  // a stage of another kind, after the known ones
-  for (const std::string& stage : order)
-    for (const runtime::PhaseStats& phase : timer.phases())
-      if (phase.name == stage && phase.calls() > 0) out.emplace_back(stage, phase.total_ms() / 1e3);
+    if (phase.calls() > 0) out.emplace_back(phase.name, phase.total_ms() / 1e3);
   return out;
 }
 

@@ -44,10 +44,9 @@ void add_passes_option(CLI::App& cmd, std::vector<std::string>& passes);
 pipeline::LossFn loss_of(const pipeline::Model& model);
 
 /// Seconds per stage, from the PhaseTimer a StageTimer recorded into, in the
-/// order stages run: trace, partition, `passes` in order, backend; stages that
-/// did not run are left out.
-std::vector<std::pair<std::string, double>> ordered_stages(const runtime::PhaseTimer& timer,
-                                                           const std::vector<std::string>& passes);
+/// order the stages first ran (trace, partition, the passes, backend); a pass
+/// listed twice is one entry with both runs' time.
+std::vector<std::pair<std::string, double>> ordered_stages(const runtime::PhaseTimer& timer);
 
 /// "trace 85.1 ms, dce 1.2 ms, ...; total 89.8 ms"
 std::string describe_stages(const std::vector<std::pair<std::string, double>>& stages);

@@ -1,6 +1,7 @@
 #include <crucible/ir/error.h>
 #include <crucible/ir/hash.h>
 
+#include "describe.h"
 #include "literal.h"
 
 #include <ATen/ATen.h>
@@ -119,7 +120,7 @@ class Hasher {
       try {
         node(n);
       } catch (const IrError& err) {
-        throw IrError("graph_hash: " + describe(n) + ": " + err.what());
+        throw IrError("graph_hash: " + detail::describe(n) + ": " + err.what());
       }
     }
     signature();
@@ -127,12 +128,6 @@ class Hasher {
   }
 
  private:
-  static std::string describe(const Node* n) {
-    std::string s = n->is_call() ? n->target() : std::string(to_string(n->kind()));
-    if (n->num_results()) s += " (%" + n->result()->name() + ")";
-    return s;
-  }
-
   void value(const Value* v) {
     auto it = index_.find(v);
     if (it == index_.end()) throw IrError("argument %" + v->name() + " is not defined before its use");

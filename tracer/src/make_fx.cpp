@@ -113,19 +113,22 @@ c10::OperatorHandle out_of_place_variant(const ir::Node& n) {
                    "with an out-of-place op, or trace without functionalize");
 }
 
+bool is_module_state(const ir::InputSpec& spec) {
+  return spec.kind == ir::InputKind::Parameter || spec.kind == ir::InputKind::Buffer;
+}
+
 // See Note [Functionalizing module state].
 void functionalize_state_writes(ir::Graph& graph, std::vector<InputMutation>& input_mutations) {
-  std::unordered_map<const ir::Value*, size_t> state_of;  // Value -> the placeholder whose state it holds
-  const std::vector<ir::Value*> placeholders = graph.placeholders();
-  for (size_t i = 0; i < placeholders.size(); ++i) {
-    const ir::InputSpec& spec = graph.signature().inputs[i];
-    if ((spec.kind == ir::InputKind::Parameter || spec.kind == ir::InputKind::Buffer) && !spec.duplicate_of)
-      state_of.emplace(placeholders[i], i);
-  }
   std::vector<ir::Node*> writes;
   for (ir::Node* n : graph.nodes())
     if (n->is_call() && n->is_mutating()) writes.push_back(n);
   if (writes.empty()) return;
+  std::unordered_map<const ir::Value*, size_t> state_of;  // Value -> the placeholder whose state it holds
+  const std::vector<ir::Value*> placeholders = graph.placeholders();
+  for (size_t i = 0; i < placeholders.size(); ++i) {
+    const ir::InputSpec& spec = graph.signature().inputs[i];
+    if (is_module_state(spec) && !spec.duplicate_of) state_of.emplace(placeholders[i], i);
+  }
   std::vector<ir::Value*> final_value(placeholders.size(), nullptr);
   for (ir::Node* n : writes) {
     const c10::OperatorHandle functional = out_of_place_variant(*n);
@@ -201,8 +204,7 @@ TraceResult trace(const std::vector<TraceInput>& inputs, const TraceHooks& hooks
     ir::TensorMeta meta = v->meta();
     meta.requires_grad = in.tensor.requires_grad();
     v->set_meta(meta);
-    const bool module_state = in.spec.kind == ir::InputKind::Parameter || in.spec.kind == ir::InputKind::Buffer;
-    wrapped[i] = options.functionalize && !module_state;
+    wrapped[i] = options.functionalize && !is_module_state(in.spec);
     traced[i] = wrapped[i] ? at::functionalization::impl::to_functional_tensor(copy) : copy;
     if (in.tensor.requires_grad()) traced[i].requires_grad_(true);
   }
