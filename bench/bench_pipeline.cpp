@@ -46,9 +46,7 @@ struct Setup {
     optimizer = std::make_unique<torch::optim::SGD>(model.module->parameters(),
                                                     torch::optim::SGDOptions(0.01).momentum(0.9));
   }
-  pipeline::LossFn loss() const {
-    return [m = model](torch::nn::Module&, const std::vector<at::Tensor>& b) { return m.loss(m.forward(b[0]), b[1]); };
-  }
+  pipeline::LossFn loss() const { return pipeline::loss_of(model); }
   tracer::TraceResult trace_forward(bool functionalize) const {
     tracer::ModuleTraceOptions options;
     options.trace.functionalize = functionalize;

@@ -11,7 +11,6 @@
 #include <benchmark/benchmark.h>
 #include <bench_pipeline.h>
 
-#include <iostream>
 #include <memory>
 
 namespace crucible::tools {

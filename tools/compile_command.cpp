@@ -10,7 +10,6 @@
 #include <crucible/autograd/aot_module.h>
 #include <crucible/pipeline/backend_registry.h>
 #include <crucible/pipeline/builder.h>
-#include <crucible/pipeline/error.h>
 #include <crucible/pipeline/instruments.h>
 #include <crucible/pipeline/zoo.h>
 #include <crucible/runtime/timing.h>
@@ -53,7 +52,7 @@ void run_compile_command(const CompileCommandOptions& o) {
   runtime::PhaseTimer step_timer;
   pipeline::Builder timed = builder;
   timed.instrument(std::make_shared<pipeline::StageTimer>(step_timer));
-  const pipeline::TrainStep step = timed.compile_train_step(model.module, *optimizer, loss_of(model));
+  const pipeline::TrainStep step = timed.compile_train_step(model.module, *optimizer, pipeline::loss_of(model));
   step.compile(inputs);
   std::cout << "training step (" << o.optimizer.kind << ", batch " << o.batch << "), " << step.graph().num_nodes()
             << " nodes: " << describe_stages(ordered_stages(step_timer)) << "\n";
@@ -65,7 +64,7 @@ void run_compile_command(const CompileCommandOptions& o) {
   timed = builder;
   timed.instrument(std::make_shared<pipeline::StageTimer>(aot_timer));
   const autograd::AotModule aot =
-      timed.compile(model.module, [loss = loss_of(model)](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+      timed.compile(model.module, [loss = pipeline::loss_of(model)](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
         return std::vector<at::Tensor>{loss(m, in)};
       });
   aot(inputs).at(0).backward();

@@ -137,22 +137,6 @@ pipeline::Batch on(const pipeline::Batch& b, const at::Device& device) {
   return {b.inputs.to(device), b.targets.to(device)};
 }
 
-at::Tensor eager_step(const pipeline::Model& m, torch::optim::Optimizer& opt, const pipeline::Batch& b) {
-  opt.zero_grad();
-  at::Tensor loss = m.loss(m.forward(b.inputs), b.targets);
-  loss.backward();
-  opt.step();
-  return loss.detach();
-}
-
-double max_param_diff(const torch::nn::Module& a, const torch::nn::Module& b) {
-  double diff = 0;
-  auto pb = b.named_parameters();
-  for (const auto& p : a.named_parameters())
-    diff = std::max(diff, (p.value() - pb[p.key()]).abs().max().item<double>());
-  return diff;
-}
-
 void run_train_command(const TrainCommandOptions& o) {
   const bool gpt = o.model == "gpt";
   const std::string dataset = o.dataset.empty() ? (gpt ? "synthetic" : "fashion-mnist") : o.dataset;
@@ -219,7 +203,7 @@ void run_train_command(const TrainCommandOptions& o) {
   if (compiled) {
     pipeline::Builder timed = builder;
     timed.instrument(std::make_shared<pipeline::StageTimer>(timer));
-    step = timed.compile_train_step(model.module, *optimizer, loss_of(model));
+    step = timed.compile_train_step(model.module, *optimizer, pipeline::loss_of(model));
     const pipeline::Batch first = on(data.train_batch(0), device);
     step->compile({first.inputs, first.targets});
     compile_s = ordered_stages(timer);
@@ -234,11 +218,11 @@ void run_train_command(const TrainCommandOptions& o) {
     const pipeline::Batch b = on(data.train_batch(i), device);
     // Reading the loss (item()) waits for the step's kernels: the time is the step's on any device.
     auto start = clock::now();
-    loss = (compiled ? (*step)({b.inputs, b.targets}) : eager_step(model, *optimizer, b)).item<double>();
+    loss = (compiled ? (*step)({b.inputs, b.targets}) : pipeline::eager_train_step(model, *optimizer, b)).item<double>();
     train_s += std::chrono::duration<double>(clock::now() - start).count();
     if (eager) {
       start = clock::now();
-      eager_loss = eager_step(*eager, *eager_optimizer, b).item<double>();
+      eager_loss = pipeline::eager_train_step(*eager, *eager_optimizer, b).item<double>();
       eager_s += std::chrono::duration<double>(clock::now() - start).count();
     }
     bar.update(i + 1, "loss " + fixed(loss, 4) + "  " +
@@ -285,7 +269,7 @@ void run_train_command(const TrainCommandOptions& o) {
   for (const auto& [stage, s] : compile_s) j["compile_s"][stage] = s;
   bool agree = true;
   if (eager) {
-    const double diff = max_param_diff(*model.module, *eager->module);
+    const double diff = pipeline::max_param_diff(*model.module, *eager->module);
     agree = diff <= o.tolerance;
     int64_t eager_counted = 0;
     const double eager_accuracy = test_accuracy(*eager->module, eager->forward, data.test_batches, &eager_counted);

@@ -46,12 +46,6 @@ void add_passes_option(CLI::App& cmd, std::vector<std::string>& passes) {
       ->default_str(names);
 }
 
-pipeline::LossFn loss_of(const pipeline::Model& model) {
-  return [forward = model.forward, loss = model.loss](torch::nn::Module&, const std::vector<at::Tensor>& batch) {
-    return loss(forward(batch.at(0)), batch.at(1));
-  };
-}
-
 std::vector<std::pair<std::string, double>> ordered_stages(const runtime::PhaseTimer& timer) {
   std::vector<std::pair<std::string, double>> out;
   for (const runtime::PhaseStats& phase : timer.phases())

@@ -40,9 +40,6 @@ struct OptimizerFlags {
 /// --passes P,...: the pass list, by name (default: the builder's).
 void add_passes_option(CLI::App& cmd, std::vector<std::string>& passes);
 
-/// The model's mean cross-entropy on batch {inputs, targets}.
-pipeline::LossFn loss_of(const pipeline::Model& model);
-
 /// Seconds per stage, from the PhaseTimer a StageTimer recorded into, in the
 /// order the stages first ran (trace, partition, the passes, backend); a pass
 /// listed twice is one entry with both runs' time.

@@ -111,17 +111,10 @@ int main() {
   for (int64_t i = 0; i < 20; ++i) {
     const pipeline::Batch b = compiled.example_batch(16, /*seed=*/static_cast<uint64_t>(i));
     loss = step({b.inputs, b.targets}).item<double>();
-    eager_opt.zero_grad();
-    at::Tensor l = eager.loss(eager.forward(b.inputs), b.targets);
-    l.backward();
-    eager_opt.step();
-    eager_loss = l.item<double>();
+    eager_loss = pipeline::eager_train_step(eager, eager_opt, b).item<double>();
   }
 
-  double diff = 0;
-  auto eager_params = eager.module->named_parameters();
-  for (const auto& p : compiled.module->named_parameters())
-    diff = std::max(diff, (p.value() - eager_params[p.key()]).abs().max().item<double>());
+  const double diff = crucible::pipeline::max_param_diff(*compiled.module, *eager.module);
 
   std::printf("relu_to_clamp_min rewrote %d relu calls\n", rewritten);
   std::printf("timed_interpreter: %d compilation, %lld calls, %.2f ms per call; graph ops:", stats->compiles,

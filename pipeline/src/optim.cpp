@@ -43,9 +43,20 @@ std::vector<at::Tensor> OptimizerState::flat() const {
   return out;
 }
 
+std::vector<std::string> OptimizerState::field_names(const OptimizerOptions& options) {
+  std::vector<std::string> names = {"step"};
+  if (uses_momentum(options)) names.push_back("momentum_buffer");
+  if (uses_moments(options)) {
+    names.push_back("exp_avg");
+    names.push_back("exp_avg_sq");
+  }
+  if (uses_max(options)) names.push_back("max_exp_avg_sq");
+  return names;
+}
+
 OptimizerState OptimizerState::from_flat(const OptimizerOptions& options, size_t num_params,
                                          const std::vector<at::Tensor>& flat) {
-  const size_t per_param = 1 + uses_momentum(options) + 2 * uses_moments(options) + uses_max(options);
+  const size_t per_param = field_names(options).size();
   if (flat.size() != per_param * num_params)
     throw PipelineError("OptimizerState::from_flat: " + std::string(kind_name(options.kind)) + " with these options keeps " +
                         std::to_string(per_param) + " state tensors per parameter, so " + std::to_string(num_params) +
@@ -85,9 +96,7 @@ OptimizerState init_optimizer_state(const OptimizerOptions& options, at::TensorL
   return state;
 }
 
-at::Tensor lr_tensor(double lr, c10::Device device) {
-  return at::scalar_tensor(lr, at::TensorOptions().dtype(at::kDouble).device(device));
-}
+at::Tensor lr_tensor(double lr) { return at::scalar_tensor(lr, at::TensorOptions().dtype(at::kDouble)); }
 
 void sgd_step(const OptimizerOptions& o, at::TensorList params, at::TensorList grads, OptimizerState& state,
               const at::Tensor& lr) {

@@ -2,6 +2,7 @@
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/error.h>
 #include <crucible/pipeline/train_step.h>
+#include <crucible/pipeline/zoo.h>
 
 #include <crucible/autograd/aot_module.h>
 #include <crucible/tracer/functional_call.h>
@@ -39,19 +40,13 @@ class GeneratorStateGuard {
   at::Tensor state_;
 };
 
-// The names OptimizerState::flat() lists a parameter's state under, in its order.
-std::vector<std::string> state_names(const OptimizerOptions& o) {
-  std::vector<std::string> names = {"step"};
-  if (o.kind == OptimizerKind::SGD && o.momentum != 0) names.push_back("momentum_buffer");
-  if (o.kind != OptimizerKind::SGD) {
-    names.push_back("exp_avg");
-    names.push_back("exp_avg_sq");
-    if (o.amsgrad) names.push_back("max_exp_avg_sq");
-  }
-  return names;
-}
-
 }  // namespace
+
+LossFn loss_of(const Model& model) {
+  return [forward = model.forward, loss = model.loss](torch::nn::Module&, const std::vector<at::Tensor>& batch) {
+    return loss(forward(batch.at(0)), batch.at(1));
+  };
+}
 
 namespace detail {
 
@@ -65,7 +60,7 @@ struct TrainStepState {
   std::vector<std::string> param_names;
   OptimizerState optimizer_state;
   std::vector<at::Tensor> flat_state;
-  at::Tensor lr;  // float64 0-dim on the parameters' device
+  at::Tensor lr;  // float64 0-dim on the CPU (lr_tensor)
   double lr_value = 0;
 
   struct Entry {
@@ -164,7 +159,7 @@ struct TrainStepState {
   // readable names (functional_call names its extra inputs arg0, arg1, ...).
   void name_inputs(ir::Graph& g, size_t num_module_tensors) const {
     const std::vector<ir::Value*> ph = g.placeholders();
-    const std::vector<std::string> per_param = state_names(options);
+    const std::vector<std::string> per_param = OptimizerState::field_names(options);
     size_t i = num_module_tensors;
     auto mark = [&](const std::string& target) {
       g.signature().inputs.at(i) = ir::InputSpec{ir::InputKind::State, target, std::nullopt};

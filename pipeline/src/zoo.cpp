@@ -13,7 +13,9 @@
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/optimizer.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -304,6 +306,22 @@ void copy_state(const torch::nn::Module& from, torch::nn::Module& to) {
   };
   copy(from.named_parameters(), to.named_parameters(), "parameter");
   copy(from.named_buffers(), to.named_buffers(), "buffer");
+}
+
+at::Tensor eager_train_step(const Model& model, torch::optim::Optimizer& optimizer, const Batch& batch) {
+  optimizer.zero_grad();
+  at::Tensor loss = model.loss(model.forward(batch.inputs), batch.targets);
+  loss.backward();
+  optimizer.step();
+  return loss.detach();
+}
+
+double max_param_diff(const torch::nn::Module& a, const torch::nn::Module& b) {
+  double diff = 0;
+  const auto pb = b.named_parameters();
+  for (const auto& p : a.named_parameters())
+    diff = std::max(diff, (p.value() - pb[p.key()]).abs().max().item<double>());
+  return diff;
 }
 
 }  // namespace crucible::pipeline

@@ -53,9 +53,7 @@ class Recorder : public StageInstrument {
 struct SmallMlp {
   Model model = make_mlp({.in_features = 6, .hidden = {5}, .num_classes = 3});
   std::vector<at::Tensor> batch = {at::randn({4, 6}), at::randint(0, 3, {4}, at::kLong)};
-  LossFn loss() const {
-    return [m = model](torch::nn::Module&, const std::vector<at::Tensor>& b) { return m.loss(m.forward(b[0]), b[1]); };
-  }
+  LossFn loss() const { return loss_of(model); }
 };
 
 std::vector<at::Tensor> mlp_fn(const std::vector<at::Tensor>& in) {

@@ -61,20 +61,6 @@ Twins twins(const std::function<Model()>& make) {
   return {std::move(a), std::move(b)};
 }
 
-LossFn loss_of(const Model& m) {
-  return [forward = m.forward, loss = m.loss](torch::nn::Module&, const std::vector<at::Tensor>& batch) {
-    return loss(forward(batch[0]), batch[1]);
-  };
-}
-
-at::Tensor eager_step(const Model& m, torch::optim::Optimizer& opt, const Batch& b) {
-  opt.zero_grad();
-  at::Tensor loss = m.loss(m.forward(b.inputs), b.targets);
-  loss.backward();
-  opt.step();
-  return loss.detach();
-}
-
 // Parameters and buffers of both copies, by name.
 void require_same_state(const Model& compiled, const Model& eager, double rtol, double atol) {
   auto pe = eager.module->named_parameters();
@@ -111,7 +97,7 @@ void train_and_compare(const std::function<Model()>& make, const Options& option
   for (int64_t i = 0; i < steps; ++i) {
     const Batch b = batches(i);
     const at::Tensor compiled_loss = step({b.inputs, b.targets});
-    const at::Tensor eager_loss = eager_step(t.eager, eager_opt, b);
+    const at::Tensor eager_loss = eager_train_step(t.eager, eager_opt, b);
     INFO("step " << i);
     REQUIRE_CLOSE(compiled_loss, eager_loss, rtol, atol);
   }
@@ -188,7 +174,7 @@ TEST_CASE("train step: the step count and the learning rate are graph inputs, no
     static_cast<torch::optim::AdamOptions&>(eager_opt.param_groups()[0].options()).lr(lr);
     const Batch b = batches(i);
     step({b.inputs, b.targets});
-    eager_step(t.eager, eager_opt, b);
+    eager_train_step(t.eager, eager_opt, b);
   }
   require_same_state(t.compiled, t.eager, kRtol, kAtol);
 
@@ -222,7 +208,7 @@ TEST_CASE("train step: compiling changes nothing; a new batch size compiles agai
 
   for (int64_t i = 0; i < 4; ++i) {
     const Batch b = fashion_mnist_batches(i % 2 ? 8 : 5)(i);
-    REQUIRE_CLOSE(step({b.inputs, b.targets}), eager_step(t.eager, eager_opt, b), kRtol, kAtol);
+    REQUIRE_CLOSE(step({b.inputs, b.targets}), eager_train_step(t.eager, eager_opt, b), kRtol, kAtol);
   }
   CHECK(step.num_compilations() == 2);
   require_same_state(t.compiled, t.eager, kRtol, kAtol);
@@ -235,13 +221,13 @@ TEST_CASE("train step: a compiled step resumes from the state eager steps left i
   torch::optim::Adam eager_opt(t.eager.module->parameters(), torch::optim::AdamOptions(1e-2).amsgrad(true));
   const BatchFn batches = fashion_mnist_batches(16);
   for (int64_t i = 0; i < 3; ++i) {
-    eager_step(t.compiled, compiled_opt, batches(i));
-    eager_step(t.eager, eager_opt, batches(i));
+    eager_train_step(t.compiled, compiled_opt, batches(i));
+    eager_train_step(t.eager, eager_opt, batches(i));
   }
   TrainStep step = compile_train_step(t.compiled.module, compiled_opt, loss_of(t.compiled));
   for (int64_t i = 3; i < 10; ++i) {
     const Batch b = batches(i);
-    REQUIRE_CLOSE(step({b.inputs, b.targets}), eager_step(t.eager, eager_opt, b), kRtol, kAtol);
+    REQUIRE_CLOSE(step({b.inputs, b.targets}), eager_train_step(t.eager, eager_opt, b), kRtol, kAtol);
   }
   require_same_state(t.compiled, t.eager, kRtol, kAtol);
 }

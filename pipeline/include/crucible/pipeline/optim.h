@@ -31,8 +31,8 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/Device.h>
 
+#include <string>
 #include <vector>
 
 namespace torch::optim {
@@ -82,6 +82,9 @@ struct OptimizerState {
   /// the count of tensors does not match.
   static OptimizerState from_flat(const OptimizerOptions& options, size_t num_params,
                                   const std::vector<at::Tensor>& flat);
+  /// The ParamState fields `options` keeps, in flat() order, as torch::optim
+  /// names them ("step", "momentum_buffer", "exp_avg", ...).
+  static std::vector<std::string> field_names(const OptimizerOptions& options);
 };
 
 /// Fresh state for `params` (step 0 on the CPU, zero buffers with each
@@ -92,7 +95,7 @@ OptimizerState init_optimizer_state(const OptimizerOptions& options, at::TensorL
 /// A learning rate as the float64 0-dim tensor the step functions take (the
 /// CPU is where it keeps GPU updates bitwise equal to torch::optim's; see
 /// Note [Traceable optimizer state]).
-at::Tensor lr_tensor(double lr, c10::Device device = c10::kCPU);
+at::Tensor lr_tensor(double lr);
 
 /// SGD, mirroring torch::optim::SGD::step (sgd.cpp), for each parameter p with
 /// gradient g (parameters whose gradient is undefined are skipped, as there):

@@ -23,6 +23,9 @@
 namespace torch::nn {
 class Module;
 }
+namespace torch::optim {
+class Optimizer;
+}
 
 namespace crucible::pipeline {
 
@@ -111,5 +114,14 @@ Model make_model(std::string_view name);
 /// weights (an eager reference and a compiled copy). Throws PipelineError
 /// naming a tensor that `to` lacks or whose sizes differ.
 void copy_state(const torch::nn::Module& from, torch::nn::Module& to);
+
+/// One eager training step, the reference a compiled TrainStep is compared
+/// with: optimizer.zero_grad(), loss of model.forward(batch.inputs) against
+/// batch.targets, backward(), optimizer.step(). Returns the loss, detached.
+at::Tensor eager_train_step(const Model& model, torch::optim::Optimizer& optimizer, const Batch& batch);
+
+/// The largest |a - b| over the parameters of two instances of one model,
+/// matched by name (how far a compiled copy ended from its eager twin).
+double max_param_diff(const torch::nn::Module& a, const torch::nn::Module& b);
 
 }  // namespace crucible::pipeline
