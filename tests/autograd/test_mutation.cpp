@@ -7,18 +7,14 @@
 #include <ATen/ATen.h>
 
 #include "catch.h"
+#include "graph_testing.h"
 #include "testing.h"
 
 using namespace crucible;
+using crucible::testing::count_calls;
 using Tensors = std::vector<at::Tensor>;
 
 namespace {
-
-size_t count_calls(const ir::Graph& g, const std::string& op) {
-  size_t n = 0;
-  for (const ir::Node* node : g.nodes()) n += node->is_call() && node->target() == op;
-  return n;
-}
 
 size_t count_outputs(const ir::Graph& g, ir::OutputKind kind) { return g.signature().outputs_of(kind).size(); }
 

@@ -2,23 +2,17 @@
 // --json line (every field) and its error paths.
 #include "catch.h"
 #include "cli.h"
+#include "data_dir.h"
 #include "testing.h"
 
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <cstdlib>
 #include <string>
 
 using crucible::testing::run_cli;
 
 namespace {
-
-// The Fashion-MNIST directory meson passes (the package's, or a carried copy).
-std::string data_dir() {
-  const char* dir = std::getenv("CRUCIBLE_FASHION_MNIST_DIR");
-  return dir && *dir ? dir : "/usr/share/datasets/fashion-mnist";
-}
 
 nlohmann::json last_line_json(const std::string& out) {
   std::string s = out;
@@ -31,7 +25,7 @@ nlohmann::json last_line_json(const std::string& out) {
 
 TEST_CASE("crucible train --check-eager --json: every field, and the compiled run agrees with eager",
           "[tools][train]") {
-  const auto r = run_cli("train --model convnet --steps 40 --batch 32 --check-eager --json --data-dir " + data_dir());
+  const auto r = run_cli("train --model convnet --steps 40 --batch 32 --check-eager --json --data-dir " + fashion_mnist_test_dir());
   INFO(r.out << r.err);
   REQUIRE(r.exit_code == 0);
   const nlohmann::json j = last_line_json(r.out);
@@ -74,7 +68,7 @@ TEST_CASE("crucible train --device cuda trains on the GPU and agrees with an eag
   // the traceable Adam rounds as torch::optim's does there: the same kernels
   // on the same operands, so the copies stay bitwise equal.
   const auto r = run_cli("train --model convnet --steps 40 --batch 32 --device cuda --check-eager --tolerance 0 "
-                         "--json --data-dir " + data_dir());
+                         "--json --data-dir " + fashion_mnist_test_dir());
   INFO(r.out << r.err);
   REQUIRE(r.exit_code == 0);
   const nlohmann::json j = last_line_json(r.out);
@@ -88,14 +82,14 @@ TEST_CASE("crucible train --device cuda trains on the GPU and agrees with an eag
 
 TEST_CASE("crucible train --device cuda without a GPU says so", "[tools][train][errors]") {
   if (at::hasCUDA()) CRUCIBLE_SKIP("a CUDA device is present: the error path does not apply");
-  const auto r = run_cli("train --model mlp --steps 1 --device cuda --data-dir " + data_dir());
+  const auto r = run_cli("train --model mlp --steps 1 --device cuda --data-dir " + fashion_mnist_test_dir());
   CHECK(r.exit_code == 1);
   CHECK_THAT(r.err, CRUCIBLE_HAS_SUBSTR("--device cuda: no CUDA device is usable here"));
 }
 
 TEST_CASE("crucible train --backend eager compiles nothing", "[tools][train]") {
   const auto r = run_cli("train --model mlp --steps 5 --batch 16 --optimizer sgd --backend eager --json --data-dir " +
-                         data_dir());
+                         fashion_mnist_test_dir());
   INFO(r.out << r.err);
   REQUIRE(r.exit_code == 0);
   const nlohmann::json j = last_line_json(r.out);

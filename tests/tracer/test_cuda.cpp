@@ -2,6 +2,7 @@
 // the interpreter on the GPU and compared with eager on the GPU. Skipped
 // where no CUDA device is usable.
 #include "catch.h"
+#include "module_testing.h"
 #include "testing.h"
 #include "tracer_testing.h"
 
@@ -11,6 +12,7 @@
 
 #include <torch/torch.h>
 
+using crucible::testing::module_graph_inputs;
 using crucible::testing::run_traced;
 using Tensors = std::vector<at::Tensor>;
 namespace ir = crucible::ir;
@@ -32,11 +34,7 @@ TEST_CASE("CUDA: a joint trace of the ConvNet's loss.backward() replays eager's 
   auto r = crucible::tracer::functional_call(*model.module, step, {x, y}, options);
   for (const ir::Value* p : r.graph.placeholders()) REQUIRE(p->meta().device.is_cuda());
 
-  Tensors inputs;
-  for (const auto& p : model.module->parameters()) inputs.push_back(p.detach().clone());
-  inputs.push_back(x);
-  inputs.push_back(y);
-  auto actual = run_traced(r, inputs);
+  auto actual = run_traced(r, module_graph_inputs(*model.module, {x, y}));
   auto loss = model.loss(model.forward(x), y);
   loss.backward();
   // cuDNN may pick a different (equally valid) convolution algorithm per call,

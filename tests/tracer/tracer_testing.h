@@ -5,6 +5,8 @@
 #include <crucible/ir/verifier.h>
 #include <crucible/tracer/make_fx.h>
 
+#include "graph_testing.h"
+
 #include <ATen/ATen.h>
 
 #include <vector>
@@ -36,14 +38,6 @@ inline std::vector<at::Tensor> views_then_mutation(const std::vector<at::Tensor>
   y.as_strided({2, 2}, {1, 6}, 1).mul_(-1.0);
   at::Tensor z = y.select(0, 2).expand({3, 6}) * 2.0;
   return {y, z};
-}
-
-/// Number of call nodes whose target is `op`.
-inline size_t count_calls(const ir::Graph& g, const std::string& op) {
-  size_t n = 0;
-  for (ir::Node* node : g.nodes())
-    if (node->is_call() && node->target() == op) ++n;
-  return n;
 }
 
 }  // namespace crucible::testing
