@@ -9,6 +9,8 @@
 #include "catch.h"
 #include "testing.h"
 
+using crucible::testing::kGradAtol;
+using crucible::testing::kGradRtol;
 using namespace crucible;
 using Tensors = std::vector<at::Tensor>;
 
@@ -33,8 +35,8 @@ TEST_CASE("outputs aliasing an input alias the caller's tensor, with eager's gra
   (c[0].pow(2).sum() + c[1].sin().sum() + c[3]).backward();
   (e[0].pow(2).sum() + e[1].sin().sum() + e[3]).backward();
   // Several contributions per leaf, accumulated in the engine's order.
-  REQUIRE_CLOSE(cx.grad(), ex.grad(), 1e-6, 1e-6);
-  REQUIRE_CLOSE(cw.grad(), ew.grad(), 1e-6, 1e-6);
+  REQUIRE_CLOSE(cx.grad(), ex.grad(), kGradRtol, kGradAtol);
+  REQUIRE_CLOSE(cw.grad(), ew.grad(), kGradRtol, kGradAtol);
   // On the inference path a write through the returned view reaches x, as in eager.
   const auto y = x.clone(), ey = x.clone();
   compiled({y, w})[1].mul_(10);
@@ -62,8 +64,8 @@ TEST_CASE("outputs aliasing an intermediate are views autograd knows, with eager
   REQUIRE(c[1].strides() == e[1].strides());
   (c[0].sin().sum() + c[1].pow(2).sum()).backward();
   (e[0].sin().sum() + e[1].pow(2).sum()).backward();
-  REQUIRE_CLOSE(cx.grad(), ex.grad(), 1e-6, 1e-6);
-  REQUIRE_CLOSE(cw.grad(), ew.grad(), 1e-6, 1e-6);
+  REQUIRE_CLOSE(cx.grad(), ex.grad(), kGradRtol, kGradAtol);
+  REQUIRE_CLOSE(cw.grad(), ew.grad(), kGradRtol, kGradAtol);
 }
 
 TEST_CASE("an output that views another output, and one returned twice", "[autograd][alias]") {
@@ -82,7 +84,7 @@ TEST_CASE("an output that views another output, and one returned twice", "[autog
   REQUIRE(c[2].is_alias_of(c[1]));
   (c[0].sum() * 2 + c[1].pow(2).sum() + c[2].sum()).backward();
   (e[0].sum() * 2 + e[1].pow(2).sum() + e[2].sum()).backward();
-  REQUIRE_CLOSE(cx.grad(), ex.grad(), 1e-6, 1e-6);
+  REQUIRE_CLOSE(cx.grad(), ex.grad(), kGradRtol, kGradAtol);
 }
 
 TEST_CASE("duplicated inputs f(x, x): the gradient of two uses of one leaf", "[autograd][alias]") {
@@ -98,8 +100,8 @@ TEST_CASE("duplicated inputs f(x, x): the gradient of two uses of one leaf", "[a
   e_out[0].backward();
   // d/dx sum(x sin x) = sin x + x cos x: equal to the sum of the gradients of
   // two distinct leaves, accumulated in an order the engine picks.
-  REQUIRE_CLOSE(cx.grad(), ex.grad(), 1e-6, 1e-6);
-  REQUIRE_CLOSE(cx.grad(), data.sin() + data * data.cos(), 1e-6, 1e-6);
+  REQUIRE_CLOSE(cx.grad(), ex.grad(), kGradRtol, kGradAtol);
+  REQUIRE_CLOSE(cx.grad(), data.sin() + data * data.cos(), kGradRtol, kGradAtol);
   // Two distinct tensors are another specialization (Note [AOT cache guards]).
   const auto y = data.clone().requires_grad_();
   compiled({cx, y});
@@ -123,7 +125,7 @@ TEST_CASE("duplicated inputs f(x, x) where f writes one of them: the write is se
   REQUIRE_EQUAL_TENSORS(cx.detach(), ex.detach());
   (c.sum() + cx.sum()).backward();
   (e.sum() + ex.sum()).backward();
-  REQUIRE_CLOSE(ca.grad(), ea.grad(), 1e-6, 1e-6);
+  REQUIRE_CLOSE(ca.grad(), ea.grad(), kGradRtol, kGradAtol);
 }
 
 TEST_CASE("two inputs viewing one storage, one written: a synthetic base carries the write and the gradient",
@@ -143,7 +145,7 @@ TEST_CASE("two inputs viewing one storage, one written: a synthetic base carries
   REQUIRE_EQUAL_TENSORS(cbase.detach(), ebase.detach());
   c.backward();
   e.backward();
-  REQUIRE_CLOSE(cleaf.grad(), eleaf.grad(), 1e-6, 1e-6);
+  REQUIRE_CLOSE(cleaf.grad(), eleaf.grad(), kGradRtol, kGradAtol);
 }
 
 TEST_CASE("inputs sharing a storage without gradients: a base over the storage; metadata writes re-applied",

@@ -19,6 +19,8 @@
 #include <atomic>
 #include <thread>
 
+using crucible::testing::kGradAtol;
+using crucible::testing::kGradRtol;
 using namespace crucible;
 using Tensors = std::vector<at::Tensor>;
 
@@ -71,7 +73,7 @@ void check_against_eager(const autograd::AotFunction& compiled, const tracer::Te
   REQUIRE_EQUAL_TENSORS(c_out[0].detach(), e_out[0].detach());
   c_out[0].sum().backward();
   e_out[0].sum().backward();
-  for (size_t i = 0; i < in.size(); ++i) REQUIRE_CLOSE(c_in[i].grad(), e_in[i].grad(), 1e-6, 1e-6);
+  for (size_t i = 0; i < in.size(); ++i) REQUIRE_CLOSE(c_in[i].grad(), e_in[i].grad(), kGradRtol, kGradAtol);
 }
 
 }  // namespace
@@ -217,7 +219,7 @@ TEST_CASE("aot graph cache: two instances of one module share graphs, each with 
     out.pow(2).sum().backward();
     ref.pow(2).sum().backward();
     const auto got = module->parameters(), want = eager->parameters();
-    for (size_t i = 0; i < got.size(); ++i) REQUIRE_CLOSE(got[i].grad(), want[i].grad(), 1e-6, 1e-6);
+    for (size_t i = 0; i < got.size(); ++i) REQUIRE_CLOSE(got[i].grad(), want[i].grad(), kGradRtol, kGradAtol);
   }
   REQUIRE(b.count() == 2);  // one forward and one backward for both modules
 }

@@ -12,6 +12,8 @@
 #include "catch.h"
 #include "testing.h"
 
+using crucible::testing::kGradAtol;
+using crucible::testing::kGradRtol;
 using namespace crucible;
 
 namespace {
@@ -52,8 +54,8 @@ TEST_CASE("aot_function: values and loss.backward() gradients equal eager", "[au
   REQUIRE_FALSE(c_in[0].grad().defined());
   // The traced backward runs the engine's kernels; summation order may
   // differ where the engine accumulates the two outputs' gradients.
-  REQUIRE_CLOSE(c_in[1].grad(), e_in[1].grad(), 1e-6, 1e-6);
-  REQUIRE_CLOSE(c_in[2].grad(), e_in[2].grad(), 1e-6, 1e-6);
+  REQUIRE_CLOSE(c_in[1].grad(), e_in[1].grad(), kGradRtol, kGradAtol);
+  REQUIRE_CLOSE(c_in[2].grad(), e_in[2].grad(), kGradRtol, kGradAtol);
   REQUIRE(compiled.num_compilations() == 1);
 }
 
@@ -67,11 +69,11 @@ TEST_CASE("aot_function: torch::autograd::grad and retain_graph behave as eager"
   const auto e_loss = mlp_fn(e_in)[1];
   const auto cg = torch::autograd::grad({c_loss}, c_in, {}, /*retain_graph=*/true);
   const auto eg = torch::autograd::grad({e_loss}, e_in, {}, /*retain_graph=*/true);
-  for (size_t i = 0; i < 3; ++i) REQUIRE_CLOSE(cg[i], eg[i], 1e-6, 1e-6);
+  for (size_t i = 0; i < 3; ++i) REQUIRE_CLOSE(cg[i], eg[i], kGradRtol, kGradAtol);
   // A second backward works with retain_graph, and a third one without it
   // fails because the saved values were freed by the second, as in eager.
   const auto cg2 = torch::autograd::grad({c_loss}, c_in);
-  for (size_t i = 0; i < 3; ++i) REQUIRE_CLOSE(cg2[i], eg[i], 1e-6, 1e-6);
+  for (size_t i = 0; i < 3; ++i) REQUIRE_CLOSE(cg2[i], eg[i], kGradRtol, kGradAtol);
   REQUIRE_THROWS(torch::autograd::grad({c_loss}, c_in));
 }
 
@@ -175,7 +177,7 @@ TEST_CASE("aot_function: a non-contiguous incoming gradient gives eager's gradie
   mlp_fn(e_in)[0].backward(grad);
   // The compiled backward takes a contiguous copy (Note [AOT dispatch]);
   // eager's kernels read the strided one: same values, maybe other rounding.
-  for (size_t i = 0; i < 3; ++i) REQUIRE_CLOSE(c_in[i].grad(), e_in[i].grad(), 1e-6, 1e-6);
+  for (size_t i = 0; i < 3; ++i) REQUIRE_CLOSE(c_in[i].grad(), e_in[i].grad(), kGradRtol, kGradAtol);
 }
 
 TEST_CASE("aot_function: a saved input, or a saved view of one, written before the backward fails it as in eager",

@@ -10,6 +10,8 @@
 #include "module_testing.h"
 #include "testing.h"
 
+using crucible::testing::kGradAtol;
+using crucible::testing::kGradRtol;
 using namespace crucible;
 using Tensors = std::vector<at::Tensor>;
 
@@ -152,7 +154,7 @@ TEST_CASE("aot_module: gradients land in the module's .grad, accumulating as eag
   for (size_t i = 0; i < cp.size(); ++i) {
     INFO(cp[i].key());
     // Accumulation order of the engine may differ per parameter: rounding only.
-    REQUIRE_CLOSE(cp[i].value().grad(), ep[i].value().grad(), 1e-6, 1e-6);
+    REQUIRE_CLOSE(cp[i].value().grad(), ep[i].value().grad(), kGradRtol, kGradAtol);
   }
 }
 
@@ -205,7 +207,7 @@ TEST_CASE("aot_module_simplified: one compilation at construction, the module's 
   REQUIRE_EQUAL_TENSORS(c.detach(), e.detach());
   c.sum().backward();
   e.sum().backward();
-  REQUIRE_CLOSE(cm->fc1->weight.grad(), em->fc1->weight.grad(), 1e-6, 1e-6);
+  REQUIRE_CLOSE(cm->fc1->weight.grad(), em->fc1->weight.grad(), kGradRtol, kGradAtol);
   // An in-place update of the held parameters is seen by the next call.
   {
     torch::NoGradGuard no_grad;
@@ -231,6 +233,6 @@ TEST_CASE("aot_module: a parameter registered under two names gets its gradient 
   c.pow(2).sum().backward();
   e.pow(2).sum().backward();
   // Two uses of one weight, accumulated in the engine's order: rounding only.
-  REQUIRE_CLOSE(cm->fc->weight.grad(), em->fc->weight.grad(), 1e-6, 1e-6);
-  REQUIRE_CLOSE(cm->fc->bias.grad(), em->fc->bias.grad(), 1e-6, 1e-6);
+  REQUIRE_CLOSE(cm->fc->weight.grad(), em->fc->weight.grad(), kGradRtol, kGradAtol);
+  REQUIRE_CLOSE(cm->fc->bias.grad(), em->fc->bias.grad(), kGradRtol, kGradAtol);
 }

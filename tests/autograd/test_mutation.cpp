@@ -10,6 +10,8 @@
 #include "graph_testing.h"
 #include "testing.h"
 
+using crucible::testing::kGradAtol;
+using crucible::testing::kGradRtol;
 using namespace crucible;
 using crucible::testing::count_calls;
 using Tensors = std::vector<at::Tensor>;
@@ -50,8 +52,8 @@ TEST_CASE("input data mutation on the autograd path: the caller's tensor and gra
   (c_out + cx.pow(2).sum()).backward();
   (e_out + ex.pow(2).sum()).backward();
   // Two gradient paths per leaf, summed in the engine's order: rounding only.
-  REQUIRE_CLOSE(ca.grad(), ea.grad(), 1e-6, 1e-6);
-  REQUIRE_CLOSE(cw.grad(), ew.grad(), 1e-6, 1e-6);
+  REQUIRE_CLOSE(ca.grad(), ea.grad(), kGradRtol, kGradAtol);
+  REQUIRE_CLOSE(cw.grad(), ew.grad(), kGradRtol, kGradAtol);
   REQUIRE(compiled.num_compilations() == 1);
 }
 
@@ -152,7 +154,7 @@ TEST_CASE("metadata and data written together on an input with history", "[autog
   REQUIRE_EQUAL_TENSORS(cx.detach(), ex.detach());
   (c_out.sum() + cx.sum()).backward();
   (e_out.sum() + ex.sum()).backward();
-  REQUIRE_CLOSE(ca.grad(), ea.grad(), 1e-6, 1e-6);
+  REQUIRE_CLOSE(ca.grad(), ea.grad(), kGradRtol, kGradAtol);
 }
 
 TEST_CASE("inference path: input data mutation copied back by the runtime wrapper", "[autograd][mutation]") {

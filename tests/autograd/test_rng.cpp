@@ -81,6 +81,8 @@ TEST_CASE("functionalized RNG: Philox draws from graph inputs, forward and backw
   REQUIRE_EQUAL_TENSORS(gw, x * mask * 2.0);
   REQUIRE_EQUAL_TENSORS(gx, w * mask * 2.0);
   REQUIRE_CLOSE(out, (x * mask * 2.0 * w).sum(), 1e-5, 1e-5);  // summation order of sum() may differ
+  // A fair draw: p = 0.5 over the mask's elements, so (0.3, 0.7) is many
+  // standard deviations wide; a mask of all zeros or all ones fails it.
   const double kept = mask.mean().item<double>();
   REQUIRE(kept > 0.3);
   REQUIRE(kept < 0.7);

@@ -34,6 +34,14 @@ inline std::string mismatch(const at::Tensor& actual, const at::Tensor& expected
   return os.str();
 }
 
+/// Tolerances for gradients of a compiled backward against eager's. The
+/// kernels are the same, but where a leaf (or an intermediate) receives
+/// several contributions, the compiled graph adds them in its own order and
+/// autograd's engine in another; float32 addition in another order differs by
+/// a few ulps (about 1e-7 relative per term) on the small tensors tested.
+inline constexpr double kGradRtol = 1e-6;
+inline constexpr double kGradAtol = 1e-6;
+
 }  // namespace crucible::testing
 
 /// REQUIRE that two tensors are close; on failure the message says by how much.

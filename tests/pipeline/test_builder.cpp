@@ -157,13 +157,13 @@ TEST_CASE("builder: compile() runs the AOT path through the builder's partitione
   for (const auto& t : eager_in) in.push_back(t.detach().clone().requires_grad_(t.requires_grad()));
   const at::Tensor out = compiled(in)[0];
   const at::Tensor ref = mlp_fn(eager_in)[0];
-  // The same kernels; only the backward's accumulation order may differ.
-  REQUIRE_CLOSE(out.detach(), ref.detach(), 1e-6, 1e-6);
+  // The same kernels: the forward is bitwise eager's.
+  REQUIRE_EQUAL_TENSORS(out.detach(), ref.detach());
   CHECK(partitions == 1);
   CHECK(compiles == 1);  // the backward compiles at the first backward
   out.sum().backward();
   ref.sum().backward();
-  for (size_t i = 1; i < in.size(); ++i) REQUIRE_CLOSE(in[i].grad(), eager_in[i].grad(), 1e-6, 1e-6);
+  for (size_t i = 1; i < in.size(); ++i) REQUIRE_CLOSE(in[i].grad(), eager_in[i].grad(), crucible::testing::kGradRtol, crucible::testing::kGradAtol);
   CHECK(compiles == 2);
   CHECK(pass_runs == 2);
   CHECK(recorder->events == std::vector<std::string>{
@@ -196,8 +196,8 @@ TEST_CASE("builder: compile() shares compiled graphs between callables only when
       ref.sum().backward();
       // Shared or not, each callable computes eager's values and gradients
       // (same kernels; the backward may accumulate in another order).
-      REQUIRE_CLOSE(out.detach(), ref.detach(), 1e-6, 1e-6);
-      for (size_t i = 1; i < in.size(); ++i) REQUIRE_CLOSE(in[i].grad(), eager_in[i].grad(), 1e-6, 1e-6);
+      REQUIRE_EQUAL_TENSORS(out.detach(), ref.detach());
+      for (size_t i = 1; i < in.size(); ++i) REQUIRE_CLOSE(in[i].grad(), eager_in[i].grad(), crucible::testing::kGradRtol, crucible::testing::kGradAtol);
     }
     return std::count_if(recorder->events.begin(), recorder->events.end(),
                          [](const std::string& e) { return e.rfind("before:backend:", 0) == 0; });
@@ -252,13 +252,13 @@ TEST_CASE("builder: compile() over a module gives eager's loss and fills the mod
   loss.backward();
   const at::Tensor eager_loss = eager.loss()(*eager.model.module, compiled.batch);
   eager_loss.backward();
-  // The same kernels; only the backward's accumulation order may differ.
-  REQUIRE_CLOSE(loss.detach(), eager_loss.detach(), 1e-6, 1e-6);
+  // The same kernels: the forward is bitwise eager's.
+  REQUIRE_EQUAL_TENSORS(loss.detach(), eager_loss.detach());
   auto eager_params = eager.model.module->named_parameters();
   for (const auto& p : compiled.model.module->named_parameters()) {
     INFO(p.key());
     REQUIRE(p.value().grad().defined());
-    REQUIRE_CLOSE(p.value().grad(), eager_params[p.key()].grad(), 1e-6, 1e-6);
+    REQUIRE_CLOSE(p.value().grad(), eager_params[p.key()].grad(), crucible::testing::kGradRtol, crucible::testing::kGradAtol);
   }
   REQUIRE(recorder->events.size() >= 2);
   CHECK(recorder->events[0] == "before:partition:joint");
@@ -339,9 +339,9 @@ TEST_CASE("builder: a training step traced in fake mode (meta tensors) trains as
     eager_loss.backward();
     eager_opt.step();
     // The same kernels at run time; fake mode changes only how the graph was found.
-    REQUIRE_CLOSE(loss, eager_loss.detach(), 1e-5, 1e-6);
+    REQUIRE_EQUAL_TENSORS(loss, eager_loss.detach());
   }
   auto eager_params = eager.model.module->named_parameters();
   for (const auto& p : compiled.model.module->named_parameters())
-    REQUIRE_CLOSE(p.value().detach(), eager_params[p.key()].detach(), 1e-5, 1e-6);
+    REQUIRE_EQUAL_TENSORS(p.value().detach(), eager_params[p.key()].detach());
 }
