@@ -55,7 +55,6 @@ class AOTSyntheticBaseWrapper : public AotWrapper {
     std::vector<int64_t> sizes, strides;
     int64_t storage_offset = 0;
   };
-  bool needs_post_compile_ = false;
   size_t num_state_ = 0;
   std::vector<Group> groups_;
   std::vector<size_t> others_;                 // outer indices passed through, in order
