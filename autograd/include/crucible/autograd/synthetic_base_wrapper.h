@@ -48,6 +48,10 @@ class AOTSyntheticBaseWrapper : public AotWrapper {
     std::vector<size_t> members;
     bool differentiable = false;  ///< the base is the members' common autograd base
   };
+  /// The groups the last pre_compile merged, in order of each group's first
+  /// argument (the order of their bases in the merged calling convention);
+  /// empty before pre_compile and when nothing was merged (post_compile then
+  /// returns the compiled callable unchanged).
   const std::vector<Group>& groups() const { return groups_; }
 
  private:
