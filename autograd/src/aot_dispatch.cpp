@@ -69,6 +69,8 @@ ir::CompiledFn aot_dispatch_autograd(AotRequest& request) {
   auto graphs = c10::make_intrusive<detail::CompiledGraphs>();
   graphs->num_fwd_outputs = joint.num_fwd_outputs;
   graphs->tangent_outputs = std::move(joint.tangent_outputs);
+  graphs->differentiable_outputs.assign(graphs->num_fwd_outputs, false);
+  for (size_t i : graphs->tangent_outputs) graphs->differentiable_outputs[i] = true;
   graphs->tangent_meta = std::move(joint.tangent_meta);
   graphs->num_primals = request.flat_args.size();
   graphs->gradient_inputs = parts.gradient_inputs;

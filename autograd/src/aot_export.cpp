@@ -15,6 +15,7 @@
 #include <torch/nn/module.h>
 
 #include <chrono>
+#include <optional>
 
 namespace crucible::autograd {
 
@@ -150,8 +151,7 @@ ir::Graph aot_export_joint_simple(const tracer::TensorFn& fn, const std::vector<
                                   const tracer::DecompositionTable& decompositions) {
   AotRequest request;
   request.flat_fn = fn;
-  request.trace = [](const tracer::TensorFn& body, const std::vector<at::Tensor>& a,
-                     const tracer::TraceOptions& options) { return tracer::make_fx(body, a, options); };
+  request.trace = detail::function_trace();
   request.flat_args = args;
   request.config.decompositions = decompositions;
   request.compile_id = "export";

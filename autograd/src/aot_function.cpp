@@ -1,6 +1,7 @@
 #include <crucible/autograd/aot_function.h>
 
 #include "compile_cache.h"
+#include "module_trace.h"
 
 namespace crucible::autograd {
 
@@ -12,9 +13,8 @@ size_t AotFunction::num_compilations() const { return cache_->num_compilations()
 
 AotFunction aot_function(tracer::TensorFn fn, AotConfig config) {
   AotFunction f;
-  TraceFn trace = [](const tracer::TensorFn& body, const std::vector<at::Tensor>& args,
-                     const tracer::TraceOptions& options) { return tracer::make_fx(body, args, options); };
-  f.cache_ = std::make_shared<detail::CompileCache>("aot_function", std::move(trace), std::move(fn), std::move(config));
+  f.cache_ = std::make_shared<detail::CompileCache>("aot_function", detail::function_trace(), std::move(fn),
+                                                    std::move(config));
   return f;
 }
 

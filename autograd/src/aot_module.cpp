@@ -21,6 +21,12 @@ std::vector<at::Tensor> module_state(const torch::nn::Module& module) {
 
 namespace detail {
 
+TraceFn function_trace() {
+  return [](const tracer::TensorFn& body, const std::vector<at::Tensor>& args, const tracer::TraceOptions& options) {
+    return tracer::make_fx(body, args, options);
+  };
+}
+
 TraceFn module_trace(std::shared_ptr<torch::nn::Module> module) {
   return [module](const tracer::TensorFn& body, const std::vector<at::Tensor>& args,
                   const tracer::TraceOptions& options) {

@@ -12,10 +12,6 @@ namespace crucible::autograd {
 
 namespace {
 
-bool same_tensor(const at::Tensor& a, const at::Tensor& b) {
-  return a.unsafeGetTensorImpl() == b.unsafeGetTensorImpl();
-}
-
 bool shares_storage(const at::Tensor& a, const at::Tensor& b) {
   return a.has_storage() && b.has_storage() && a.storage().is_alias_of(b.storage());
 }
@@ -39,7 +35,7 @@ void classify_outputs(const std::vector<at::Tensor>& outs, const std::vector<at:
       info.offset_delta = o.storage_offset() - base_offset;
     };
     for (size_t j = 0; j < args.size() && info.output_type == OutputType::non_alias; ++j) {
-      if (same_tensor(o, args[j])) {
+      if (o.is_same(args[j])) {
         info.output_type = OutputType::is_input;
         info.base_idx = j;
       } else if (shares_storage(o, args[j])) {
@@ -54,17 +50,17 @@ void classify_outputs(const std::vector<at::Tensor>& outs, const std::vector<at:
       // intermediate.
       at::Tensor base;
       for (size_t m = 0; m < k && !base.defined(); ++m)
-        if (same_tensor(o, outs[m])) base = outs[m];
+        if (o.is_same(outs[m])) base = outs[m];
       if (!base.defined() && o.is_view()) base = at::Tensor(o._base());
       if (base.defined()) {
         size_t m = 0;
-        while (m < outs.size() && (m == k || !same_tensor(base, outs[m]))) ++m;
+        while (m < outs.size() && (m == k || !base.is_same(outs[m]))) ++m;
         if (m < outs.size()) {
           info.output_type = OutputType::alias_of_intermediate_base_is_user_output;
           info.base_idx = m;
         } else {
           size_t b = 0;
-          while (b < bases.size() && !same_tensor(bases[b], base)) ++b;
+          while (b < bases.size() && !bases[b].is_same(base)) ++b;
           if (b == bases.size()) {
             bases.push_back(base);
             meta.intermediate_bases.push_back(ir::TensorMeta::of(base));

@@ -47,11 +47,9 @@ torch::autograd::variable_list CompiledFunction::forward(torch::autograd::Autogr
     for (size_t j = 0; j < primals.size() && !seen; ++j) seen = primals[j].is_same(outs[i]);
     if (seen) outs[i] = outs[i].clone();
   }
-  std::vector<bool> differentiable(outs.size(), false);
-  for (size_t i : graphs->tangent_outputs) differentiable[i] = true;
   torch::autograd::variable_list non_diff;
   for (size_t i = 0; i < outs.size(); ++i)
-    if (!differentiable[i]) non_diff.push_back(outs[i]);
+    if (!graphs->differentiable_outputs[i]) non_diff.push_back(outs[i]);
   if (!non_diff.empty()) ctx->mark_non_differentiable(non_diff);
   return outs;
 }

@@ -10,7 +10,6 @@
 #include <c10/core/DefaultDtype.h>
 #include <torch/library.h>
 
-#include <cmath>
 #include <mutex>
 
 namespace crucible::autograd {

@@ -1,4 +1,5 @@
-// Private: tracing a module's flat function (its state first).
+// Private: the TraceFns of the entry points: a function of tensors, and a
+// module's flat function (its state first).
 #pragma once
 
 #include <crucible/autograd/aot_request.h>
@@ -8,6 +9,9 @@
 #include <vector>
 
 namespace crucible::autograd::detail {
+
+/// The TraceFn of a function of tensors: tracer::make_fx(body, args, options).
+TraceFn function_trace();
 
 /// The TraceFn of a module: tracer::functional_call over the arguments after
 /// the module's state, the body receiving the module's (swapped-in) state

@@ -33,7 +33,6 @@ void AOTSyntheticBaseWrapper::pre_compile(AotRequest& request) {
   const std::vector<at::Tensor>& args = request.flat_args;
   const ViewAndMutationMeta& meta = request.fw_metadata;
   num_state_ = request.config.num_params_buffers;
-  needs_post_compile_ = false;
   groups_.clear();
   others_.clear();
   metadata_mutated_.clear();
@@ -75,7 +74,6 @@ void AOTSyntheticBaseWrapper::pre_compile(AotRequest& request) {
     groups_.push_back(std::move(g));
   }
   if (groups_.empty()) return;
-  needs_post_compile_ = true;
   for (size_t i = num_state_; i < args.size(); ++i)
     if (group_of[i] < 0) others_.push_back(i);
 
@@ -116,7 +114,7 @@ void AOTSyntheticBaseWrapper::pre_compile(AotRequest& request) {
 
 ir::CompiledFn AOTSyntheticBaseWrapper::post_compile(ir::CompiledFn compiled, const AotRequest& request) {
   (void)request;
-  if (!needs_post_compile_) return compiled;
+  if (groups_.empty()) return compiled;
   return [num_state = num_state_, groups = groups_, others = others_, extra = metadata_mutated_,
           compiled = std::move(compiled)](std::vector<at::Tensor>& args) {
     std::vector<at::Tensor> merged(args.begin(), args.begin() + static_cast<std::ptrdiff_t>(num_state));

@@ -121,6 +121,8 @@ class AotCache {
 
   /// Entries kept now.
   size_t size() const;
+  /// The most entries kept (a count of compiled graphs, not bytes):
+  /// kDefaultCapacity unless the constructor or set_capacity said otherwise.
   size_t capacity() const;
   /// Changes the capacity, dropping the least recently used entries beyond
   /// it (0 keeps nothing: every compile misses).

@@ -15,6 +15,14 @@
 
 namespace crucible::autograd {
 
+/// The compilers and options of an AOTAutograd compilation; it mirrors
+/// AOTConfig in torch/_functorch/aot_autograd.py (fw_compiler, bw_compiler,
+/// inference_compiler, partition_fn, decompositions, num_params_buffers,
+/// keep_inference_input_mutations), with options the seed keeps elsewhere
+/// (functionalize_rng_ops, debug_assert, a recompile limit) and the graph
+/// cache of Note [AOT graph cache]. Each compilation gets a copy. The
+/// defaults interpret every graph (ir::interpret) after the default
+/// partition.
 struct AotConfig {
   /// Compiles the forward part of the partitioned joint graph.
   ir::Backend fw_compiler = ir::interpret;

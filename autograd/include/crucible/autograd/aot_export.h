@@ -62,6 +62,8 @@ ir::Graph aot_export_module(torch::nn::Module& module, const tracer::ModuleFn& f
 /// one; without, the inference graph (traced under no_grad). Throws AotError
 /// when the graph would need the runtime wrappers: fn writes an input (data
 /// or metadata), or an output aliases an input or another output.
+/// `decompositions` is applied while tracing, as make_fx's
+/// decomposition_table (empty: every op is kept as dispatched).
 ir::Graph aot_export_joint_simple(const tracer::TensorFn& fn, const std::vector<at::Tensor>& args, bool trace_joint,
                                   const tracer::DecompositionTable& decompositions = {});
 

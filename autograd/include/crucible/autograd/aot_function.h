@@ -41,6 +41,14 @@ class AotFunction {
   /// Returns fn's outputs; on the autograd path they carry the compiled
   /// backward. Input mutations fn makes are applied to `inputs`, and outputs
   /// that alias inputs alias `inputs` (Note [Regenerating aliased outputs]).
+  /// Throws AotError when `inputs` meet no compilation's guards and
+  /// config.recompile_limit compilations exist already (nothing runs then);
+  /// at a call that compiles, what create_aot_dispatcher_function throws
+  /// (AotError for what cannot be compiled, including a c10::Error of fn
+  /// while traced, wrapped with the compilation named; the tracer's
+  /// TraceError and a backend's exceptions unchanged); at run time, what the
+  /// compiled graph throws, and with config.debug_assert AotError for an
+  /// input that requires grad though it did not when compiled.
   std::vector<at::Tensor> operator()(const std::vector<at::Tensor>& inputs) const;
   /// Compilations so far (one per distinct guard set seen).
   size_t num_compilations() const;

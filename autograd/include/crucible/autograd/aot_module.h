@@ -39,9 +39,19 @@ class AotModule {
   /// num_batches_tracked in train mode) are updated in the module.
   /// Compiles on a cache miss (Note [AOT cache guards]; the guards include
   /// every submodule's is_training(), so train()/eval() recompiles).
+  /// Throws AotError when the call meets no compilation's guards and
+  /// config.recompile_limit compilations exist already (nothing runs then);
+  /// at a call that compiles, what create_aot_dispatcher_function throws
+  /// (AotError for what cannot be compiled, including a c10::Error of fn
+  /// while traced, wrapped with the compilation named; the tracer's
+  /// TraceError and a backend's exceptions unchanged); at run time, what the
+  /// compiled graph throws, and with config.debug_assert AotError for an
+  /// input that requires grad though it did not when compiled.
   std::vector<at::Tensor> operator()(const std::vector<at::Tensor>& inputs) const;
   /// Compilations so far.
   size_t num_compilations() const;
+  /// The module passed to aot_module (shared with the caller): the one whose
+  /// state every call reads and whose buffers it updates.
   const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
 
  private:

@@ -29,12 +29,19 @@ struct AotRequest {
   /// The function over flat arguments. It is only ever called inside
   /// `trace` (for a module it reads the state the trace swapped in).
   tracer::TensorFn flat_fn;
+  /// How flat_fn is traced: make_fx for aot_function and
+  /// aot_export_joint_simple, functional_call over the module for the module
+  /// entry points (see TraceFn). Always called with functionalization on;
+  /// a c10::Error it throws (the function failing) reaches the caller as
+  /// AotError naming the compilation.
   TraceFn trace;
   /// The caller's tensors for this compilation. Never written: every trace
   /// runs on copies.
   std::vector<at::Tensor> flat_args;
   /// collect_metadata(flat_fn, flat_args), kept up to date by the wrappers.
   ViewAndMutationMeta fw_metadata;
+  /// The compilers and options of this compilation: a copy of the
+  /// callable's AotConfig, with num_params_buffers set for a module.
   AotConfig config;
   /// The autograd path (some argument requires grad and grad mode is on).
   bool trace_joint = false;

@@ -44,7 +44,6 @@ class AOTDedupeWrapper : public AotWrapper {
  private:
   bool needs_post_compile_ = false;
   std::vector<bool> keep_arg_mask_;
-  std::vector<size_t> add_dupe_map_;  // per original argument: its index among the kept ones
 };
 
 }  // namespace crucible::autograd

@@ -68,9 +68,15 @@ void check_no_unfunctionalized_rng(const ir::Graph& graph);
 
 /// The draw behind crucible::philox_rand: a tensor of `size`, `dtype` and
 /// `device` whose element i is Philox4x32-10 (at::philox_engine) on seed
-/// `seed`, subsequence i, block `offset` (both int64 0-dim CPU tensors),
-/// mapped to U[0, 1) or, with `normal`, N(0, 1) by Box-Muller. Computed on
-/// the CPU and copied to `device`.
+/// `seed`, subsequence i, block `offset`, mapped to U[0, 1) or, with
+/// `normal`, N(0, 1) by Box-Muller. `seed` and `offset` must be one-element
+/// int64 tensors; they are read on the host with .item() (a CUDA one
+/// synchronizes). `dtype` must be a floating type: the draw is computed as
+/// float32 on the CPU and converted to `dtype` on `device` with .to(), which
+/// is not checked (an integral dtype truncates the values). Throws
+/// c10::Error, not AotError: from .item() when `seed` or `offset` does not
+/// hold exactly one element, for a negative size, or when `device` is not
+/// available.
 at::Tensor philox_rand(c10::IntArrayRef size, const at::Tensor& seed, const at::Tensor& offset,
                        c10::ScalarType dtype, c10::Device device, bool normal);
 

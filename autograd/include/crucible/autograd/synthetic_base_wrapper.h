@@ -48,6 +48,10 @@ class AOTSyntheticBaseWrapper : public AotWrapper {
     std::vector<size_t> members;
     bool differentiable = false;  ///< the base is the members' common autograd base
   };
+  /// The groups the last pre_compile merged, in order of each group's first
+  /// argument (the order of their bases in the merged calling convention);
+  /// empty before pre_compile and when nothing was merged (post_compile then
+  /// returns the compiled callable unchanged).
   const std::vector<Group>& groups() const { return groups_; }
 
  private:
@@ -55,7 +59,6 @@ class AOTSyntheticBaseWrapper : public AotWrapper {
     std::vector<int64_t> sizes, strides;
     int64_t storage_offset = 0;
   };
-  bool needs_post_compile_ = false;
   size_t num_state_ = 0;
   std::vector<Group> groups_;
   std::vector<size_t> others_;                 // outer indices passed through, in order

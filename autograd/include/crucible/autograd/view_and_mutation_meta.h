@@ -37,10 +37,11 @@ struct InputAliasInfo {
   /// (keep_inference_input_mutations), so no epilogue applies it (the seed's
   /// MutationType::MUTATED_IN_GRAPH).
   bool mutation_in_graph = false;
-  /// With mutates_metadata: the input's sizes and strides after the call,
-  /// and its storage offset after the call minus its offset before.
+  /// With mutates_metadata: the input's sizes and strides after the call.
   std::vector<int64_t> final_sizes;
   std::vector<int64_t> final_strides;
+  /// With mutates_metadata: storage_offset() after the call minus
+  /// storage_offset() before, in elements (not bytes); 0 otherwise.
   int64_t final_offset_delta = 0;
 
   bool operator==(const InputAliasInfo&) const = default;
@@ -66,6 +67,8 @@ enum class OutputType : uint8_t {
   alias_of_intermediate_base_is_user_output,
 };
 
+/// The enumerator's name ("non_alias", "alias_of_input", ...), for messages.
+/// Never throws; a value outside the enumeration gives "?".
 std::string_view to_string(OutputType type);
 
 /// One output (the seed's OutputAliasInfo).
@@ -75,7 +78,8 @@ struct OutputAliasInfo {
   std::optional<size_t> base_idx;
   /// Its metadata when the function was compiled (requires_grad included).
   ir::TensorMeta meta;
-  /// For aliases: its storage offset minus its base's at the start of the call.
+  /// For aliases: its storage offset minus its base's at the start of the
+  /// call, in elements (not bytes); 0 for non_alias and is_input.
   int64_t offset_delta = 0;
 
   bool operator==(const OutputAliasInfo&) const = default;
