@@ -11,7 +11,7 @@
 #include "compile_record.h"
 #include "compiled_function.h"
 #include "graph_capture.h"
-#include "rng_state_guard.h"
+#include <crucible/autograd/detail/rng_state_guard.h>
 
 #include <ATen/ATen.h>
 

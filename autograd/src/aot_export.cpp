@@ -6,7 +6,7 @@
 #include "compile_record.h"
 #include "graph_capture.h"
 #include "module_trace.h"
-#include "rng_state_guard.h"
+#include <crucible/autograd/detail/rng_state_guard.h>
 #include "trace_call.h"
 #include "traced_function_transforms.h"
 

@@ -4,7 +4,7 @@
 
 #include <crucible/autograd/aot_request.h>
 
-#include "guards.h"
+#include <crucible/autograd/detail/input_guards.h>
 
 #include <memory>
 #include <mutex>

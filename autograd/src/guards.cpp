@@ -1,4 +1,4 @@
-#include "guards.h"
+#include <crucible/autograd/detail/input_guards.h>
 
 #include <algorithm>
 #include <sstream>

@@ -1,4 +1,4 @@
-#include "rng_state_guard.h"
+#include <crucible/autograd/detail/rng_state_guard.h>
 
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>

@@ -5,40 +5,20 @@
 #include <crucible/pipeline/zoo.h>
 
 #include <crucible/autograd/aot_module.h>
+#include <crucible/autograd/detail/input_guards.h>
+#include <crucible/autograd/detail/rng_state_guard.h>
 #include <crucible/tracer/functional_call.h>
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <mutex>
-#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
 namespace crucible::pipeline {
 namespace {
-
-// Restores the CPU generator's state when it goes out of scope: compiling
-// traces the step once, drawing from the generator as a step would.
-class GeneratorStateGuard {
- public:
-  GeneratorStateGuard() : gen_(at::detail::getDefaultCPUGenerator()) {
-    std::lock_guard lock(gen_.mutex());
-    state_ = gen_.get_state();
-  }
-  ~GeneratorStateGuard() {
-    std::lock_guard lock(gen_.mutex());
-    gen_.set_state(state_);
-  }
-  GeneratorStateGuard(const GeneratorStateGuard&) = delete;
-  GeneratorStateGuard& operator=(const GeneratorStateGuard&) = delete;
-
- private:
-  at::Generator gen_;
-  at::Tensor state_;
-};
 
 }  // namespace
 
@@ -68,7 +48,9 @@ struct TrainStepState {
     ir::CompiledFn fn;
   };
   std::mutex mu;
-  std::unordered_map<std::string, std::shared_ptr<Entry>> cache;
+  // One compilation per guard set: every input's metadata and aliasing, and
+  // the training flag of every submodule (Note [AOT cache guards]).
+  std::vector<std::pair<autograd::detail::InputGuards, std::shared_ptr<Entry>>> cache;
   std::shared_ptr<Entry> latest;
 
   // Every input of the graph, in placeholder order: the module's parameters
@@ -81,20 +63,6 @@ struct TrainStepState {
     in.push_back(lr);
     in.insert(in.end(), batch.begin(), batch.end());
     return in;
-  }
-
-  // The cache key: every input's metadata and the module's mode.
-  std::string key(const std::vector<at::Tensor>& inputs) const {
-    std::ostringstream os;
-    os << (module->is_training() ? 'T' : 'E');
-    for (const at::Tensor& t : inputs) {
-      if (!t.defined()) {
-        os << "|undef";
-        continue;
-      }
-      os << '|' << t.sizes() << t.strides() << c10::toString(t.scalar_type()) << t.device();
-    }
-    return os.str();
   }
 
   void update_lr() {
@@ -113,7 +81,7 @@ struct TrainStepState {
   }
 
   std::shared_ptr<Entry> compile(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& batch) {
-    GeneratorStateGuard restore_generator;
+    autograd::detail::RngStateGuard restore_generators;
     at::AutoGradMode grad_on(true);
     const size_t num_flat = flat_state.size();
     const size_t num_params = params.size();
@@ -173,12 +141,13 @@ struct TrainStepState {
   }
 
   std::shared_ptr<Entry> entry_for(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& batch) {
-    const std::string k = key(inputs);
+    const std::vector<bool> flags = autograd::detail::training_flags(*module);
     std::lock_guard lock(mu);
-    auto it = cache.find(k);
-    if (it == cache.end()) it = cache.emplace(k, compile(inputs, batch)).first;
-    latest = it->second;
-    return it->second;
+    // The graph runs under no_grad whatever the caller's mode: guard it as off.
+    for (const auto& [guards, entry] : cache)
+      if (guards.check(inputs, /*grad_enabled=*/false, flags)) return latest = entry;
+    cache.emplace_back(autograd::detail::InputGuards(inputs, /*grad_enabled=*/false, flags), compile(inputs, batch));
+    return latest = cache.back().second;
   }
 };
 

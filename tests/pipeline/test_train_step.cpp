@@ -214,6 +214,35 @@ TEST_CASE("train step: compiling changes nothing; a new batch size compiles agai
   require_same_state(t.compiled, t.eager, kRtol, kAtol);
 }
 
+TEST_CASE("train step: one submodule switched to eval() compiles again and trains as eager",
+          "[pipeline][train_step]") {
+  const ResNetConfig config{.in_channels = 1, .image_size = 16, .width = 4, .blocks = {1, 1, 1, 1}};
+  const Model shapes = make_resnet(config);
+  Twins t = twins([&] { return make_resnet(config); });
+  torch::optim::SGD compiled_opt(t.compiled.module->parameters(), torch::optim::SGDOptions(0.05));
+  torch::optim::SGD eager_opt(t.eager.module->parameters(), torch::optim::SGDOptions(0.05));
+  TrainStep step = compile_train_step(t.compiled.module, compiled_opt, loss_of(t.compiled));
+  // The first BatchNorm in both copies: in eval() it normalizes with its
+  // running statistics and leaves them alone, a different graph.
+  auto first_batch_norm = [](const Model& m) {
+    for (const auto& child : m.module->modules(/*include_self=*/false))
+      if (child->name().find("BatchNorm") != std::string::npos) return child;
+    FAIL("the ResNet has no BatchNorm");
+    return std::shared_ptr<torch::nn::Module>();
+  };
+  for (int64_t i = 0; i < 4; ++i) {
+    if (i == 2) {
+      first_batch_norm(t.compiled)->eval();
+      first_batch_norm(t.eager)->eval();
+    }
+    const Batch b = shapes.example_batch(8, 200 + i);
+    INFO("step " << i);
+    REQUIRE_CLOSE(step({b.inputs, b.targets}), eager_train_step(t.eager, eager_opt, b), kRtol, kAtol);
+  }
+  CHECK(step.num_compilations() == 2);
+  require_same_state(t.compiled, t.eager, kRtol, kAtol);
+}
+
 TEST_CASE("train step: a compiled step resumes from the state eager steps left in the optimizer",
           "[pipeline][train_step]") {
   Twins t = twins([] { return make_mlp({.in_features = 784, .hidden = {32}, .num_classes = 10}); });

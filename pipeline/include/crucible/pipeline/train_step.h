@@ -54,8 +54,10 @@ class Builder;
 // The gradients live inside the graph: the module's .grad fields are not
 // filled, and each step starts from no gradient (as after zero_grad()).
 // Options of the optimizer other than the learning rate are read once, when
-// the step is created. Compiling saves and restores the CPU generator, so
-// random ops (dropout) draw at each call what eager would draw.
+// the step is created. Compiling saves and restores the default generators
+// (the CPU one and each GPU's), so random ops (dropout) draw at each call what
+// eager would draw. A step compiles again for inputs of other sizes, dtypes,
+// devices or aliasing, or when any submodule's train()/eval() mode changed.
 
 /// The loss of one batch: runs the module on it and returns a 0-dim loss.
 /// `batch` is what the TrainStep is called with (e.g. {inputs, targets}).

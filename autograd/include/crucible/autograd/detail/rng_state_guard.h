@@ -1,4 +1,5 @@
-// Private: keeps the default generators' states across a compilation.
+// Keeps the default generators' states across a compilation. Internal to
+// Crucible: shared with the pipeline's compiled training step.
 #pragma once
 
 #include <ATen/core/Generator.h>

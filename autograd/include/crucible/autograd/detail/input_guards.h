@@ -1,5 +1,6 @@
-// Private: the guards of a compilation (see Note [AOT cache guards] in
-// aot_function.h).
+// The guards of a compilation (see Note [AOT cache guards] in
+// aot_function.h). Internal to Crucible: shared with the pipeline's compiled
+// training step, not a stable interface.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -8,6 +9,10 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
+namespace torch::nn {
+class Module;
+}
 
 namespace crucible::autograd::detail {
 
@@ -53,5 +58,9 @@ class InputGuards {
   std::vector<bool> extra_;
   std::vector<Entry> entries_;
 };
+
+/// is_training() of the module and every descendant, in apply() order: the
+/// `extra` guard of a compilation over a module.
+std::vector<bool> training_flags(const torch::nn::Module& module);
 
 }  // namespace crucible::autograd::detail
