@@ -42,8 +42,8 @@ namespace crucible::ir {
 
 /// A 128-bit content digest of a graph.
 struct GraphHash {
-  uint64_t high = 0;
-  uint64_t low = 0;
+  uint64_t high = 0;  ///< XXH128's high64
+  uint64_t low = 0;   ///< XXH128's low64
 
   bool operator==(const GraphHash&) const = default;
   /// 32 lowercase hex digits, `high` first (a file or cache-entry name).
@@ -53,7 +53,7 @@ struct GraphHash {
 /// The digest of `graph` (Note [Graph hash]). Linear in the graph's size
 /// plus its tensor constants' bytes (copied to the CPU first if they live
 /// elsewhere). Throws IrError, naming the node, for what the text form
-/// cannot hold either (complex or symbolic constants, generators; see
+/// cannot hold either (complex or symbolic scalar constants, generators; see
 /// printer.h) and for a signature that refers to a missing placeholder.
 GraphHash graph_hash(const Graph& graph);
 

@@ -39,6 +39,14 @@ struct BackendInfo {
   int rank = 0;
 };
 
+/// Backends by name (BackendInfo, sorted by name), as
+/// torch/_dynamo/backends/registry.py keeps them: add() is register_backend,
+/// get() lookup_backend, names() list_backends. builtin() builds a new
+/// registry of Crucible's backends at each call, so adding to one changes no
+/// other; callers with backends of their own fill a registry of theirs and
+/// pass it to Builder::backend (then counted as user code, Note [Builder
+/// compiler key]). A plain value with no mutex: concurrent const calls are
+/// safe; add() must not overlap other calls on the same registry.
 class BackendRegistry {
  public:
   /// Crucible's backends: "interpreter" (ir::interpret, rank 0). A backend
@@ -49,6 +57,7 @@ class BackendRegistry {
   void add(BackendInfo backend);
   /// The backend called `name`; throws PipelineError listing the known names.
   const BackendInfo& get(std::string_view name) const;
+  /// Whether a backend called `name` is registered (get() without the throw).
   bool contains(std::string_view name) const;
   /// Every name, sorted.
   std::vector<std::string> names() const;

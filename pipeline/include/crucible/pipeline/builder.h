@@ -80,18 +80,22 @@ class Builder {
   /// verify); on by default.
   Builder& verify_passes(bool verify);
   /// Splits joint graphs for compile() (see partitioner/partition.h).
+  /// Throws PipelineError if `partition_fn` is empty.
   Builder& partitioner(partitioner::PartitionFn partition_fn);
   /// A backend by name from BackendRegistry::builtin(). Throws PipelineError
   /// naming an unknown backend and listing the known ones.
   Builder& backend(std::string_view name);
   /// The same from a registry of the caller's (user code: see compiler_key()).
   Builder& backend(std::string_view name, const BackendRegistry& registry);
-  /// A user backend, under a name for reports.
+  /// A user backend, under a name for reports. Throws PipelineError if
+  /// `backend` is empty (checked here, not at the first compilation).
   Builder& backend(std::string name, ir::Backend backend);
   /// Appends a runtime wrapper around the backend (runtime/compiler_wrapper.h;
-  /// the first added is the outermost).
+  /// the first added is the outermost). Throws PipelineError if `wrapper`
+  /// is null.
   Builder& add_wrapper(std::shared_ptr<runtime::GraphWrapper> wrapper);
-  /// Appends an instrument; see instrument.h and instruments.h.
+  /// Appends an instrument; see instrument.h and instruments.h. Throws
+  /// PipelineError if `instrument` is null.
   Builder& instrument(std::shared_ptr<StageInstrument> instrument);
   /// Names the compilers this builder makes, for the graph cache that
   /// compile() shares between callables (autograd::AotConfig::compiler_key,
@@ -99,9 +103,14 @@ class Builder {
   /// graph alike. Empty: never share. See Note [Builder compiler key].
   Builder& compiler_key(std::string key);
 
+  /// The trace options, decompositions included.
   const tracer::TraceOptions& trace_options() const { return trace_options_; }
+  /// The pass list, in the order the passes run.
   const std::vector<ir::Pass>& passes() const { return passes_; }
+  /// The backend's name: its registry name, or the one given with a user
+  /// backend.
   const std::string& backend_name() const { return backend_name_; }
+  /// The instruments, in the order added.
   const std::vector<std::shared_ptr<StageInstrument>>& instruments() const { return instruments_; }
   /// The key compile() passes to the graph cache: the one set by
   /// compiler_key(std::string), else derived per Note [Builder compiler key].
@@ -123,7 +132,10 @@ class Builder {
   ir::CompiledFn run_backend(const ir::Graph& graph, const std::vector<at::Tensor>& example_inputs,
                              std::string_view graph_name) const;
   /// Passes then backend, as an ir::Backend whose graphs are reported under
-  /// `graph_name`: what AotConfig's compilers are set to.
+  /// `graph_name`: what AotConfig's compilers are set to. Throws nothing
+  /// itself; it holds a copy of the builder, so later setters do not reach
+  /// it. Calling it clones the graph (the caller's is untouched) and throws
+  /// what run_passes and run_backend throw, and the instruments' exceptions.
   ir::Backend graph_compiler(std::string graph_name) const;
   /// The builder's choices as AotConfig: fw/bw/inference compilers =
   /// graph_compiler("forward" / "backward" / "inference"), the partitioner
@@ -135,11 +147,18 @@ class Builder {
   /// `fn` compiled ahead of time, forward and backward: aot_function(fn,
   /// aot_config()). It compiles at the first call for each input metadata
   /// (Note [AOT cache guards]); the instruments see those compilations.
+  /// Throws nothing here: errors come at the call that compiles, as
+  /// AotFunction::operator() lists them (autograd::AotError, wrapping a
+  /// c10::Error of `fn` while traced; TraceError, the passes' ir::IrError,
+  /// the backend's and the instruments' exceptions unchanged). The backward
+  /// graph compiles, and can fail, at the first backward call.
   autograd::AotFunction compile(tracer::TensorFn fn) const;
   /// `fn(module, inputs)` compiled ahead of time with the module's parameters
   /// and buffers lifted to inputs: aot_module(module, fn, aot_config()). As
   /// in eager, loss.backward() fills the module's .grad and an optimizer's
   /// updates are seen by the next call; see autograd/aot_module.h.
+  /// Throws autograd::AotError here for a null `module`; compile errors come
+  /// at the call that compiles, as for compile(fn) (AotModule::operator()).
   autograd::AotModule compile(std::shared_ptr<torch::nn::Module> module, tracer::ModuleFn fn) const;
   /// A whole training step as one graph; see compile_train_step in train_step.h.
   TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimizer& optimizer,

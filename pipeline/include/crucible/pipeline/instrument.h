@@ -56,6 +56,12 @@ struct StageEvent {
 /// instruments were added to the builder, after_stage in the reverse order,
 /// so the first added wraps the others (add a timer last to time the stage
 /// alone); all from the compiling thread.
+/// A hook that throws aborts the compilation: the exception propagates to
+/// the caller unchanged, what the stage made is dropped, and the remaining
+/// instruments miss that event (GraphVerifier relies on this to stop at an
+/// invalid graph). A throw from before_stage or should_run also means the
+/// stage does not run and gets no after_stage; one from a failed stage's
+/// after_stage replaces the stage's exception.
 class StageInstrument {
  public:
   virtual ~StageInstrument() = default;

@@ -63,7 +63,8 @@ struct GraphDumpOptions {
 /// aot_function traces) is written as `<graph>.<NN>.input` before that stage.
 /// Passes that leave the graph unchanged write nothing; the backend stage
 /// writes the generated code, when `code` is set.
-/// Throws PipelineError naming the file it cannot write.
+/// The constructor throws PipelineError when it cannot create `dir`; the
+/// hooks throw PipelineError naming a file they cannot write.
 class GraphDumper : public StageInstrument {
  public:
   explicit GraphDumper(GraphDumpOptions options);

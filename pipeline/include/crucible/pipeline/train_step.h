@@ -85,18 +85,28 @@ class TrainStep {
   at::Tensor operator()(const std::vector<at::Tensor>& batch) const;
   /// Compiles for `batch`'s metadata without running a step (a no-op when it
   /// is compiled already). The trace runs the step once on copies: neither
-  /// the module nor the optimizer state changes.
+  /// the module nor the optimizer state changes. Throws what compiling
+  /// throws, none of it wrapped in AotError (no aot_module here):
+  /// PipelineError when the loss function returns other than a 0-dim tensor;
+  /// the loss function's own exceptions and the tracer's TraceError; the
+  /// passes' ir::IrError; the backend's and the instruments' exceptions.
+  /// Nothing is cached when it throws.
   void compile(const std::vector<at::Tensor>& batch) const;
   /// Compilations so far (one per distinct metadata).
   size_t num_compilations() const;
   /// The graph of the latest compilation, after the passes (what the
-  /// backend compiled). Throws PipelineError before the first compilation.
+  /// backend compiled). The reference stays valid while any copy of this
+  /// TrainStep lives (compilations are kept, never evicted), even after a
+  /// later compilation makes another graph the latest. Throws PipelineError
+  /// before the first compilation.
   const ir::Graph& graph() const;
   /// Every input of the graph for `batch`, in placeholder order (Note [Train
   /// step graph]): the module's tensors (detached aliases), the optimizer
   /// state, the learning rate, the batch. What the compiled graph is called
   /// with (e.g. to compile graph() with another backend and run it).
   std::vector<at::Tensor> graph_inputs(const std::vector<at::Tensor>& batch) const;
+  /// The optimizer's options as compile_train_step read them; their lr is
+  /// the rate then (each call reads the optimizer's current rate).
   const OptimizerOptions& optimizer_options() const;
   /// The optimizer state the graph updates. The torch::optim optimizer's own
   /// state is not updated by compiled steps.
@@ -116,8 +126,12 @@ class TrainStep {
 /// it at every call). Its state, where it has some (it has stepped before), is
 /// copied as the starting state (optimizer_state_from); otherwise the state
 /// starts fresh (init_optimizer_state).
-/// Throws PipelineError for another optimizer, a parameter of the optimizer
-/// that is not one of the module's, or param groups with different options.
+/// Compiles nothing itself; throws PipelineError when `module` is null,
+/// `loss_fn` is empty, the optimizer is not SGD, Adam or AdamW, has no
+/// param groups or groups with different options, updates a tensor that is
+/// not one of the module's parameters, has no parameters, or holds state
+/// whose sizes differ from its parameter's. Compile errors come at the first
+/// call or TrainStep::compile.
 TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimizer& optimizer,
                              LossFn loss_fn, const Builder& builder);
 /// The same with a default Builder.
