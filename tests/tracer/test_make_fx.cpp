@@ -173,23 +173,26 @@ TEST_CASE("make_fx rejects data-dependent ops, naming them", "[tracer]") {
   REQUIRE_THROWS_AS(make_fx([](const at::Tensor& t) { return t.masked_select(t > 0); }, x), TraceError);
 }
 
-TEST_CASE("make_fx: tensors not derived from inputs become constants; large ones are refused", "[tracer]") {
+TEST_CASE("make_fx with freeze: tensors read from outside become constants; large ones are refused", "[tracer]") {
   at::manual_seed(7);
   at::Tensor bias = at::randn({4});
   auto fn = [&](const at::Tensor& t) { return t + bias; };
   at::Tensor x = at::randn({3, 4});
-  auto r = make_fx(fn, x);
+  TraceOptions freeze;
+  freeze.freeze = true;
+  auto r = make_fx(fn, x, freeze);
   size_t constants = 0;
   for (auto* n : r.graph.nodes()) constants += n->is_constant();
   REQUIRE(constants == 1);
+  REQUIRE(r.lifted.empty());
+  REQUIRE(r.graph.placeholders().size() == 1);
   REQUIRE_EQUAL_TENSORS(run_traced(r, {x})[0], fn(x));
 
   at::Tensor big = at::randn({1024, 1024});  // 4 MiB
-  REQUIRE_THROWS_WITH(make_fx([&](const at::Tensor& t) { return at::matmul(t, big); }, at::randn({2, 1024})),
+  REQUIRE_THROWS_WITH(make_fx([&](const at::Tensor& t) { return at::matmul(t, big); }, at::randn({2, 1024}), freeze),
                       CRUCIBLE_HAS_SUBSTR("max_constant_bytes"));
-  TraceOptions roomy;
-  roomy.max_constant_bytes = int64_t{8} << 20;
-  REQUIRE_NOTHROW(make_fx([&](const at::Tensor& t) { return at::matmul(t, big); }, at::randn({2, 1024}), roomy));
+  freeze.max_constant_bytes = int64_t{8} << 20;
+  REQUIRE_NOTHROW(make_fx([&](const at::Tensor& t) { return at::matmul(t, big); }, at::randn({2, 1024}), freeze));
 }
 
 TEST_CASE("make_fx: a joint trace of torch::autograd::grad tags the backward ops", "[tracer]") {

@@ -48,18 +48,55 @@ void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch
   op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake), stack);
 }
 
-// The tensor the traced function runs on in place of `t`: a copy with the same
-// sizes, strides, storage offset and dtype, on the meta device in fake mode,
-// so tracing never writes to the caller's tensors.
-at::Tensor traced_copy(const at::Tensor& t, TraceMode mode) {
-  auto opts = t.options().requires_grad(false);
-  if (mode == TraceMode::Fake) opts = opts.device(at::kMeta);
-  const int64_t storage_numel = t.has_storage()
-                                    ? static_cast<int64_t>(t.storage().nbytes()) / static_cast<int64_t>(t.element_size())
-                                    : t.numel();
-  at::Tensor c = at::empty({storage_numel}, opts).as_strided(t.sizes(), t.strides(), t.storage_offset());
-  if (mode == TraceMode::Real) c.copy_(t.detach());
-  return c.detach();
+// Note [Writes into reached tensors under functionalization]
+// Module state and lifted tensors are not functional wrappers (Note
+// [Swapping reached tensors]), and LibTorch's Functionalize kernels refuse to
+// write a functional tensor's value into a tensor that is not one
+// ("mutating a non-functional tensor with a functional tensor is not
+// allowed"): a BatchNorm's statistics copied from the batch, a counter buffer
+// advanced by a computed value. A second fallback, on DispatchKey::
+// DeferredInit (a key LibTorch leaves unused without torchdistx; it sits
+// above autograd and Functionalize), is switched on with functionalization
+// and sees each op first: when the op writes a tensor that is not a
+// functional wrapper and reads one that is, it replaces the functional
+// arguments it only reads by their current values (synced, unwrapped: the
+// tensors the tracer records), so the op reaches the tracer as a write of
+// traced values into the reached tensor, which Note [Functionalizing module
+// state] turns into an out-of-place op and a MutatedInput output. Autograd
+// then records no history for the write; a value that requires grad written
+// this way under grad mode raises TraceError instead of losing its gradient.
+void write_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  namespace fn = at::functionalization::impl;
+  const c10::FunctionSchema& schema = op.schema();
+  if (schema.is_mutable()) {
+    const auto& formals = schema.arguments();
+    const size_t base = stack->size() - formals.size();
+    auto written = [&](size_t a) { return formals[a].alias_info() && formals[a].alias_info()->isWrite(); };
+    bool writes_plain = false, reads_functional = false;
+    for (size_t a = 0; a < formals.size(); ++a) {
+      const c10::IValue& iv = (*stack)[base + a];
+      if (!iv.isTensor() || !iv.toTensor().defined()) continue;
+      if (written(a))
+        writes_plain |= !fn::isFunctionalTensor(iv.toTensor());
+      else
+        reads_functional |= fn::isFunctionalTensor(iv.toTensor());
+    }
+    if (writes_plain && reads_functional) {
+      for (size_t a = 0; a < formals.size(); ++a) {
+        c10::IValue& iv = (*stack)[base + a];
+        if (written(a) || !iv.isTensor() || !fn::isFunctionalTensor(iv.toTensor())) continue;
+        at::Tensor t = iv.toTensor();
+        if (t.requires_grad() && at::GradMode::is_enabled())
+          throw TraceError(ir::operator_name(op) + " writes a value that requires grad into module state or a "
+                           "tensor read from outside the function (argument '" + formals[a].name() +
+                           "'); the compiled graph cannot carry its gradient through that write: detach() the "
+                           "value, or write under NoGradGuard as eager training code does");
+        fn::sync(t);
+        iv = fn::from_functional_tensor(t);
+      }
+    }
+  }
+  op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::DeferredInit), stack);
 }
 
 struct ActiveTrace {
@@ -69,19 +106,12 @@ struct ActiveTrace {
   ActiveTrace& operator=(const ActiveTrace&) = delete;
 };
 
-struct Teardown {
-  const std::function<void()>& fn;
-  ~Teardown() {
-    if (fn) fn();
-  }
-};
-
 }  // namespace
 
 // Note [Functionalizing module state]
-// Module state cannot be wrapped for functionalization (see Note [Swapping
-// module state]), so an in-place op on a parameter or buffer reaches the
-// tracer as itself: BatchNorm's `num_batches_tracked += 1` records
+// Module state and lifted tensors cannot be wrapped for functionalization
+// (see Note [Swapping reached tensors] in trace_session.cpp), so an in-place
+// op on a parameter, buffer or lifted tensor reaches the tracer as itself: BatchNorm's `num_batches_tracked += 1` records
 // `aten::add_.Scalar(%num_batches_tracked, 1, 1)`. After the trace each such
 // node is replaced by the op's out-of-place variant (the same name without
 // the trailing '_', same overload and arguments), later reads use the new
@@ -108,27 +138,23 @@ c10::OperatorHandle out_of_place_variant(const ir::Node& n) {
       return *h;
   }
   throw TraceError("functionalize: " + n.target() +
-                   " writes to module state (a parameter or buffer) in place and has no out-of-place variant "
+                   " writes to module state (a parameter or buffer) or a lifted tensor in place and has no "
+                   "out-of-place variant "
                    "taking the same arguments, so the write cannot be made functional; write the new value "
                    "with an out-of-place op, or trace without functionalize");
 }
 
-bool is_module_state(const ir::InputSpec& spec) {
-  return spec.kind == ir::InputKind::Parameter || spec.kind == ir::InputKind::Buffer;
-}
-
 // See Note [Functionalizing module state].
-void functionalize_state_writes(ir::Graph& graph, std::vector<InputMutation>& input_mutations) {
+void functionalize_state_writes(ir::Graph& graph, const std::vector<bool>& reached,
+                                std::vector<InputMutation>& input_mutations) {
   std::vector<ir::Node*> writes;
   for (ir::Node* n : graph.nodes())
     if (n->is_call() && n->is_mutating()) writes.push_back(n);
   if (writes.empty()) return;
   std::unordered_map<const ir::Value*, size_t> state_of;  // Value -> the placeholder whose state it holds
   const std::vector<ir::Value*> placeholders = graph.placeholders();
-  for (size_t i = 0; i < placeholders.size(); ++i) {
-    const ir::InputSpec& spec = graph.signature().inputs[i];
-    if (is_module_state(spec) && !spec.duplicate_of) state_of.emplace(placeholders[i], i);
-  }
+  for (size_t i = 0; i < placeholders.size(); ++i)
+    if (reached[i] && !graph.signature().inputs[i].duplicate_of) state_of.emplace(placeholders[i], i);
   std::vector<ir::Value*> final_value(placeholders.size(), nullptr);
   for (ir::Node* n : writes) {
     const c10::OperatorHandle functional = out_of_place_variant(*n);
@@ -137,8 +163,8 @@ void functionalize_state_writes(ir::Graph& graph, std::vector<InputMutation>& in
     if (it == state_of.end())
       throw TraceError("functionalize: " + n->target() + " writes in place to %" +
                        (self.is_value() ? self.value()->name() : std::string("?")) +
-                       ", a view of module state or a tensor functionalization did not wrap; write the parameter "
-                       "or buffer itself, or trace without functionalize");
+                       ", a view of module state or a lifted tensor, or a tensor functionalization did not wrap; "
+                       "write the parameter, buffer or tensor itself, or trace without functionalize");
     ir::Node* replacement = nullptr;
     {
       ir::Graph::InsertGuard before(graph, n);
@@ -186,86 +212,97 @@ TraceResult trace(const std::vector<TraceInput>& inputs, const TraceHooks& hooks
   std::lock_guard<std::mutex> lock(g_trace_mutex);
   TraceResult result;
   ir::Graph& graph = result.graph;
-  TraceSession session(graph, options);
-
-  std::vector<at::Tensor> traced(inputs.size());
-  std::vector<bool> wrapped(inputs.size(), false);
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const TraceInput& in = inputs[i];
-    if (!in.tensor.defined()) throw TraceError("input " + std::to_string(i) + " (" + in.name + ") is an undefined tensor");
-    if (in.spec.duplicate_of) {
-      traced[i] = traced.at(*in.spec.duplicate_of);
-      wrapped[i] = false;
-      graph.add_placeholder(in.name, ir::TensorMeta::of(in.tensor), in.spec);
-      continue;
-    }
-    at::Tensor copy = traced_copy(in.tensor, options.mode);
-    ir::Value* v = session.add_input(copy, in.name, in.spec);
-    ir::TensorMeta meta = v->meta();
-    meta.requires_grad = in.tensor.requires_grad();
-    v->set_meta(meta);
-    wrapped[i] = options.functionalize && !is_module_state(in.spec);
-    traced[i] = wrapped[i] ? at::functionalization::impl::to_functional_tensor(copy) : copy;
-    if (in.tensor.requires_grad()) traced[i].requires_grad_(true);
-  }
-  result.input_mutations.resize(inputs.size());
-
-  std::vector<TraceOutput> outputs;
+  std::vector<ir::Value*> values;
+  std::vector<ir::OutputSpec> specs;
+  std::vector<bool> reached;
   {
-    if (hooks.setup) hooks.setup(traced);
-    Teardown teardown{hooks.teardown};
-    t_tracing = true;
-    struct ResetFlag {
-      ~ResetFlag() { t_tracing = false; }
-    } reset_flag;
-    ActiveTrace active(session);
-    c10::impl::IncludeDispatchKeyGuard trace_on(c10::DispatchKey::Fake);
-    std::optional<c10::impl::IncludeDispatchKeyGuard> functionalize_on;
-    std::optional<at::functionalization::impl::FunctionalizationReapplyViewsGuard> reapply_views;
-    if (options.functionalize) {
-      functionalize_on.emplace(c10::DispatchKey::Functionalize);
-      reapply_views.emplace(true);
+    // Restores the reached tensors when it goes, also when tracing throws.
+    TraceSession session(graph, options);
+    std::vector<at::Tensor> traced(inputs.size());
+    std::vector<bool> wrapped(inputs.size(), false);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const TraceInput& in = inputs[i];
+      if (!in.tensor.defined())
+        throw TraceError("input " + std::to_string(i) + " (" + in.name + ") is an undefined tensor");
+      if (in.spec.duplicate_of) {
+        traced[i] = traced.at(*in.spec.duplicate_of);
+        graph.add_placeholder(in.name, ir::TensorMeta::of(in.tensor), in.spec);
+        continue;
+      }
+      at::Tensor t = session.add_input(in);
+      wrapped[i] = options.functionalize && !in.reached;
+      traced[i] = wrapped[i] ? at::functionalization::impl::to_functional_tensor(t) : t;
+      if (!in.reached && in.tensor.requires_grad()) traced[i].requires_grad_(true);
     }
 
-    outputs = hooks.body(traced);
+    std::vector<TraceOutput> outputs;
+    {
+      t_tracing = true;
+      struct ResetFlag {
+        ~ResetFlag() { t_tracing = false; }
+      } reset_flag;
+      ActiveTrace active(session);
+      c10::impl::IncludeDispatchKeyGuard trace_on(c10::DispatchKey::Fake);
+      std::optional<c10::impl::IncludeDispatchKeyGuard> functionalize_on;
+      std::optional<at::functionalization::impl::FunctionalizationReapplyViewsGuard> reapply_views;
+      std::optional<c10::impl::IncludeDispatchKeyGuard> writes_on;
+      if (options.functionalize) {
+        functionalize_on.emplace(c10::DispatchKey::Functionalize);
+        reapply_views.emplace(true);
+        writes_on.emplace(c10::DispatchKey::DeferredInit);  // Note [Writes into reached tensors under functionalization]
+      }
 
-    if (options.functionalize) {
-      // See Note [Functionalization].
-      for (TraceOutput& o : outputs) {
-        if (o.tensor.defined() && at::functionalization::impl::isFunctionalTensor(o.tensor)) {
-          at::functionalization::impl::sync(o.tensor);
-          o.tensor = at::functionalization::impl::from_functional_tensor(o.tensor);
+      outputs = hooks.body(traced);
+      for (TraceOutput& g : session.gradients(hooks.parameter_gradients)) outputs.push_back(std::move(g));
+
+      result.input_mutations.resize(inputs.size());
+      if (options.functionalize) {
+        // See Note [Functionalization].
+        for (TraceOutput& o : outputs) {
+          if (o.tensor.defined() && at::functionalization::impl::isFunctionalTensor(o.tensor)) {
+            at::functionalization::impl::sync(o.tensor);
+            o.tensor = at::functionalization::impl::from_functional_tensor(o.tensor);
+          }
+        }
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          if (!wrapped[i]) continue;
+          at::functionalization::impl::sync(traced[i]);
+          auto* w = at::functionalization::impl::unsafeGetFunctionalWrapper(traced[i]);
+          InputMutation& m = result.input_mutations[i];
+          m.data = w->has_data_mutation();
+          m.metadata = w->has_metadata_mutation();
+          if (m.data || m.metadata)
+            outputs.push_back({at::functionalization::impl::from_functional_tensor(traced[i]),
+                               ir::OutputSpec{m.data ? ir::OutputKind::MutatedInput : ir::OutputKind::MutatedInputMetadata, i}});
         }
       }
-      for (size_t i = 0; i < inputs.size(); ++i) {
-        if (!wrapped[i]) continue;
-        at::functionalization::impl::sync(traced[i]);
-        auto* w = at::functionalization::impl::unsafeGetFunctionalWrapper(traced[i]);
-        InputMutation& m = result.input_mutations[i];
-        m.data = w->has_data_mutation();
-        m.metadata = w->has_metadata_mutation();
-        if (m.data || m.metadata)
-          outputs.push_back({at::functionalization::impl::from_functional_tensor(traced[i]),
-                             ir::OutputSpec{m.data ? ir::OutputKind::MutatedInput : ir::OutputKind::MutatedInputMetadata, i}});
+      // Outputs are mapped while the reached tensors are still swapped: one
+      // the function read from outside and returns is lifted too.
+      c10::impl::ExcludeDispatchKeyGuard no_trace(c10::DispatchKey::Fake);
+      for (size_t o = 0; o < outputs.size(); ++o) {
+        if (!outputs[o].tensor.defined())
+          throw TraceError("output " + std::to_string(o) + " of the traced function is an undefined tensor");
+        values.push_back(session.value_of(outputs[o].tensor, "output " + std::to_string(o)));
+        specs.push_back(outputs[o].spec);
       }
     }
+    result.input_mutations.resize(graph.placeholders().size());
+    reached = session.reached_placeholders();
+    session.restore();
+    // The function's results, and the autograd graphs they hold, go before
+    // settle_lifted asks which lifted tensors are still held elsewhere.
+    outputs.clear();
+    traced.clear();
+    graph.set_output(values);
+    graph.signature().outputs = specs;
+    if (options.functionalize) functionalize_state_writes(graph, reached, result.input_mutations);
+    result.lifted = session.settle_lifted(result.input_mutations);
   }
-
-  std::vector<ir::Value*> values;
-  for (size_t o = 0; o < outputs.size(); ++o) {
-    if (!outputs[o].tensor.defined())
-      throw TraceError("output " + std::to_string(o) + " of the traced function is an undefined tensor");
-    c10::impl::ExcludeDispatchKeyGuard no_trace(c10::DispatchKey::Fake);
-    values.push_back(session.value_of(outputs[o].tensor, "output " + std::to_string(o)));
-  }
-  graph.set_output(values);
-  for (size_t o = 0; o < outputs.size(); ++o) graph.signature().outputs[o] = outputs[o].spec;
-
-  if (options.functionalize) functionalize_state_writes(graph, result.input_mutations);
   return result;
 }
 
 TORCH_LIBRARY_IMPL(_, Fake, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&trace_fallback>()); }
+TORCH_LIBRARY_IMPL(_, DeferredInit, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&write_fallback>()); }
 
 }  // namespace detail
 
@@ -273,6 +310,7 @@ TraceResult make_fx(const TensorFn& fn, const std::vector<at::Tensor>& example_i
   std::vector<detail::TraceInput> inputs;
   for (size_t i = 0; i < example_inputs.size(); ++i)
     inputs.push_back({example_inputs[i], "arg" + std::to_string(i), ir::InputSpec{}});
+  detail::mark_lifted_inputs(inputs, 0, options);
   detail::TraceHooks hooks;
   hooks.body = [&](const std::vector<at::Tensor>& traced) {
     std::vector<detail::TraceOutput> outs;

@@ -8,7 +8,9 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/graph_task.h>
 
+#include <algorithm>
 #include <functional>
+#include <optional>
 #include <sstream>
 
 namespace crucible::tracer::detail {
@@ -26,8 +28,8 @@ namespace crucible::tracer::detail {
 //    of it: an alias made outside the dispatcher (offsets are absolute in the
 //    storage, so any Value on it serves as the base; the interpreter re-creates
 //    the same aliasing because it runs the same kernels);
-//  * else the tensor was not derived from the inputs and becomes a constant
-//    node holding a copy of it (taken before the op that first reads it runs).
+//  * else the tensor was not derived from the inputs: it is lifted to an
+//    input, or becomes a constant (Note [Lifted tensors] in make_fx.h).
 // The maps hold weak references to every TensorImpl and StorageImpl they key
 // on: a weak reference keeps the object's memory, so no address is reused for
 // another tensor while the trace runs.
@@ -65,6 +67,8 @@ size_t TraceSession::ViewKeyHash::operator()(const ViewKey& k) const {
 }
 
 TraceSession::TraceSession(ir::Graph& graph, const TraceOptions& options) : graph_(graph), options_(options) {
+  for (const NamedTensor& n : options_.source_names)
+    if (n.tensor.defined()) source_names_.emplace(n.tensor.unsafeGetTensorImpl(), n.name);
   for (const auto& [name, fn] : options_.decompositions) {
     try {
       ir::resolve_operator(name);
@@ -85,12 +89,6 @@ const TraceSession::OpInfo& TraceSession::info(const c10::OperatorHandle& op) {
   if (!i.data_dependent) i.data_dependent = data_dependent_reason(i.name);
   if (auto d = options_.decompositions.find(i.name); d != options_.decompositions.end()) i.decomposition = &d->second;
   return ops_.emplace(key, std::move(i)).first->second;
-}
-
-ir::Value* TraceSession::add_input(const at::Tensor& t, const std::string& name, ir::InputSpec spec) {
-  ir::Value* v = graph_.add_placeholder(name, ir::TensorMeta::of(t), std::move(spec));
-  define(v, t);
-  return v;
 }
 
 void TraceSession::define(ir::Value* v, const at::Tensor& t, bool alias_base) {
@@ -122,25 +120,250 @@ ir::Value* TraceSession::lookup(const at::Tensor& t) {
   return n->result();
 }
 
-ir::Value* TraceSession::value_of(const at::Tensor& t, const std::string& user) {
-  if (ir::Value* v = lookup(t)) return v;
+// Note [Swapping reached tensors]
+// A torch::nn module reads its tensors through members (Linear::weight) that
+// share their TensorImpl with the entries of named_parameters(), and a lambda
+// reads the tensors it captured: the tracer cannot hand the function other
+// tensors in their place. Instead it swaps what the TensorImpl holds:
+// Tensor::set_data points the caller's tensor at the traced copy (same
+// sizes, strides and dtype; a meta tensor in fake mode), and the original
+// storage and metadata, kept in a shallow copy, are put back when the trace
+// ends (restore(), which also runs when tracing throws). Its gradient is
+// detached for the trace, so a .backward() inside it starts from none and
+// never accumulates into the caller's, and is restored with the data. The
+// tensor keeps its identity and autograd metadata (requires_grad, leaf), so
+// autograd treats it as it would in eager.
+namespace {
+
+// Tensor::set_data refuses to turn a CPU tensor into a meta one (fake mode),
+// so the swap between devices copies the TensorImpl's metadata directly,
+// which is what set_data does once its checks pass.
+void swap_data(const at::Tensor& t, const at::Tensor& data) {
+  if (t.device() == data.device())
+    t.set_data(data);
+  else
+    t.unsafeGetTensorImpl()->shallow_copy_from(data.getIntrusivePtr());
+}
+
+int64_t nbytes(const at::Tensor& t) { return static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size()); }
+
+// A copy of `t`'s values with the same sizes, strides and dtype.
+at::Tensor copy_of(const at::Tensor& t) {
+  at::Tensor copy = at::empty_strided(t.sizes(), t.strides(), t.options().requires_grad(false));
+  copy.copy_(t.detach());
+  return copy;
+}
+
+// The tensor the traced function runs on in place of `t`: a copy with the same
+// sizes, strides, storage offset and dtype, on the meta device in fake mode,
+// so tracing never writes to the caller's tensors.
+at::Tensor traced_copy(const at::Tensor& t, TraceMode mode) {
+  auto opts = t.options().requires_grad(false);
+  if (mode == TraceMode::Fake) opts = opts.device(at::kMeta);
+  const int64_t storage_numel = t.has_storage()
+                                    ? static_cast<int64_t>(t.storage().nbytes()) / static_cast<int64_t>(t.element_size())
+                                    : t.numel();
+  at::Tensor c = at::empty({storage_numel}, opts).as_strided(t.sizes(), t.strides(), t.storage_offset());
+  if (mode == TraceMode::Real) c.copy_(t.detach());
+  return c.detach();
+}
+
+}  // namespace
+
+void mark_lifted_inputs(std::vector<TraceInput>& inputs, size_t offset, const TraceOptions& options) {
+  for (size_t i : options.lifted_inputs) {
+    if (offset + i >= inputs.size())
+      throw TraceError("TraceOptions::lifted_inputs names input " + std::to_string(i) + " of " +
+                       std::to_string(inputs.size() - offset) + " example inputs");
+    TraceInput& in = inputs[offset + i];
+    std::string target;
+    for (const NamedTensor& n : options.source_names)
+      if (n.tensor.defined() && n.tensor.is_same(in.tensor)) target = n.name;
+    in.name = target.empty() ? "lifted_tensor" : target;
+    in.spec = ir::InputSpec{ir::InputKind::Lifted, target, std::nullopt};
+    in.reached = true;
+  }
+}
+
+TraceSession::~TraceSession() {
+  try {
+    restore();
+  } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw; restore() only fails if set_data does
+  }
+}
+
+at::Tensor TraceSession::add_input(const TraceInput& in) {
+  ir::Value* v = graph_.add_placeholder(in.name, ir::TensorMeta::of(in.tensor), in.spec);
+  if (in.reached) {
+    reach(in.tensor, v, in.spec.kind, /*lifted_here=*/false);
+    return in.tensor;
+  }
+  at::Tensor copy = traced_copy(in.tensor, options_.mode);
+  define(v, copy);
+  ir::TensorMeta meta = v->meta();  // the copy's (on the meta device in fake mode)...
+  meta.requires_grad = in.tensor.requires_grad();  // ...and the caller's requires_grad
+  v->set_meta(std::move(meta));
+  return copy;
+}
+
+void TraceSession::reach(const at::Tensor& t, ir::Value* v, ir::InputKind kind, bool lifted_here) {
+  // See Note [Swapping reached tensors].
+  Reached r{t, t.variable_data(), t.grad(), v, kind, lifted_here, std::nullopt, {}};
+  if (lifted_here && !t.is_meta() && nbytes(t) <= options_.max_constant_bytes) r.pristine = copy_of(t);
+  reached_.push_back(std::move(r));
+  if (t.grad().defined()) t.mutable_grad() = at::Tensor();
+  swap_data(t, traced_copy(t, options_.mode));
+  define(v, t);  // the copy's metadata; the tensor keeps its requires_grad
+}
+
+ir::Value* TraceSession::lift(const at::Tensor& t, const std::string& user) {
+  // See Note [Lifted tensors].
+  if (restored_)
+    throw TraceError(user + " reads a tensor " + meta_string(t) +
+                     " the trace has not seen, after the trace ended; this is a bug in the tracer's caller");
+  auto name = source_names_.find(t.unsafeGetTensorImpl());
+  const std::string target = name == source_names_.end() ? std::string() : name->second;
+  ir::Value* v = graph_.add_placeholder(target.empty() ? "lifted_tensor" : target, ir::TensorMeta::of(t),
+                                        ir::InputSpec{ir::InputKind::Lifted, target, std::nullopt});
+  reach(t, v, ir::InputKind::Lifted, /*lifted_here=*/true);
+  return v;
+}
+
+ir::Value* TraceSession::constant_of(const at::Tensor& t, const std::string& user) {
   if (t.is_meta())
     throw TraceError(user + " reads a meta tensor " + meta_string(t) +
                      " that is not derived from the traced inputs; a fake-mode trace cannot capture its "
                      "value: pass it as an input");
-  const int64_t bytes = static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
+  const int64_t bytes = nbytes(t);
   if (bytes > options_.max_constant_bytes)
     throw TraceError(user + " reads a tensor " + meta_string(t) + " (" + std::to_string(bytes) +
-                     " bytes) that is not derived from the traced inputs; it would become a constant larger than "
-                     "TraceOptions::max_constant_bytes (" + std::to_string(options_.max_constant_bytes) +
-                     "). Pass it to the traced function as an input (module state is lifted by functional_call)");
-  at::Tensor copy = at::empty_strided(t.sizes(), t.strides(), t.options().requires_grad(false));
-  copy.copy_(t.detach());
+                     " bytes) that would become a constant larger than TraceOptions::max_constant_bytes (" +
+                     std::to_string(options_.max_constant_bytes) +
+                     "): freezing bakes every tensor read from outside; trace without freeze to lift it to an "
+                     "input, or raise the limit");
+  at::Tensor copy = copy_of(t);
   ir::Value* v = graph_.add_constant(copy);
   // Not a base for aliases: the copy does not share the original's storage.
   define(v, t, /*alias_base=*/false);
   v->set_meta(ir::TensorMeta::of(copy));
   return v;
+}
+
+ir::Value* TraceSession::value_of(const at::Tensor& t, const std::string& user) {
+  if (ir::Value* v = lookup(t)) return v;
+  return options_.freeze ? constant_of(t, user) : lift(t, user);
+}
+
+std::vector<bool> TraceSession::reached_placeholders() const {
+  std::vector<bool> reached(graph_.placeholders().size(), false);
+  const std::vector<ir::Value*> placeholders = graph_.placeholders();
+  for (const Reached& r : reached_)
+    for (size_t i = 0; i < placeholders.size(); ++i)
+      if (placeholders[i] == r.value) reached[i] = true;
+  return reached;
+}
+
+std::vector<TraceOutput> TraceSession::gradients(bool parameters) const {
+  std::vector<TraceOutput> grads;
+  const std::vector<ir::Value*> placeholders = graph_.placeholders();
+  for (size_t i = 0; i < placeholders.size(); ++i) {
+    for (const Reached& r : reached_) {
+      if (r.value != placeholders[i]) continue;
+      const bool wanted = r.kind == ir::InputKind::Lifted || (parameters && r.kind == ir::InputKind::Parameter);
+      if (at::Tensor g = r.tensor.grad(); wanted && g.defined())
+        grads.push_back({g, ir::OutputSpec{ir::OutputKind::Gradient, i}});
+    }
+  }
+  return grads;
+}
+
+void TraceSession::restore() {
+  if (restored_) return;
+  restored_ = true;
+  // See Note [Swapping reached tensors].
+  for (auto r = reached_.rbegin(); r != reached_.rend(); ++r) {
+    swap_data(r->tensor, r->data);
+    if (r->grad.defined() || r->tensor.grad().defined()) r->tensor.mutable_grad() = r->grad;
+    r->data.reset();
+    r->grad.reset();
+  }
+}
+
+std::vector<LiftedTensor> TraceSession::settle_lifted(std::vector<InputMutation>& input_mutations) {
+  // Only weak references from here on: a temporary of the function dies.
+  for (Reached& r : reached_) {
+    if (!r.lifted_here) continue;
+    r.weak.emplace(r.tensor.getIntrusivePtr());
+    r.tensor.reset();
+  }
+  std::vector<LiftedTensor> lifted;
+  for (size_t k = reached_.size(); k-- > 0;) {
+    const Reached& r = reached_[k];
+    if (!r.lifted_here) continue;
+    const std::vector<ir::Value*> placeholders = graph_.placeholders();
+    const size_t index = static_cast<size_t>(
+        std::find(placeholders.begin(), placeholders.end(), r.value) - placeholders.begin());
+    if (!r.weak->expired()) {
+      lifted.insert(lifted.begin(), LiftedTensor{index, at::Tensor(r.weak->lock())});
+      continue;
+    }
+    to_constant(r, index, input_mutations);
+    for (LiftedTensor& l : lifted) --l.input_index;  // those after it moved up
+  }
+  return lifted;
+}
+
+// A tensor the function made itself outside the dispatcher (Note [Lifted
+// tensors]): its placeholder becomes a constant holding its first value.
+void TraceSession::to_constant(const Reached& r, size_t index, std::vector<InputMutation>& input_mutations) {
+  ir::Value* v = r.value;
+  if (!r.pristine.defined())
+    throw TraceError("the traced function made a tensor " + std::string(c10::toString(v->meta().dtype)) +
+                     c10::str(c10::IntArrayRef(v->meta().sizes)) +
+                     " outside the dispatcher (at::from_blob, or at::tensor / torch::tensor from C++ values) "
+                     "that is larger than TraceOptions::max_constant_bytes (" +
+                     std::to_string(options_.max_constant_bytes) +
+                     ") or a meta tensor, so it cannot become a constant of the graph; make it outside the "
+                     "traced function and pass it in, or raise the limit");
+  // Outputs describing the placeholder (its new value, its gradient) go: the
+  // tensor they would be written to no longer exists.
+  std::vector<ir::Value*> outs;
+  std::vector<ir::OutputSpec> specs;
+  for (size_t o = 0; o < graph_.outputs().size(); ++o) {
+    ir::OutputSpec spec = graph_.signature().outputs[o];
+    if (spec.input_index && *spec.input_index == index) continue;
+    if (spec.input_index && *spec.input_index > index) --*spec.input_index;
+    outs.push_back(graph_.outputs()[o]);
+    specs.push_back(spec);
+  }
+  graph_.set_output(outs);
+  graph_.signature().outputs = specs;
+  // A written or returned constant is cloned first: the graph must not
+  // change, or hand out, the tensor it holds.
+  bool clone = false;
+  for (const ir::Node* user : v->users()) clone |= user->is_output() || (user->is_call() && user->is_mutating());
+  ir::Node* first = nullptr;
+  for (ir::Node* n : graph_.nodes())
+    if (!n->is_placeholder()) {
+      first = n;
+      break;
+    }
+  ir::Value* c = nullptr;
+  {
+    std::optional<ir::Graph::InsertGuard> at_top;
+    if (first) at_top.emplace(graph_, first);
+    c = graph_.add_constant(r.pristine);
+    c->set_meta(ir::TensorMeta::of(r.pristine));
+    if (clone) {
+      static const c10::OperatorHandle clone_op = ir::resolve_operator("aten::clone");
+      ir::Node* n = graph_.add_call(clone_op, {c, c10::IValue()});
+      n->result()->set_meta(c->meta());
+      c = n->result();
+    }
+  }
+  v->replace_all_uses_with(c);
+  graph_.erase(v->node());
+  input_mutations.erase(input_mutations.begin() + static_cast<std::ptrdiff_t>(index));
 }
 
 ir::Argument TraceSession::argument(const c10::IValue& iv, const c10::Argument& formal, const std::string& user) {

@@ -9,6 +9,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -20,6 +21,9 @@ struct TraceInput {
   at::Tensor tensor;
   std::string name;
   ir::InputSpec spec;  // duplicate_of set: shares the tensor of that earlier input
+  /// The function reads `tensor` itself rather than an argument (module
+  /// state, a lifted tensor); see Note [Swapping reached tensors].
+  bool reached = false;
 };
 
 /// One graph output.
@@ -28,16 +32,23 @@ struct TraceOutput {
   ir::OutputSpec spec;
 };
 
-/// What trace() runs. `traced` holds, per input, the tensor the function
-/// runs on in its place (a copy, a meta tensor, a functional wrapper).
+/// What trace() runs.
 struct TraceHooks {
-  /// Before tracing starts; nothing it dispatches is recorded.
-  std::function<void(const std::vector<at::Tensor>& traced)> setup;
-  /// The traced function; returns the graph outputs with their specs.
+  /// The traced function, given per input the tensor it runs on in its
+  /// place (a copy, a meta tensor, a functional wrapper, or for a reached
+  /// input the input itself holding its copy); returns the graph outputs
+  /// with their specs.
   std::function<std::vector<TraceOutput>(const std::vector<at::Tensor>& traced)> body;
-  /// After tracing stops, also when it throws (undoes setup).
-  std::function<void()> teardown;
+  /// Append the gradient each reached Parameter input holds after the body
+  /// as an output of kind Gradient (functional_call's gradients_as_outputs).
+  /// Lifted tensors' gradients are appended always (Note [Lifted tensors]).
+  bool parameter_gradients = false;
 };
+
+/// Marks inputs[offset + i] for each i in options.lifted_inputs as a reached
+/// input of kind Lifted, named from options.source_names. Throws TraceError
+/// for an index past the inputs.
+void mark_lifted_inputs(std::vector<TraceInput>& inputs, size_t offset, const TraceOptions& options);
 
 /// Runs a trace. See make_fx for the behaviour and errors.
 TraceResult trace(const std::vector<TraceInput>& inputs, const TraceHooks& hooks, const TraceOptions& options);
@@ -47,14 +58,34 @@ TraceResult trace(const std::vector<TraceInput>& inputs, const TraceHooks& hooks
 class TraceSession {
  public:
   TraceSession(ir::Graph& graph, const TraceOptions& options);
+  /// Restores the reached tensors (restore()), also when tracing throws.
+  ~TraceSession();
+  TraceSession(const TraceSession&) = delete;
+  TraceSession& operator=(const TraceSession&) = delete;
 
-  /// Adds a placeholder for `t` (the tensor the function runs on).
-  ir::Value* add_input(const at::Tensor& t, const std::string& name, ir::InputSpec spec);
-  /// The Value a tensor the function holds stands for; tensors not derived
-  /// from the inputs become constants. `user` names the op for errors.
+  /// Adds the placeholder of `in` (not a duplicate) and returns the tensor
+  /// the function runs on in its place: a copy of it (a meta tensor in fake
+  /// mode), or for a reached input `in.tensor` itself, now holding the copy.
+  at::Tensor add_input(const TraceInput& in);
+  /// The Value a tensor the function holds stands for; a tensor the trace
+  /// has not seen is lifted, or made a constant (Note [Lifted tensors]).
+  /// `user` names the op for errors.
   ir::Value* value_of(const at::Tensor& t, const std::string& user);
   /// The dispatcher fallback's work: run `op` on the stack and record it.
   void on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack);
+
+  /// Whether placeholder i is a reached input (so never a functional wrapper).
+  std::vector<bool> reached_placeholders() const;
+  /// The gradients the reached tensors hold now, as Gradient outputs: every
+  /// lifted tensor's, and with `parameters` every reached Parameter's.
+  std::vector<TraceOutput> gradients(bool parameters) const;
+  /// Puts each reached tensor's own data and gradient back. Idempotent.
+  void restore();
+  /// After restore() and once the function's results are released: turns
+  /// each tensor lifted while tracing that nothing outside the trace holds
+  /// any more into a constant (Note [Lifted tensors]), editing the graph
+  /// and `input_mutations`, and returns the others.
+  std::vector<LiftedTensor> settle_lifted(std::vector<InputMutation>& input_mutations);
 
  private:
   struct OpInfo {
@@ -80,10 +111,26 @@ class TraceSession {
     c10::weak_intrusive_ptr<c10::StorageImpl> keep;
     ir::Value* value;
   };
+  using WeakTensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+  // A tensor the function reads itself, swapped for the trace.
+  struct Reached {
+    at::Tensor tensor;  // the caller's tensor (held until settle_lifted)
+    at::Tensor data;    // its own storage and metadata
+    at::Tensor grad;    // its own gradient
+    ir::Value* value;
+    ir::InputKind kind;
+    bool lifted_here = false;  // found while tracing, not given as an input
+    std::optional<WeakTensor> weak;  // set by settle_lifted
+    at::Tensor pristine;       // lifted_here: its value when first read, if small enough for a constant
+  };
 
   const OpInfo& info(const c10::OperatorHandle& op);
   ir::Value* lookup(const at::Tensor& t);
   void define(ir::Value* v, const at::Tensor& t, bool alias_base = true);
+  void reach(const at::Tensor& t, ir::Value* v, ir::InputKind kind, bool lifted_here);
+  ir::Value* lift(const at::Tensor& t, const std::string& user);
+  ir::Value* constant_of(const at::Tensor& t, const std::string& user);
+  void to_constant(const Reached& r, size_t index, std::vector<InputMutation>& input_mutations);
   ir::Argument argument(const c10::IValue& iv, const c10::Argument& formal, const std::string& user);
   bool is_shape_check(const torch::jit::Stack& stack, size_t base);
   void run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack, size_t base);
@@ -91,10 +138,13 @@ class TraceSession {
 
   ir::Graph& graph_;
   const TraceOptions& options_;
+  std::unordered_map<const c10::TensorImpl*, std::string> source_names_;
   std::unordered_map<const c10::FunctionSchema*, OpInfo> ops_;
   std::unordered_map<const c10::TensorImpl*, ImplEntry> by_impl_;
   std::unordered_map<ViewKey, ir::Value*, ViewKeyHash> by_view_;
   std::unordered_map<const c10::StorageImpl*, StorageEntry> by_storage_;
+  std::vector<Reached> reached_;
+  bool restored_ = false;
 };
 
 }  // namespace crucible::tracer::detail

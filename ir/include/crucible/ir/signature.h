@@ -17,6 +17,8 @@ enum class InputKind : uint8_t {
   Buffer,     ///< a module buffer lifted to a placeholder
   Tangent,    ///< an incoming gradient of a forward output (joint / backward graphs)
   State,      ///< other lifted state (optimizer state, RNG seed/offset, step counters)
+  Lifted,     ///< a tensor the function reads from outside its arguments (a captured or global
+              ///< tensor, another module's parameter or buffer), read afresh at every call
 };
 
 enum class OutputKind : uint8_t {
@@ -30,7 +32,8 @@ enum class OutputKind : uint8_t {
 
 struct InputSpec {
   InputKind kind = InputKind::UserInput;
-  /// Fully qualified name for parameters, buffers and state ("fc1.weight");
+  /// Fully qualified name for parameters, buffers and state ("fc1.weight"),
+  /// where a lifted tensor came from when known ("discriminator.fc.weight");
   /// empty for user inputs and tangents.
   std::string target;
   /// Index of another placeholder this one duplicates (a parameter tied to
@@ -61,7 +64,7 @@ struct GraphSignature {
   bool operator==(const GraphSignature&) const = default;
 };
 
-/// Text-form names: "user_input", "parameter", "buffer", "tangent", "state";
+/// Text-form names: "user_input", "parameter", "buffer", "tangent", "state", "lifted";
 /// "user_output", "loss", "gradient", "mutated_input", "mutated_input_metadata",
 /// "saved_value". The from_string functions return nullopt for unknown names.
 std::string_view to_string(InputKind kind);

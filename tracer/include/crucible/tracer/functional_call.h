@@ -5,6 +5,10 @@
 
 #include <crucible/tracer/make_fx.h>
 
+#include <cstddef>
+#include <string>
+#include <vector>
+
 namespace torch::nn {
 class Module;
 }
@@ -20,6 +24,7 @@ struct ModuleTraceOptions {
   /// Append the gradient every parameter holds after `fn` (set by a
   /// .backward() inside it) as an output of kind Gradient whose input_index
   /// is the parameter's placeholder. Parameters without one are skipped.
+  /// (Lifted tensors' gradients are appended always.)
   bool gradients_as_outputs = false;
 };
 
@@ -30,11 +35,32 @@ struct ModuleTraceOptions {
 /// tensor registered under several names gets a placeholder per name, the
 /// later ones with `duplicate_of` set to the first (they have no uses).
 ///
+/// Tensors `fn` reads from outside the module and its arguments are lifted
+/// after the example inputs (Note [Lifted tensors] in make_fx.h).
+///
 /// While `fn` runs, each parameter and buffer holds a copy of its value (a
-/// meta tensor in fake mode) and no gradient; afterwards the module's tensors
-/// and gradients are exactly what they were, also when tracing throws.
+/// meta tensor in fake mode) and no gradient, and so does each lifted
+/// tensor; afterwards the tensors and gradients are exactly what they were,
+/// also when tracing throws (Note [Swapping reached tensors]).
 /// Errors as make_fx.
 TraceResult functional_call(torch::nn::Module& module, const ModuleFn& fn,
                             const std::vector<at::Tensor>& example_inputs, const ModuleTraceOptions& options = {});
+
+/// A module's state in the order every graph over the module takes it, and
+/// functional_call lifts it.
+struct ModuleState {
+  /// Each defined parameter (named_parameters() order; a tensor registered
+  /// under several names appears under each), then each defined buffer
+  /// (named_buffers() order), named by its fully qualified name.
+  std::vector<NamedTensor> tensors;
+  /// How many of `tensors` are parameters.
+  size_t num_parameters = 0;
+};
+
+/// `module`'s state. A non-empty `prefix` names each tensor
+/// "<prefix>.<fully qualified name>": TraceOptions::source_names for a
+/// function that reads `module` from outside, so its lifted placeholders
+/// are named after their parameters ("discriminator.fc.weight").
+ModuleState module_state(const torch::nn::Module& module, const std::string& prefix = "");
 
 }  // namespace crucible::tracer

@@ -8,8 +8,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace crucible::tracer {
@@ -25,18 +27,70 @@ enum class TraceMode : uint8_t {
   Fake,
 };
 
+/// A tensor with the name its placeholder gets when the traced function
+/// reads it from outside its arguments ("discriminator.fc.weight").
+struct NamedTensor {
+  std::string name;
+  at::Tensor tensor;
+};
+
+// Note [Lifted tensors]
+// A traced function may read tensors it was not given: a tensor captured by
+// a lambda, a global, the parameters and buffers of another module (a GAN's
+// generator step reads the discriminator). As TorchDynamo lifts such free
+// tensors to graph inputs, the tracer lifts every one it meets to a
+// placeholder of kind InputKind::Lifted, appended after the other
+// placeholders, and TraceResult::lifted names the tensor behind it, so a
+// compiled function reads its current value at every call instead of a
+// stale copy. While the trace runs, the lifted tensor holds a copy of its
+// value (its TensorImpl is swapped, as module state is: Note [Swapping
+// reached tensors]), so tracing never writes the caller's tensor; a write
+// the function makes to it is recorded as a write to that input (with
+// functionalize, a MutatedInput output), and a gradient the function
+// accumulates into its .grad (a .backward() inside the trace) becomes an
+// output of kind Gradient for that input.
+// What becomes a constant node instead, holding a copy of the value it had
+// when the function first read it:
+//  * every tensor read from outside when TraceOptions::freeze is set
+//    (freezing: for inference, when those tensors will not change);
+//  * a tensor the function made itself outside the dispatcher (at::tensor
+//    and torch::tensor from C++ values, at::from_blob over a local array):
+//    the tracer cannot see such a tensor being created, so it is lifted
+//    first, and turned into a constant when the trace ends and nothing
+//    outside the function holds it any more (the function's own temporary).
+// Constants larger than max_constant_bytes raise TraceError: a large tensor
+// made outside the dispatcher, or a frozen weight over the limit.
+
 struct TraceOptions {
   TraceMode mode = TraceMode::Real;
   /// Remove mutation and aliasing through LibTorch's functionalization: the
   /// graph has no in-place ops; inputs the function mutates come back as
   /// extra outputs (OutputKind::MutatedInput / MutatedInputMetadata) and are
-  /// described by TraceResult::input_mutations (module state too: see Note
-  /// [Functionalizing module state]). See Note [Functionalization].
+  /// described by TraceResult::input_mutations (module state and lifted
+  /// tensors too: see Note [Functionalizing module state]). See Note
+  /// [Functionalization].
   bool functionalize = false;
-  /// Tensors the function uses that are not derived from its inputs become
-  /// constant nodes; one larger than this (bytes) raises TraceError, since it
-  /// is almost always state (a weight) that should be passed as an input.
+  /// The largest tensor (bytes) that becomes a constant node of the graph
+  /// (Note [Lifted tensors] says which do); a larger one raises TraceError,
+  /// since a graph that embeds it copies it into every compiled artifact.
   int64_t max_constant_bytes = int64_t{1} << 20;
+  /// Freezing: tensors the function reads from outside its arguments become
+  /// constants holding their value at trace time instead of lifted inputs
+  /// (Note [Lifted tensors]). Only for graphs run when those tensors no
+  /// longer change (inference with fixed weights, as inductor's freezing):
+  /// a frozen tensor that later changes is NOT seen by the graph.
+  bool freeze = false;
+  /// Names for tensors the function may read from outside its arguments:
+  /// a lifted tensor found here gets this name (placeholder name and
+  /// InputSpec::target), others "lifted_tensor". named_state() in
+  /// functional_call.h lists a module's tensors this way.
+  std::vector<NamedTensor> source_names;
+  /// Indices of example inputs that the function reads from outside rather
+  /// than from its arguments (tensors an earlier trace lifted): their
+  /// placeholders are InputKind::Lifted, and the function receives the
+  /// tensor itself at those positions, holding the traced copy while the
+  /// trace runs (Note [Swapping reached tensors]).
+  std::vector<size_t> lifted_inputs;
   /// Ops rewritten while tracing (see decomposition.h).
   DecompositionTable decompositions;
 };
@@ -48,13 +102,25 @@ struct InputMutation {
   bool metadata = false;  ///< its sizes/strides/offset changed (transpose_, resize_, ...)
 };
 
+/// A tensor the trace lifted (Note [Lifted tensors]).
+struct LiftedTensor {
+  /// Its placeholder.
+  size_t input_index = 0;
+  /// The caller's tensor itself: a compiled graph reads it at every call.
+  at::Tensor tensor;
+};
+
 struct TraceResult {
   /// Placeholders: the example inputs, in order (module tracing puts the
-  /// parameters and buffers first). Outputs: the function's results, then the
-  /// extra outputs the signature describes. Backward ops carry the tag "backward".
+  /// parameters and buffers first), then the lifted tensors. Outputs: the
+  /// function's results, then the extra outputs the signature describes.
+  /// Backward ops carry the tag "backward".
   ir::Graph graph;
   /// One per placeholder.
   std::vector<InputMutation> input_mutations;
+  /// The tensors lifted while tracing, in placeholder order (not those named
+  /// by TraceOptions::lifted_inputs, which the caller knows).
+  std::vector<LiftedTensor> lifted;
 };
 
 /// A function over tensors, as make_fx traces it.
@@ -69,12 +135,14 @@ using TensorFn = std::function<std::vector<at::Tensor>(const std::vector<at::Ten
 /// gradient a backward op was told not to compute, has no metadata). An op is
 /// tagged "backward" when the autograd engine runs it, i.e. while a graph task
 /// is current (torch::autograd::get_current_graph_task_id() != -1). The graph replays the
-/// function: interpreting it on the same inputs gives the same outputs (RNG
-/// ops draw from the generator they drew from while tracing).
+/// function: interpreting it on the same inputs (and the lifted tensors,
+/// Note [Lifted tensors]) gives the same outputs (RNG ops draw from the
+/// generator they drew from while tracing).
 ///
-/// Throws TraceError for data-dependent ops (.item(), nonzero, equal, ...),
-/// for a large tensor not derived from the inputs, and when `fn` returns a
-/// tensor it did not compute or receive. Any exception `fn` throws propagates.
+/// Throws TraceError for data-dependent ops (.item(), nonzero, equal, ...)
+/// and for a constant over TraceOptions::max_constant_bytes. Any exception
+/// `fn` throws propagates; the tensors it reads from outside are restored
+/// to their own data and gradients also then.
 /// One trace runs at a time in a process (others wait).
 TraceResult make_fx(const TensorFn& fn, const std::vector<at::Tensor>& example_inputs,
                     const TraceOptions& options = {});
