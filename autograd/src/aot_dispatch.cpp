@@ -11,6 +11,7 @@
 #include "compile_record.h"
 #include "compiled_function.h"
 #include "graph_capture.h"
+#include "lift_inputs.h"
 #include <crucible/autograd/detail/rng_state_guard.h>
 
 #include <ATen/ATen.h>
@@ -102,30 +103,50 @@ ir::CompiledFn aot_dispatch_autograd(AotRequest& request) {
   return wrap_runtime(std::move(apply), request, std::move(detach));
 }
 
-ir::CompiledFn create_aot_dispatcher_function(AotRequest request) {
-  bool needs_autograd = false;
-  if (at::GradMode::is_enabled())
-    for (const at::Tensor& t : request.flat_args) needs_autograd |= t.defined() && t.requires_grad();
-  request.trace_joint = needs_autograd;
-  const char* kind = needs_autograd ? "forward" : "inference";
+namespace {
+
+bool any_requires_grad(const std::vector<at::Tensor>& args) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const at::Tensor& t : args)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+}  // namespace
+
+AotCompiled create_aot_dispatcher_function(AotRequest request) {
+  bool needs_autograd = any_requires_grad(request.flat_args);
   const std::string compile_id = request.compile_id, reason = request.recompile_reason;
   try {
+    // Named by the path the arguments choose; a lifted tensor that requires
+    // grad can still move the compilation to the autograd path.
     auto timed = runtime::default_phase_timer().time(needs_autograd ? "aot_autograd" : "aot_inference");
     detail::RngStateGuard keep_rng;  // See Note [RNG during compilation].
     {
       auto analysis = runtime::default_phase_timer().time("collect_metadata");
-      request.fw_metadata = collect_metadata(request, needs_autograd);
+      std::vector<tracer::NamedTensor> found;
+      request.fw_metadata = collect_metadata(request, needs_autograd, &found);
+      if (!found.empty()) {
+        // See Note [Lifting in AOTAutograd].
+        detail::lift_inputs(request, found);
+        needs_autograd = any_requires_grad(request.flat_args);
+        request.fw_metadata = collect_metadata(request, needs_autograd);
+        detail::check_lifted_aliasing(request);
+      }
     }
+    request.trace_joint = needs_autograd;
+    runtime::LiftedInputs lifted(request.lifted, request.lifted_names);
     runtime::WrapperList<AotRequest> wrappers{std::make_shared<AOTDedupeWrapper>(),
                                               std::make_shared<AOTSyntheticBaseWrapper>()};
     if (request.config.functionalize_rng_ops) wrappers.push_back(std::make_shared<FunctionalizedRngRuntimeWrapper>());
-    return runtime::compile_with_wrappers<AotRequest>(wrappers, std::move(request),
-                                                      needs_autograd ? aot_dispatch_autograd : aot_dispatch_base);
+    ir::CompiledFn fn = runtime::compile_with_wrappers<AotRequest>(
+        wrappers, std::move(request), needs_autograd ? aot_dispatch_autograd : aot_dispatch_base);
+    return AotCompiled{std::move(fn), std::move(lifted)};
   } catch (const Error& e) {
-    detail::record_failure(compile_id, kind, reason, "crucible::Error", e.what());
+    detail::record_failure(compile_id, needs_autograd ? "forward" : "inference", reason, "crucible::Error", e.what());
     throw;
   } catch (const std::exception& e) {
-    detail::record_failure(compile_id, kind, reason, "std::exception", e.what());
+    detail::record_failure(compile_id, needs_autograd ? "forward" : "inference", reason, "std::exception", e.what());
     throw;
   }
 }

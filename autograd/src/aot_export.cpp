@@ -69,12 +69,12 @@ ir::Graph aot_export_module(torch::nn::Module& module, const tracer::ModuleFn& f
   const auto start = std::chrono::steady_clock::now();
   // Non-owning: the caller keeps the module alive for the call.
   std::shared_ptr<torch::nn::Module> m(std::shared_ptr<torch::nn::Module>(), &module);
-  const std::vector<at::Tensor> state = module_state(module);
+  std::vector<at::Tensor> state;
   std::vector<std::string> names;
-  for (const auto& p : module.named_parameters(/*recurse=*/true))
-    if (p.value().defined()) names.push_back(p.key());
-  for (const auto& b : module.named_buffers(/*recurse=*/true))
-    if (b.value().defined()) names.push_back(b.key());
+  for (const tracer::NamedTensor& t : tracer::module_state(module).tensors) {
+    state.push_back(t.tensor);
+    names.push_back(t.name);
+  }
   for (size_t i = 0; i < args.size(); ++i) names.push_back("arg" + std::to_string(i));
 
   AotRequest request;

@@ -12,10 +12,7 @@ namespace crucible::autograd {
 
 std::vector<at::Tensor> module_state(const torch::nn::Module& module) {
   std::vector<at::Tensor> state;
-  for (const auto& p : module.named_parameters(/*recurse=*/true))
-    if (p.value().defined()) state.push_back(p.value());
-  for (const auto& b : module.named_buffers(/*recurse=*/true))
-    if (b.value().defined()) state.push_back(b.value());
+  for (tracer::NamedTensor& t : tracer::module_state(module).tensors) state.push_back(std::move(t.tensor));
   return state;
 }
 
@@ -33,6 +30,11 @@ TraceFn module_trace(std::shared_ptr<torch::nn::Module> module) {
     const size_t num_state = module_state(*module).size();
     tracer::ModuleTraceOptions module_options;
     module_options.trace = options;
+    // functional_call counts lifted inputs among the arguments after the state.
+    for (size_t& i : module_options.trace.lifted_inputs) {
+      if (i < num_state) throw AotError("module state input " + std::to_string(i) + " cannot be a lifted input");
+      i -= num_state;
+    }
     const std::vector<at::Tensor> rest(args.begin() + static_cast<std::ptrdiff_t>(num_state), args.end());
     return tracer::functional_call(
         *module,
@@ -93,21 +95,27 @@ tracer::TensorFn aot_module_simplified(std::shared_ptr<torch::nn::Module> module
   request.config.num_params_buffers = state.size();
   request.compile_id = "simplified";
   const bool grad_enabled = at::GradMode::is_enabled();
+  AotCompiled compiled = create_aot_dispatcher_function(std::move(request));
+  if (!compiled.lifted.append_to(flat))
+    throw AotError("aot_module_simplified: " + compiled.lifted.freed() + " while the function was compiled");
   auto guards = std::make_shared<const detail::InputGuards>(flat, grad_enabled, detail::training_flags(*module));
-  ir::CompiledFn compiled = create_aot_dispatcher_function(std::move(request));
   return [module, state = std::move(state), guards, compiled = std::move(compiled)](
              const std::vector<at::Tensor>& inputs) {
     std::vector<at::Tensor> args;
-    args.reserve(state.size() + inputs.size());
+    args.reserve(state.size() + inputs.size() + compiled.lifted.size());
     args.insert(args.end(), state.begin(), state.end());
     args.insert(args.end(), inputs.begin(), inputs.end());
+    if (!compiled.lifted.append_to(args))
+      throw AotError("aot_module_simplified: " + compiled.lifted.freed() +
+                     "; it keeps the one compilation made for its example inputs: use aot_module, which compiles "
+                     "again");
     const bool grad = at::GradMode::is_enabled();
     const std::vector<bool> flags = detail::training_flags(*module);
     if (!guards->check(args, grad, flags))
       throw AotError("aot_module_simplified: " + guards->first_difference(args, grad, flags).reason +
                      "; it keeps the one compilation made for its example inputs: call with inputs like those, "
                      "or use aot_module, which compiles again");
-    return compiled(args);
+    return compiled.fn(args);
   };
 }
 

@@ -1,6 +1,7 @@
 #include <crucible/autograd/collect_metadata.h>
 #include <crucible/autograd/error.h>
 
+#include "lift_inputs.h"
 #include "trace_call.h"
 
 #include <ATen/ATen.h>
@@ -85,10 +86,11 @@ void classify_outputs(const std::vector<at::Tensor>& outs, const std::vector<at:
 
 }  // namespace
 
-ViewAndMutationMeta collect_metadata(const AotRequest& request, bool is_train) {
+ViewAndMutationMeta collect_metadata(const AotRequest& request, bool is_train,
+                                     std::vector<tracer::NamedTensor>* lifted) {
   const std::vector<at::Tensor>& flat_args = request.flat_args;
   const size_t n = flat_args.size();
-  const size_t num_state = request.config.num_params_buffers;
+  const std::vector<bool> reached = detail::reached_inputs(request);
   ViewAndMutationMeta meta;
   meta.is_train = is_train;
   meta.input_info.resize(n);
@@ -102,8 +104,8 @@ ViewAndMutationMeta collect_metadata(const AotRequest& request, bool is_train) {
   auto body = [&](const std::vector<at::Tensor>& ins) {
     std::vector<at::Tensor> args = ins;
     std::vector<std::shared_ptr<torch::autograd::Node>> grad_fn_before(n);
-    for (size_t i = num_state; i < n; ++i) {
-      if (is_train && meta.input_info[i].requires_grad && !meta.input_info[i].is_leaf) {
+    for (size_t i = 0; i < n; ++i) {
+      if (!reached[i] && is_train && meta.input_info[i].requires_grad && !meta.input_info[i].is_leaf) {
         args[i] = ins[i].clone();
         grad_fn_before[i] = args[i].grad_fn();
       }
@@ -129,17 +131,32 @@ ViewAndMutationMeta collect_metadata(const AotRequest& request, bool is_train) {
     classify_outputs(outs, args, offsets, meta);
     return outs;
   };
-  tracer::TraceResult traced = detail::trace_functionalized(request, body, flat_args, "metadata analysis");
-  for (size_t i = 0; i < num_state && i < traced.input_mutations.size(); ++i) {
+  tracer::TraceResult traced =
+      detail::trace_functionalized(request, body, flat_args, "metadata analysis", /*allow_lifting=*/true);
+  for (size_t i = 0; i < n && i < traced.input_mutations.size(); ++i) {
+    if (!reached[i]) continue;  // the others were read from their functional wrappers above
     const tracer::InputMutation& m = traced.input_mutations[i];
+    const ir::InputSpec& spec = traced.graph.signature().inputs[i];
     if (m.metadata)
-      throw AotError("module state input " + std::to_string(i) + " (" + traced.graph.signature().inputs[i].target +
-                     ") has its sizes or strides changed in place; compiled modules cannot do that: assign a new "
-                     "tensor outside the compiled call instead");
+      throw AotError(std::string(spec.kind == ir::InputKind::Lifted ? "lifted tensor " : "module state input ") +
+                     std::to_string(i) + " (" + spec.target +
+                     ") has its sizes or strides changed in place; compiled functions cannot do that: assign a "
+                     "new tensor outside the compiled call instead");
     InputAliasInfo& info = meta.input_info[i];
     info.mutates_data = m.data;
     // A parameter is a leaf that requires grad: eager allows writing it only under no_grad.
     info.mutations_under_no_grad = m.data && info.requires_grad;
+  }
+  if (!traced.lifted.empty()) {
+    if (!lifted)
+      throw AotError("compilation " + request.compile_id + ": the function read a tensor " +
+                     std::string(c10::toString(traced.lifted[0].tensor.scalar_type())) +
+                     c10::str(traced.lifted[0].tensor.sizes()) +
+                     " from outside its arguments (a captured or global tensor, another module's state); an "
+                     "exported graph takes every tensor it reads as an input: pass it as an argument, or "
+                     "register it as a buffer of the module");
+    for (const tracer::LiftedTensor& l : traced.lifted)
+      lifted->push_back({traced.graph.signature().inputs[l.input_index].target, l.tensor});
   }
   return meta;
 }

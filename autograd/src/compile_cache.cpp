@@ -18,19 +18,27 @@ CompileCache::CompileCache(std::string api, TraceFn trace, tracer::TensorFn flat
 std::vector<at::Tensor> CompileCache::call(std::vector<at::Tensor> args, const std::vector<bool>& extra,
                                            std::optional<size_t> num_params_buffers) {
   const bool grad_enabled = at::GradMode::is_enabled();
+  const size_t num_args = args.size();
   std::shared_ptr<const Entry> hit;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& e : entries_)
+    for (const auto& e : entries_) {
+      if (!e->lifted.append_to(args)) continue;
       if (e->guards.check(args, grad_enabled, extra)) {
         hit = e;
         break;
       }
+      args.resize(num_args);
+    }
     if (!hit) {
       // The recompile reason: the first failing guard of the closest compilation.
       InputGuards::Mismatch closest{0, "first call"};
       for (auto e = entries_.rbegin(); e != entries_.rend(); ++e) {
-        InputGuards::Mismatch m = (*e)->guards.first_difference(args, grad_enabled, extra);
+        InputGuards::Mismatch m{num_args, (*e)->lifted.freed()};
+        if (m.reason.empty() && (*e)->lifted.append_to(args)) {
+          m = (*e)->guards.first_difference(args, grad_enabled, extra);
+          args.resize(num_args);
+        }
         if (e == entries_.rbegin() || m.matched > closest.matched) closest = std::move(m);
       }
       const std::string& reason = closest.reason;
@@ -47,8 +55,11 @@ std::vector<at::Tensor> CompileCache::call(std::vector<at::Tensor> args, const s
       if (num_params_buffers) request.config.num_params_buffers = *num_params_buffers;
       request.compile_id = std::to_string(id_) + "/" + std::to_string(entries_.size());
       request.recompile_reason = reason;
-      ir::CompiledFn fn = create_aot_dispatcher_function(std::move(request));
-      hit = std::make_shared<const Entry>(Entry{InputGuards(args, grad_enabled, extra), std::move(fn)});
+      AotCompiled compiled = create_aot_dispatcher_function(std::move(request));
+      if (!compiled.lifted.append_to(args))
+        throw AotError(api_ + ": " + compiled.lifted.freed() + " while the function was compiled");
+      hit = std::make_shared<const Entry>(
+          Entry{InputGuards(args, grad_enabled, extra), std::move(compiled.fn), std::move(compiled.lifted)});
       entries_.push_back(hit);
     }
   }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <crucible/autograd/aot_request.h>
+#include <crucible/runtime/lifted_inputs.h>
 
 #include <crucible/autograd/detail/input_guards.h>
 
@@ -19,7 +20,8 @@ class CompileCache {
   /// `api` names the caller in messages ("aot_function", "aot_module").
   CompileCache(std::string api, TraceFn trace, tracer::TensorFn flat_fn, AotConfig config);
 
-  /// Runs the compilation whose guards `args` meet, compiling one first
+  /// Runs the compilation whose guards `args` (and the tensors it lifted,
+  /// which must still exist: Note [Lifted tensors]) meet, compiling one first
   /// (create_aot_dispatcher_function) when none does; AotError when that
   /// would exceed config.recompile_limit. `extra` joins the guards (see
   /// InputGuards); `num_params_buffers` overrides the config's for a new
@@ -31,8 +33,9 @@ class CompileCache {
 
  private:
   struct Entry {
-    InputGuards guards;
+    InputGuards guards;  // over the arguments followed by the lifted tensors
     ir::CompiledFn fn;
+    runtime::LiftedInputs lifted;
   };
   std::string api_;
   size_t id_;

@@ -4,6 +4,7 @@
 #include <crucible/autograd/functionalized_rng_wrapper.h>
 #include <crucible/runtime/timing.h>
 
+#include "lift_inputs.h"
 #include "trace_call.h"
 #include "traced_function_transforms.h"
 
@@ -32,6 +33,7 @@ JointGraph create_joint_graph(const AotRequest& request) {
   const std::vector<at::Tensor>& flat_args = request.flat_args;
   const size_t num_primals = flat_args.size();
   const size_t num_state = request.config.num_params_buffers;
+  const std::vector<bool> reached = reached_inputs(request);
   const std::vector<size_t> computed = meta.graph_computed_outputs();
   const std::vector<size_t> written = meta.mutated_data_inputs();
   JointGraph joint;
@@ -69,7 +71,7 @@ JointGraph create_joint_graph(const AotRequest& request) {
   std::vector<size_t> grad_of;
   auto body = [&](const std::vector<at::Tensor>& all) {
     const std::vector<at::Tensor> primals(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(num_primals));
-    const std::vector<at::Tensor> args = fresh_inputs(primals, meta, num_state, /*for_autograd=*/true);
+    const std::vector<at::Tensor> args = fresh_inputs(primals, meta, reached, /*for_autograd=*/true);
     std::vector<at::Tensor> outs = request.flat_fn(args);
     std::vector<at::Tensor> ret;
     for (size_t k : computed) ret.push_back(outs[k]);
@@ -127,9 +129,9 @@ ir::Graph create_inference_graph(const AotRequest& request) {
   const ViewAndMutationMeta& meta = request.fw_metadata;
   const std::vector<size_t> computed = meta.graph_computed_outputs();
   const std::vector<size_t> written = meta.mutated_data_inputs();
-  const size_t num_state = request.config.num_params_buffers;
+  const std::vector<bool> reached = reached_inputs(request);
   auto body = [&](const std::vector<at::Tensor>& traced) {
-    const std::vector<at::Tensor> args = fresh_inputs(traced, meta, num_state, /*for_autograd=*/false);
+    const std::vector<at::Tensor> args = fresh_inputs(traced, meta, reached, /*for_autograd=*/false);
     std::vector<at::Tensor> outs = request.flat_fn(args);
     std::vector<at::Tensor> ret;
     for (size_t k : computed) ret.push_back(outs[k]);

@@ -5,9 +5,10 @@
 namespace crucible::autograd::detail {
 
 std::vector<at::Tensor> fresh_inputs(const std::vector<at::Tensor>& args, const ViewAndMutationMeta& meta,
-                                     size_t num_state, bool for_autograd) {
+                                     const std::vector<bool>& reached, bool for_autograd) {
   std::vector<at::Tensor> fresh = args;
-  for (size_t i = num_state; i < args.size(); ++i) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (i < reached.size() && reached[i]) continue;
     const InputAliasInfo& in = meta.input_info[i];
     const bool written = in.mutates_data || in.mutates_metadata;
     if (for_autograd && in.requires_grad && written)

@@ -15,10 +15,11 @@ namespace crucible::autograd::detail {
 /// clone, so autograd::grad sees it before the write and the write is legal
 /// on a traced leaf; an input whose metadata alone is written is replaced by
 /// an alias (aten::alias), so the traced input itself keeps its metadata
-/// (the runtime wrapper applies the recorded one). Module state is never
-/// replaced: the module reads its own tensors.
+/// (the runtime wrapper applies the recorded one). Reached inputs (module
+/// state, lifted tensors: `reached`, one per argument or fewer) are never
+/// replaced: the function reads those tensors itself.
 std::vector<at::Tensor> fresh_inputs(const std::vector<at::Tensor>& args, const ViewAndMutationMeta& meta,
-                                     size_t num_state, bool for_autograd);
+                                     const std::vector<bool>& reached, bool for_autograd);
 
 /// Keeps the first `count` outputs of a traced graph: drops what the
 /// tracer appended after them (the new values of written inputs, which the

@@ -12,6 +12,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
+
+namespace torch::nn {
+class Module;
+}
 
 namespace crucible::autograd {
 
@@ -35,6 +41,16 @@ struct AotConfig {
   partitioner::PartitionFn partition_fn = partitioner::default_partition;
   /// Ops rewritten while tracing.
   tracer::DecompositionTable decompositions;
+  /// Other modules the function may read from outside, by name: a lifted
+  /// parameter or buffer of one is named "<name>.<fully qualified name>"
+  /// (Note [Lifted tensors] in tracer/make_fx.h). Held weakly: naming keeps
+  /// no module alive.
+  std::vector<std::pair<std::string, std::weak_ptr<torch::nn::Module>>> named_modules;
+  /// Freezing: tensors the function reads from outside its arguments become
+  /// constants of the graphs instead of lifted inputs (tracer::TraceOptions::
+  /// freeze): no gradient reaches them, and later changes to them are not
+  /// seen. Only for inference with fixed weights.
+  bool freeze = false;
   /// The first num_params_buffers inputs are module state, parameters then
   /// buffers (aot_module sets it): the graphs mark those placeholders
   /// InputKind::Parameter (requiring grad) or Buffer, and the dedupe and

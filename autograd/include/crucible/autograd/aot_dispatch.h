@@ -7,6 +7,7 @@
 #pragma once
 
 #include <crucible/autograd/aot_request.h>
+#include <crucible/runtime/lifted_inputs.h>
 
 namespace crucible::autograd {
 
@@ -58,13 +59,41 @@ namespace crucible::autograd {
 // too: native_dropout draws from the CUDA generator's Philox offset as in
 // eager).
 
+/// One compiled specialization.
+struct AotCompiled {
+  /// Takes the caller's arguments followed by the lifted tensors
+  /// (lifted.append_to), returns the function's outputs and applies its
+  /// input mutations, the lifted tensors' included.
+  ir::CompiledFn fn;
+  /// The tensors the function reads from outside its arguments, read afresh
+  /// at every call (Note [Lifted tensors] in tracer/make_fx.h).
+  runtime::LiftedInputs lifted;
+};
+
+// Note [Lifting in AOTAutograd]
+// The metadata analysis is the first trace of a compilation; the tensors the
+// tracer lifts there (Note [Lifted tensors]) are appended to flat_args,
+// flat_fn learns to ignore them as arguments, every later trace names them
+// in TraceOptions::lifted_inputs (the function still reads them itself), and
+// the analysis runs again so that input_info covers them (their writes,
+// their requires_grad, which may make the compilation take the autograd
+// path). From there they are inputs like any other: the joint graph
+// differentiates them, the runtime wrapper writes their mutations back, the
+// autograd Function returns their gradients, which the engine accumulates
+// into their .grad as eager's backward does. A lifted tensor that is also an
+// argument, or shares storage with an argument or another lifted tensor
+// while one of them is written, is refused: the dedupe and synthetic-base
+// wrappers would have to replace it by another tensor, and the function
+// reads it itself.
+
 /// Compiles `request` (flat_fn, trace, flat_args, config, compile_id; the
 /// rest is filled in) as Note [AOT dispatch] says, keeping the default
-/// generators' states (Note [RNG during compilation]).
-/// Returns a callable over arguments like request.flat_args (same sizes,
-/// strides, dtypes, devices, requires_grad and aliasing; nothing checks
-/// that: callers guard, see Note [AOT cache guards]) that returns the
-/// function's outputs and applies its input mutations. Records the phases
+/// generators' states (Note [RNG during compilation]), lifting what the
+/// function reads from outside (Note [Lifting in AOTAutograd]).
+/// Returns a callable over arguments like request.flat_args followed by the
+/// lifted tensors (same sizes, strides, dtypes, devices, requires_grad and
+/// aliasing; nothing checks that: callers guard, see Note [AOT cache
+/// guards]). Records the phases
 /// (aot_autograd > collect_metadata, trace_joint, partition, fw_compiler;
 /// bw_compiler; aot_inference > collect_metadata, trace_inference,
 /// inference_compiler) in runtime::default_phase_timer() and one
@@ -76,7 +105,7 @@ namespace crucible::autograd {
 /// compiled (the message names the input or output and what to do), and
 /// the tracer's TraceError; the caller's tensors are never changed by a
 /// compilation.
-ir::CompiledFn create_aot_dispatcher_function(AotRequest request);
+AotCompiled create_aot_dispatcher_function(AotRequest request);
 
 /// The inference path (the seed's aot_dispatch_base): traces the inference
 /// graph, compiles it with config.inference_compiler and wraps it in

@@ -38,6 +38,14 @@ struct AotRequest {
   /// The caller's tensors for this compilation. Never written: every trace
   /// runs on copies.
   std::vector<at::Tensor> flat_args;
+  /// The tensors flat_fn reads from outside its arguments, lifted to inputs
+  /// by this compilation (Note [Lifted tensors] in tracer/make_fx.h): they
+  /// are also among flat_args, where flat_fn ignores them, and each trace
+  /// names them in TraceOptions::lifted_inputs. Empty until the metadata
+  /// analysis finds some.
+  std::vector<at::Tensor> lifted;
+  /// Their names (a module's parameter name, or "" when unknown).
+  std::vector<std::string> lifted_names;
   /// collect_metadata(flat_fn, flat_args), kept up to date by the wrappers.
   ViewAndMutationMeta fw_metadata;
   /// The compilers and options of this compilation: a copy of the

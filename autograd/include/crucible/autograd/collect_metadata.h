@@ -7,6 +7,8 @@
 #include <crucible/autograd/aot_request.h>
 #include <crucible/autograd/view_and_mutation_meta.h>
 
+#include <vector>
+
 namespace crucible::autograd {
 
 // Note [Metadata analysis]
@@ -29,13 +31,18 @@ namespace crucible::autograd {
 // NoGradGuard) is told apart from one it did (the clone's grad_fn is
 // unchanged). Module state (the first config.num_params_buffers inputs of a
 // module) is read from the trace's own account of writes to it
-// (see Note [Functionalizing module state] in the tracer).
+// (see Note [Functionalizing module state] in the tracer), and so are the
+// lifted tensors the request already knows (Note [Lifting in AOTAutograd]).
 
 /// Runs the analysis of Note [Metadata analysis] and returns its result.
+/// Tensors the function reads from outside its arguments that the request
+/// does not lift yet (Note [Lifted tensors]) are stored in `lifted`, with
+/// their names, when it is given; otherwise they raise AotError.
 /// Throws AotError for what the runtime wrappers cannot reproduce: an output
 /// that views an input or intermediate with another dtype, metadata written
 /// in place on module state; and, with the function's own message, when the
 /// function fails while traced (nothing of the caller's is changed then).
-ViewAndMutationMeta collect_metadata(const AotRequest& request, bool is_train);
+ViewAndMutationMeta collect_metadata(const AotRequest& request, bool is_train,
+                                     std::vector<tracer::NamedTensor>* lifted = nullptr);
 
 }  // namespace crucible::autograd

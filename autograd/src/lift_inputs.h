@@ -1,0 +1,27 @@
+// Private: lifting the tensors a function reads from outside its arguments
+// into a compilation's inputs (Note [Lifting in AOTAutograd] in aot_dispatch.h).
+#pragma once
+
+#include <crucible/autograd/aot_request.h>
+
+#include <string>
+#include <vector>
+
+namespace crucible::autograd::detail {
+
+/// Appends `found` (tensors the metadata analysis saw flat_fn read from
+/// outside) to request.flat_args and request.lifted, with their names, and
+/// makes flat_fn ignore them as arguments. Throws AotError for a lifted
+/// tensor that is also one of the arguments.
+void lift_inputs(AotRequest& request, const std::vector<tracer::NamedTensor>& found);
+
+/// Whether each of request.flat_args is read by the function itself rather
+/// than received: module state (the first config.num_params_buffers) and
+/// the lifted tensors. The traces pass such inputs as the tensors themselves.
+std::vector<bool> reached_inputs(const AotRequest& request);
+
+/// Throws AotError when a lifted tensor shares storage with another of
+/// request.flat_args and one of them is written (request.fw_metadata says).
+void check_lifted_aliasing(const AotRequest& request);
+
+}  // namespace crucible::autograd::detail
