@@ -3,6 +3,9 @@
 #include <crucible/pipeline/error.h>
 
 #include <crucible/partitioner/default_partition.h>
+#include <crucible/tracer/functional_call.h>
+
+#include <torch/nn/module.h>
 
 #include <optional>
 
@@ -84,6 +87,12 @@ Builder::Builder() : partition_fn_(partitioner::default_partition) {
 
 Builder& Builder::trace_options(tracer::TraceOptions options) {
   trace_options_ = std::move(options);
+  return *this;
+}
+
+Builder& Builder::name_module(std::string name, const std::shared_ptr<torch::nn::Module>& module) {
+  if (!module) throw PipelineError("Builder::name_module: the module named '" + name + "' is null");
+  named_modules_.emplace_back(std::move(name), module);
   return *this;
 }
 
@@ -173,8 +182,12 @@ Builder& Builder::instrument(std::shared_ptr<StageInstrument> instrument) {
 
 tracer::TraceResult Builder::trace(std::string_view graph_name,
                                    const std::function<tracer::TraceResult(const tracer::TraceOptions&)>& trace) const {
+  tracer::TraceOptions options = trace_options_;
+  for (const auto& [name, weak] : named_modules_)
+    if (std::shared_ptr<torch::nn::Module> m = weak.lock())
+      for (tracer::NamedTensor& t : tracer::module_state(*m, name).tensors) options.source_names.push_back(std::move(t));
   return run_stage(
-      instruments_, "trace", {}, [&] { return trace(trace_options_); },
+      instruments_, "trace", {}, [&] { return trace(options); },
       [&](const tracer::TraceResult& r) { return std::vector<StageGraph>{{graph_name, &r.graph}}; });
 }
 
@@ -221,6 +234,8 @@ autograd::AotConfig Builder::aot_config() const {
         });
   };
   config.decompositions = trace_options_.decompositions;
+  config.freeze = trace_options_.freeze;
+  config.named_modules = named_modules_;
   config.compiler_key = compiler_key();
   return config;
 }

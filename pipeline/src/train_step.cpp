@@ -7,6 +7,7 @@
 #include <crucible/autograd/aot_module.h>
 #include <crucible/autograd/detail/input_guards.h>
 #include <crucible/autograd/detail/rng_state_guard.h>
+#include <crucible/runtime/lifted_inputs.h>
 #include <crucible/tracer/functional_call.h>
 
 #include <ATen/ATen.h>
@@ -46,10 +47,16 @@ struct TrainStepState {
   struct Entry {
     ir::Graph graph;
     ir::CompiledFn fn;
+    // Tensors the loss reads from outside the module (Note [Lifted tensors]):
+    // the last placeholders; their gradients, where the step computes some,
+    // are the outputs after the loss.
+    runtime::LiftedInputs lifted;
+    std::vector<size_t> grad_of;  // per output after the loss: which lifted tensor
   };
   std::mutex mu;
-  // One compilation per guard set: every input's metadata and aliasing, and
-  // the training flag of every submodule (Note [AOT cache guards]).
+  // One compilation per guard set: every input's metadata and aliasing (the
+  // lifted tensors' too, which must still exist), and the training flag of
+  // every submodule (Note [AOT cache guards]).
   std::vector<std::pair<autograd::detail::InputGuards, std::shared_ptr<Entry>>> cache;
   std::shared_ptr<Entry> latest;
 
@@ -118,8 +125,21 @@ struct TrainStepState {
       return r;
     });
     entry->graph = std::move(traced.graph);
+    std::vector<at::Tensor> lifted;
+    std::vector<std::string> names;
+    for (const tracer::LiftedTensor& l : traced.lifted) {
+      lifted.push_back(l.tensor);
+      names.push_back(entry->graph.signature().inputs.at(l.input_index).target);
+    }
+    entry->lifted = runtime::LiftedInputs(lifted, names);
+    const size_t first_lifted = inputs.size();
+    const std::vector<ir::OutputSpec>& specs = entry->graph.signature().outputs;
+    for (size_t o = 1; o < specs.size(); ++o)
+      entry->grad_of.push_back(specs[o].input_index.value() - first_lifted);  // Gradient outputs only
     builder.run_passes(entry->graph, "train_step");
-    entry->fn = builder.run_backend(entry->graph, inputs, "train_step");
+    std::vector<at::Tensor> examples_all = inputs;
+    for (const at::Tensor& l : lifted) examples_all.push_back(l.detach());
+    entry->fn = builder.run_backend(entry->graph, examples_all, "train_step");
     return entry;
   }
 
@@ -137,17 +157,26 @@ struct TrainStepState {
     for (const std::string& param : param_names)
       for (const std::string& s : per_param) mark(param + "." + s);
     mark("lr");
-    for (size_t b = 0; i < ph.size(); ++b, ++i) g.rename(ph[i], g.unique_name("batch" + std::to_string(b)));
+    for (size_t b = 0; i < ph.size() && g.signature().inputs[i].kind == ir::InputKind::UserInput; ++b, ++i)
+      g.rename(ph[i], g.unique_name("batch" + std::to_string(b)));
   }
 
-  std::shared_ptr<Entry> entry_for(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& batch) {
+  // The compilation for `inputs`, and `inputs` extended with its lifted tensors.
+  std::shared_ptr<Entry> entry_for(std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& batch) {
     const std::vector<bool> flags = autograd::detail::training_flags(*module);
+    const size_t n = inputs.size();
     std::lock_guard lock(mu);
     // The graph runs under no_grad whatever the caller's mode: guard it as off.
-    for (const auto& [guards, entry] : cache)
+    for (const auto& [guards, entry] : cache) {
+      if (!entry->lifted.append_to(inputs)) continue;
       if (guards.check(inputs, /*grad_enabled=*/false, flags)) return latest = entry;
-    cache.emplace_back(autograd::detail::InputGuards(inputs, /*grad_enabled=*/false, flags), compile(inputs, batch));
-    return latest = cache.back().second;
+      inputs.resize(n);
+    }
+    std::shared_ptr<Entry> entry = compile(inputs, batch);
+    if (!entry->lifted.append_to(inputs))
+      throw PipelineError("TrainStep: " + entry->lifted.freed() + " while the step was compiled");
+    cache.emplace_back(autograd::detail::InputGuards(inputs, /*grad_enabled=*/false, flags), entry);
+    return latest = entry;
   }
 };
 
@@ -156,15 +185,30 @@ struct TrainStepState {
 at::Tensor TrainStep::operator()(const std::vector<at::Tensor>& batch) const {
   detail::TrainStepState& s = *state_;
   std::vector<at::Tensor> inputs = s.graph_inputs(batch);
+  const size_t num_inputs = inputs.size();
   std::shared_ptr<detail::TrainStepState::Entry> entry = s.entry_for(inputs, batch);
   s.update_lr();
   at::NoGradGuard no_grad;
+  // The lifted tensors as the module's own: detached aliases the graph
+  // writes through (a buffer of another module), their .grad kept here.
+  std::vector<at::Tensor> lifted(inputs.begin() + static_cast<std::ptrdiff_t>(num_inputs), inputs.end());
+  for (size_t k = num_inputs; k < inputs.size(); ++k) inputs[k] = inputs[k].detach();
   std::vector<at::Tensor> outs = entry->fn(inputs);
+  // Gradients of lifted tensors accumulate into their .grad, as eager's
+  // backward does (the optimizer updates only the module's own parameters).
+  for (size_t o = 1; o < outs.size(); ++o) {
+    const at::Tensor& t = lifted.at(entry->grad_of.at(o - 1));
+    if (t.grad().defined())
+      t.mutable_grad().add_(outs[o]);
+    else
+      t.mutable_grad() = outs[o].detach();
+  }
   return outs.at(0);
 }
 
 void TrainStep::compile(const std::vector<at::Tensor>& batch) const {
-  state_->entry_for(state_->graph_inputs(batch), batch);
+  std::vector<at::Tensor> inputs = state_->graph_inputs(batch);
+  state_->entry_for(inputs, batch);
 }
 
 size_t TrainStep::num_compilations() const {
@@ -180,7 +224,15 @@ const ir::Graph& TrainStep::graph() const {
 }
 
 std::vector<at::Tensor> TrainStep::graph_inputs(const std::vector<at::Tensor>& batch) const {
-  return state_->graph_inputs(batch);
+  std::vector<at::Tensor> inputs = state_->graph_inputs(batch);
+  std::lock_guard lock(state_->mu);
+  if (state_->latest) {
+    const size_t n = inputs.size();
+    if (!state_->latest->lifted.append_to(inputs))
+      throw PipelineError("TrainStep::graph_inputs: " + state_->latest->lifted.freed());
+    for (size_t k = n; k < inputs.size(); ++k) inputs[k] = inputs[k].detach();
+  }
+  return inputs;
 }
 
 const OptimizerOptions& TrainStep::optimizer_options() const { return state_->options; }

@@ -27,6 +27,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace crucible::pipeline {
@@ -60,11 +61,18 @@ class Builder {
 
   // --- choosing the stages -------------------------------------------------------
 
-  /// How compile_train_step traces: mode (real or fake), max_constant_bytes
-  /// and decompositions; `functionalize` is ignored there (see Note [Train step
-  /// graph] in train_step.h). compile() uses the decompositions only:
-  /// aot_function always traces real, functionalized.
+  /// How compile_train_step traces: mode (real or fake), max_constant_bytes,
+  /// freeze, source_names and decompositions; `functionalize` is ignored
+  /// there (see Note [Train step graph] in train_step.h). compile() uses the
+  /// decompositions and freeze only: aot_function always traces real,
+  /// functionalized.
   Builder& trace_options(tracer::TraceOptions options);
+  /// Names another module the compiled functions may read from outside
+  /// (a GAN's generator step reads the discriminator): its parameters and
+  /// buffers, lifted to inputs (Note [Lifted tensors] in tracer/make_fx.h),
+  /// are named "<name>.<fully qualified name>" in graphs and messages. Held
+  /// weakly. Throws PipelineError if `module` is null.
+  Builder& name_module(std::string name, const std::shared_ptr<torch::nn::Module>& module);
   /// Replaces the decomposition table of the trace options.
   Builder& decompositions(tracer::DecompositionTable table);
   /// Replaces the pass list with Crucible's passes by name
@@ -103,7 +111,8 @@ class Builder {
   /// graph alike. Empty: never share. See Note [Builder compiler key].
   Builder& compiler_key(std::string key);
 
-  /// The trace options, decompositions included.
+  /// The trace options, decompositions included (without the names of
+  /// name_module(), which are added when a trace starts).
   const tracer::TraceOptions& trace_options() const { return trace_options_; }
   /// The pass list, in the order the passes run.
   const std::vector<ir::Pass>& passes() const { return passes_; }
@@ -118,8 +127,9 @@ class Builder {
 
   // --- running one stage (for callers that compose their own compilation) --------
 
-  /// The "trace" stage: calls `trace` with the builder's trace options, with
-  /// the instruments' events around it; the graph it returns is reported
+  /// The "trace" stage: calls `trace` with the builder's trace options (and
+  /// the names of name_module() as source_names), with the instruments'
+  /// events around it; the graph it returns is reported
   /// under `graph_name`. Use it to trace with any tracer entry point
   /// (make_fx, functional_call) and adjust the result (its signature) inside.
   tracer::TraceResult trace(std::string_view graph_name,
@@ -139,7 +149,8 @@ class Builder {
   ir::Backend graph_compiler(std::string graph_name) const;
   /// The builder's choices as AotConfig: fw/bw/inference compilers =
   /// graph_compiler("forward" / "backward" / "inference"), the partitioner
-  /// with "partition" stage events, the decompositions, compiler_key().
+  /// with "partition" stage events, the decompositions, freeze, the modules
+  /// of name_module(), compiler_key().
   autograd::AotConfig aot_config() const;
 
   // --- compiling ---------------------------------------------------------------
@@ -166,6 +177,7 @@ class Builder {
 
  private:
   tracer::TraceOptions trace_options_;
+  std::vector<std::pair<std::string, std::weak_ptr<torch::nn::Module>>> named_modules_;
   std::vector<ir::Pass> passes_;
   bool verify_passes_ = true;
   partitioner::PartitionFn partition_fn_;

@@ -41,6 +41,14 @@ class Builder;
 // (UserInput). The step count is part of the flat state, so nothing that
 // changes from step to step is a constant of the graph (see
 // Note [Traceable optimizer state] in optim.h).
+// Tensors the loss reads from outside the module (another module's
+// parameters and buffers, captured tensors) are lifted to the last
+// placeholders (InputKind::Lifted; Note [Lifted tensors] in
+// tracer/make_fx.h) and read at every call; the graph writes them where the
+// step writes them (another module's BatchNorm statistics), and the gradient
+// the backward computes for each that requires grad is an extra output
+// (Gradient) that the call accumulates into its .grad, as eager's backward
+// does; the optimizer updates only the module's own parameters.
 // The graph writes the new parameters, buffers (BatchNorm's running
 // statistics) and state into those placeholders with in-place ops (addcmul_,
 // copy_, add_, ...), as _spmd's graph holds copy_ write-backs. It is not
@@ -57,7 +65,8 @@ class Builder;
 // the step is created. Compiling saves and restores the default generators
 // (the CPU one and each GPU's), so random ops (dropout) draw at each call what
 // eager would draw. A step compiles again for inputs of other sizes, dtypes,
-// devices or aliasing, or when any submodule's train()/eval() mode changed.
+// devices or aliasing, when any submodule's train()/eval() mode changed, or
+// when a lifted tensor was freed (its variable now holds another tensor).
 
 /// The loss of one batch: runs the module on it and returns a 0-dim loss.
 /// `batch` is what the TrainStep is called with (e.g. {inputs, targets}).
@@ -102,8 +111,11 @@ class TrainStep {
   const ir::Graph& graph() const;
   /// Every input of the graph for `batch`, in placeholder order (Note [Train
   /// step graph]): the module's tensors (detached aliases), the optimizer
-  /// state, the learning rate, the batch. What the compiled graph is called
-  /// with (e.g. to compile graph() with another backend and run it).
+  /// state, the learning rate, the batch, and the tensors the latest
+  /// compilation lifted (detached aliases; Note [Lifted tensors]). What the
+  /// compiled graph is called with (e.g. to compile graph() with another
+  /// backend and run it). Throws PipelineError when a lifted tensor has been
+  /// freed since.
   std::vector<at::Tensor> graph_inputs(const std::vector<at::Tensor>& batch) const;
   /// The optimizer's options as compile_train_step read them; their lr is
   /// the rate then (each call reads the optimizer's current rate).
