@@ -1,9 +1,10 @@
-// A GAN trained with two compiled training steps beside an eager twin: the
-// generator step reads the discriminator and the discriminator step reads
-// the generator, from outside their own modules (Note [Lifted tensors]).
-// Both steps must read the other module's current weights at every call,
-// update the other module's BatchNorm statistics as eager does, and give
-// the other module the gradient eager's backward gives it.
+// Compiled training steps whose loss reads tensors from outside the module
+// (Note [Lifted tensors]), beside eager twins. A GAN: the generator step
+// reads the discriminator and the discriminator step reads the generator;
+// both must read the other module's current weights at every call, update
+// its BatchNorm statistics as eager does, and give it the gradient eager's
+// backward gives it. A tensor captured by the loss: changed in place,
+// replaced, reshaped.
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/fashion_mnist.h>
 #include <crucible/pipeline/train_step.h>
@@ -18,6 +19,7 @@
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
 
 #include "catch.h"
 #include "data_dir.h"
@@ -173,4 +175,39 @@ TEST_CASE("a GAN's two compiled steps train as eager, each reading the other mod
   REQUIRE(!lifted.empty());
   REQUIRE(lifted.front() == "discriminator.net.0.weight");
   REQUIRE(std::find(lifted.begin(), lifted.end(), "discriminator.net.3.running_mean") != lifted.end());
+}
+
+TEST_CASE("a compiled train step reads a captured tensor afresh; replacing it compiles again", "[pipeline][lifted]") {
+  torch::manual_seed(1);
+  auto compiled = std::make_shared<torch::nn::LinearImpl>(6, 3);
+  auto eager = std::make_shared<torch::nn::LinearImpl>(6, 3);
+  copy_module(*compiled, *eager);
+  at::Tensor scale = at::rand({3}) + 0.5;
+  auto loss = [&scale](torch::nn::LinearImpl& m, const std::vector<at::Tensor>& b) {
+    return (m.forward(b[0]) * scale - b[1]).pow(2).mean();
+  };
+  torch::optim::SGD c_opt(compiled->parameters(), 0.1), e_opt(eager->parameters(), 0.1);
+  TrainStep step = compile_train_step(compiled, c_opt, [&](torch::nn::Module& m, const std::vector<at::Tensor>& b) {
+    return loss(static_cast<torch::nn::LinearImpl&>(m), b);
+  });
+  auto both = [&](int64_t n) {
+    const std::vector<at::Tensor> b = {at::randn({n, 6}), at::randn({n, 3})};
+    const at::Tensor c = step(b);
+    e_opt.zero_grad();
+    const at::Tensor e = loss(*eager, b);
+    e.backward();
+    e_opt.step();
+    REQUIRE_EQUAL_TENSORS(c, e.detach());
+    require_same_module(*compiled, *eager);
+  };
+  both(4);
+  scale.mul_(2.0);  // changed in place: read through, same compilation
+  both(4);
+  REQUIRE(step.num_compilations() == 1);
+  scale = at::rand({3}) + 0.5;  // replaced by another tensor of the same shape: compiled again
+  both(4);
+  REQUIRE(step.num_compilations() == 2);
+  scale = at::rand({1}) + 0.5;  // another shape: compiled again
+  both(4);
+  REQUIRE(step.num_compilations() == 3);
 }
