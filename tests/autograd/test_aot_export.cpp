@@ -65,24 +65,27 @@ TEST_CASE("aot_export_module: the inference graph lifts parameters and buffers a
   REQUIRE(sig.inputs[0].target == "fc.weight");
   REQUIRE(sig.inputs[6].target == "bn.num_batches_tracked");
   REQUIRE(sig.inputs[7].kind == ir::InputKind::UserInput);
-  // The seed's order: updated inputs, then user outputs.
-  REQUIRE(sig.outputs.size() == 2);
-  REQUIRE(sig.outputs[0] == ir::OutputSpec{ir::OutputKind::MutatedInput, 6});
-  REQUIRE(sig.outputs[1].kind == ir::OutputKind::UserOutput);
+  // The seed's order: updated inputs (the running statistics and the
+  // counter), then user outputs.
+  REQUIRE(sig.outputs.size() == 4);
+  for (size_t k = 0; k < 3; ++k) REQUIRE(sig.outputs[k] == ir::OutputSpec{ir::OutputKind::MutatedInput, 4 + k});
+  REQUIRE(sig.outputs[3].kind == ir::OutputKind::UserOutput);
   for (const ir::Node* n : g.nodes()) REQUIRE_FALSE(n->is_mutating());
   // Exporting changed nothing of the module.
   REQUIRE(net.bn->num_batches_tracked.item<int64_t>() == 0);
   Tensors run_in = inputs;
+  Tensors before;
+  for (const at::Tensor& t : inputs) before.push_back(t.clone());
   const Tensors actual = ir::Interpreter(g)(run_in);
   torch::NoGradGuard no_grad;
   const auto expected = net.forward(x);
   // Same kernels in the same order: bitwise equal.
-  REQUIRE_EQUAL_TENSORS(actual[1], expected);
-  // The buffers as eager's forward left them: the counter comes back as an
-  // output, the running statistics are written into the graph's inputs.
-  REQUIRE_EQUAL_TENSORS(actual[0], net.bn->num_batches_tracked);
-  REQUIRE_EQUAL_TENSORS(run_in[4], net.bn->running_mean);
-  REQUIRE_EQUAL_TENSORS(run_in[5], net.bn->running_var);
+  REQUIRE_EQUAL_TENSORS(actual[3], expected);
+  // The buffers as eager's forward left them, as outputs; the graph's inputs unchanged.
+  REQUIRE_EQUAL_TENSORS(actual[0], net.bn->running_mean);
+  REQUIRE_EQUAL_TENSORS(actual[1], net.bn->running_var);
+  REQUIRE_EQUAL_TENSORS(actual[2], net.bn->num_batches_tracked);
+  for (size_t i = 0; i < inputs.size(); ++i) REQUIRE_EQUAL_TENSORS(inputs[i], before[i]);
 }
 
 TEST_CASE("aot_export_module: the joint graph of a training step has the loss and eager's gradients",
@@ -96,9 +99,9 @@ TEST_CASE("aot_export_module: the joint graph of a training step has the loss an
   ir::verify(g);
   const auto& sig = g.signature();
   REQUIRE(sig.inputs_of(ir::InputKind::Tangent).empty());
-  REQUIRE(sig.outputs[0] == ir::OutputSpec{ir::OutputKind::MutatedInput, 6});
-  REQUIRE(sig.outputs[1].kind == ir::OutputKind::UserOutput);
-  REQUIRE(sig.outputs[2].kind == ir::OutputKind::Loss);
+  for (size_t k = 0; k < 3; ++k) REQUIRE(sig.outputs[k] == ir::OutputSpec{ir::OutputKind::MutatedInput, 4 + k});
+  REQUIRE(sig.outputs[3].kind == ir::OutputKind::UserOutput);
+  REQUIRE(sig.outputs[4].kind == ir::OutputKind::Loss);
   const auto grads = sig.outputs_of(ir::OutputKind::Gradient);
   REQUIRE(grads.size() == 4);
   for (const auto& p : net.parameters()) REQUIRE_FALSE(p.grad().defined());
@@ -106,7 +109,7 @@ TEST_CASE("aot_export_module: the joint graph of a training step has the loss an
   const Tensors actual = ir::Interpreter(g)(run_in);
   const auto loss = loss_fn()(net, {x, y})[1];
   loss.backward();
-  REQUIRE_EQUAL_TENSORS(actual[2], loss.detach());
+  REQUIRE_EQUAL_TENSORS(actual[4], loss.detach());
   const auto params = net.parameters();
   for (size_t k = 0; k < grads.size(); ++k) {
     const size_t p = *sig.outputs[grads[k]].input_index;

@@ -86,6 +86,7 @@ const TraceSession::OpInfo& TraceSession::info(const c10::OperatorHandle& op) {
   OpInfo i;
   i.name = ir::operator_name(op);
   i.data_dependent = data_dependent_reason(op.schema().name());
+  i.hidden_writes = has_hidden_writes(i.name);
   if (!i.data_dependent) i.data_dependent = data_dependent_reason(i.name);
   if (auto d = options_.decompositions.find(i.name); d != options_.decompositions.end()) i.decomposition = &d->second;
   return ops_.emplace(key, std::move(i)).first->second;
@@ -252,6 +253,12 @@ ir::Value* TraceSession::constant_of(const at::Tensor& t, const std::string& use
 ir::Value* TraceSession::value_of(const at::Tensor& t, const std::string& user) {
   if (ir::Value* v = lookup(t)) return v;
   return options_.freeze ? constant_of(t, user) : lift(t, user);
+}
+
+bool TraceSession::is_reached(const at::Tensor& t) const {
+  for (const Reached& r : reached_)
+    if (r.tensor.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return true;
+  return false;
 }
 
 std::vector<bool> TraceSession::reached_placeholders() const {
@@ -503,6 +510,7 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
                      ": data-dependent control flow and shapes cannot be captured in a graph. Compute the value "
                      "outside the traced function and pass it in, or keep the decision in tensors "
                      "(at::where instead of if, masks instead of nonzero)");
+  if (i.hidden_writes && options_.functionalize && trace_functional_variant(op, stack, base)) return;
   if (i.decomposition) {
     std::vector<c10::IValue> local(stack.begin() + static_cast<std::ptrdiff_t>(base), stack.end());
     stack.resize(base);

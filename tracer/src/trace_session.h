@@ -45,6 +45,25 @@ struct TraceHooks {
   bool parameter_gradients = false;
 };
 
+// Note [Ops with hidden writes]
+// native_batch_norm and cudnn_batch_norm in training update running_mean and
+// running_var in place, although their schemas do not mark those arguments
+// as written, so functionalization cannot see the write: the graph would
+// keep a node that changes its inputs as a side effect, and any pass that
+// recomputes, duplicates or reorders it would corrupt the statistics. With
+// functionalize, when both statistics are reached tensors (module buffers,
+// lifted tensors), the tracer records the op's functional variant instead —
+// _native_batch_norm_legit_functional, or crucible::cudnn_batch_norm_functional
+// (cuDNN's kernel on copies of the statistics, for eager's exact numbers on
+// CUDA) — which returns the new statistics, followed by copy_ writes into the
+// buffers that Note [Functionalizing module state] turns into MutatedInput
+// outputs. Statistics that are not reached tensors (passed as arguments)
+// keep the op as it is.
+
+/// Whether `op_name` ("aten::native_batch_norm") is one Note [Ops with hidden
+/// writes] replaces.
+bool has_hidden_writes(const std::string& op_name);
+
 /// Marks inputs[offset + i] for each i in options.lifted_inputs as a reached
 /// input of kind Lifted, named from options.source_names. Throws TraceError
 /// for an index past the inputs.
@@ -91,6 +110,7 @@ class TraceSession {
   struct OpInfo {
     const char* data_dependent = nullptr;  // why, when the op is data-dependent
     const Decomposition* decomposition = nullptr;
+    bool hidden_writes = false;  // Note [Ops with hidden writes]
     std::string name;
   };
   struct ViewKey {
@@ -126,6 +146,8 @@ class TraceSession {
 
   const OpInfo& info(const c10::OperatorHandle& op);
   ir::Value* lookup(const at::Tensor& t);
+  bool is_reached(const at::Tensor& t) const;
+  bool trace_functional_variant(const c10::OperatorHandle& op, torch::jit::Stack& stack, size_t base);
   void define(ir::Value* v, const at::Tensor& t, bool alias_base = true);
   void reach(const at::Tensor& t, ir::Value* v, ir::InputKind kind, bool lifted_here);
   ir::Value* lift(const at::Tensor& t, const std::string& user);
