@@ -30,6 +30,7 @@ TraceFn module_trace(std::shared_ptr<torch::nn::Module> module) {
     const size_t num_state = module_state(*module).size();
     tracer::ModuleTraceOptions module_options;
     module_options.trace = options;
+    module_options.gradients_as_outputs = true;  // Note [Gradients a function accumulates]
     // functional_call counts lifted inputs among the arguments after the state.
     for (size_t& i : module_options.trace.lifted_inputs) {
       if (i < num_state) throw AotError("module state input " + std::to_string(i) + " cannot be a lifted input");
@@ -67,6 +68,13 @@ std::vector<at::Tensor> AotModule::operator()(const std::vector<at::Tensor>& inp
   const size_t num_state = flat.size();
   flat.insert(flat.end(), inputs.begin(), inputs.end());
   return cache_->call(std::move(flat), detail::training_flags(*module_), num_state);
+}
+
+void AotModule::compile(const std::vector<at::Tensor>& inputs) const {
+  std::vector<at::Tensor> flat = module_state(*module_);
+  const size_t num_state = flat.size();
+  flat.insert(flat.end(), inputs.begin(), inputs.end());
+  cache_->compile(std::move(flat), detail::training_flags(*module_), num_state);
 }
 
 size_t AotModule::num_compilations() const { return cache_->num_compilations(); }

@@ -113,6 +113,13 @@ ViewAndMutationMeta collect_metadata(const AotRequest& request, bool is_train,
     std::vector<int64_t> offsets(n);
     for (size_t i = 0; i < n; ++i) offsets[i] = args[i].storage_offset();
     std::vector<at::Tensor> outs = request.flat_fn(args);
+    for (size_t i = 0; i < n; ++i)
+      if (!reached[i] && args[i].defined() && args[i].is_leaf() && args[i].grad().defined())
+        throw AotError("compilation " + request.compile_id + ": the function accumulates a gradient into input " +
+                       std::to_string(i) +
+                       "'s .grad (a .backward() inside it); a compiled function can return the gradients it "
+                       "computes but not write them into a tensor passed as an argument: use "
+                       "torch::autograd::grad and return the gradient, or read the tensor from a module");
     for (size_t i = 0; i < n; ++i) {
       if (!at::functionalization::impl::isFunctionalTensor(args[i])) continue;  // module state: below
       at::functionalization::impl::sync(args[i]);
@@ -147,6 +154,10 @@ ViewAndMutationMeta collect_metadata(const AotRequest& request, bool is_train,
     // A parameter is a leaf that requires grad: eager allows writing it only under no_grad.
     info.mutations_under_no_grad = m.data && info.requires_grad;
   }
+  // See Note [Gradients a function accumulates].
+  for (const ir::OutputSpec& spec : traced.graph.signature().outputs)
+    if (spec.kind == ir::OutputKind::Gradient && *spec.input_index < n)
+      meta.input_info[*spec.input_index].accumulates_grad = true;
   if (!traced.lifted.empty()) {
     if (!lifted)
       throw AotError("compilation " + request.compile_id + ": the function read a tensor " +

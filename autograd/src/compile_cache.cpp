@@ -17,6 +17,18 @@ CompileCache::CompileCache(std::string api, TraceFn trace, tracer::TensorFn flat
 
 std::vector<at::Tensor> CompileCache::call(std::vector<at::Tensor> args, const std::vector<bool>& extra,
                                            std::optional<size_t> num_params_buffers) {
+  std::shared_ptr<const Entry> entry = entry_for(args, extra, num_params_buffers);
+  return entry->fn(args);
+}
+
+void CompileCache::compile(std::vector<at::Tensor> args, const std::vector<bool>& extra,
+                           std::optional<size_t> num_params_buffers) {
+  entry_for(args, extra, num_params_buffers);
+}
+
+std::shared_ptr<const CompileCache::Entry> CompileCache::entry_for(std::vector<at::Tensor>& args,
+                                                                    const std::vector<bool>& extra,
+                                                                    std::optional<size_t> num_params_buffers) {
   const bool grad_enabled = at::GradMode::is_enabled();
   const size_t num_args = args.size();
   std::shared_ptr<const Entry> hit;
@@ -63,7 +75,7 @@ std::vector<at::Tensor> CompileCache::call(std::vector<at::Tensor> args, const s
       entries_.push_back(hit);
     }
   }
-  return hit->fn(args);
+  return hit;
 }
 
 size_t CompileCache::num_compilations() const {

@@ -28,10 +28,18 @@ class CompileCache {
   /// compilation (a module's state count).
   std::vector<at::Tensor> call(std::vector<at::Tensor> args, const std::vector<bool>& extra = {},
                                std::optional<size_t> num_params_buffers = std::nullopt);
+  /// The same without running: compiles when no compilation's guards meet `args`.
+  void compile(std::vector<at::Tensor> args, const std::vector<bool>& extra = {},
+               std::optional<size_t> num_params_buffers = std::nullopt);
 
   size_t num_compilations() const;
 
  private:
+  struct Entry;
+  /// The compilation for `args` (compiled first when none meets them); `args`
+  /// gets its lifted tensors appended.
+  std::shared_ptr<const Entry> entry_for(std::vector<at::Tensor>& args, const std::vector<bool>& extra,
+                                         std::optional<size_t> num_params_buffers);
   struct Entry {
     InputGuards guards;  // over the arguments followed by the lifted tensors
     ir::CompiledFn fn;

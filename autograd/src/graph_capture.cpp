@@ -30,6 +30,11 @@ ir::TensorMeta new_value_meta(const at::Tensor& input, const InputAliasInfo& inf
 
 JointGraph create_joint_graph(const AotRequest& request) {
   const ViewAndMutationMeta& meta = request.fw_metadata;
+  if (!meta.grad_accumulating_inputs().empty())
+    throw AotError("compilation " + request.compile_id + ": the function runs a backward of its own (it "
+                   "accumulates into the .grad of input " + std::to_string(meta.grad_accumulating_inputs()[0]) +
+                   ") while compiled for autograd, whose backward would then miss those gradients; call it under "
+                   "NoGradGuard (a whole training step), or leave the backward to the caller");
   const std::vector<at::Tensor>& flat_args = request.flat_args;
   const size_t num_primals = flat_args.size();
   const size_t num_state = request.config.num_params_buffers;
@@ -145,18 +150,34 @@ ir::Graph create_inference_graph(const AotRequest& request) {
     g = trace_functionalized(request, body, request.flat_args, "the inference graph").graph;
   }
   const size_t num_outputs = computed.size() + written.size();
-  // Writes kept in the graph: the tracer returned the new values after ours.
+  // Writes kept in the graph and accumulated gradients: the tracer returned
+  // the new values and the gradients after ours.
   std::vector<std::pair<size_t, ir::Value*>> kept;
+  std::vector<ir::Value*> grads(meta.input_info.size(), nullptr);
   const std::vector<ir::Value*> outs = g.outputs();
   for (size_t o = num_outputs; o < outs.size(); ++o) {
     const ir::OutputSpec& spec = g.signature().outputs[o];
     if (spec.kind == ir::OutputKind::MutatedInput && meta.input_info[*spec.input_index].mutation_in_graph)
       kept.emplace_back(*spec.input_index, outs[o]);
+    if (spec.kind == ir::OutputKind::Gradient) grads.at(*spec.input_index) = outs[o];
   }
   keep_first_outputs(g, num_outputs);
   add_input_copies(g, kept);
   for (size_t w = 0; w < written.size(); ++w)
     g.signature().outputs[computed.size() + w] = ir::OutputSpec{ir::OutputKind::MutatedInput, written[w]};
+  // See Note [Gradients a function accumulates].
+  std::vector<ir::Value*> with_grads = g.outputs();
+  std::vector<ir::OutputSpec> specs = g.signature().outputs;
+  for (size_t i : meta.grad_accumulating_inputs()) {
+    if (!grads[i])
+      throw AotError("compilation " + request.compile_id + ": input " + std::to_string(i) +
+                     " got a gradient in the metadata analysis but not in the inference graph; the function must "
+                     "compute the same thing on every run");
+    with_grads.push_back(grads[i]);
+    specs.push_back(ir::OutputSpec{ir::OutputKind::Gradient, i});
+  }
+  g.set_output(with_grads);
+  g.signature().outputs = specs;
   mark_inputs(g, request, request.flat_args.size());
   if (meta.is_rng_op_functionalized) check_no_unfunctionalized_rng(g);
   return g;

@@ -23,6 +23,8 @@ struct EpiloguePlan {
   std::vector<size_t> graph_output_of;  // per user output: its graph output (computed ones)
   size_t first_base = 0;                // graph output of intermediate base 0
   std::vector<OutputAliasInfo> outputs;
+  // (input, graph output): gradients to accumulate into the input's .grad.
+  std::vector<std::pair<size_t, size_t>> gradients;
   bool needs_inputs = false;  // the epilogue reads the caller's inputs
 };
 
@@ -69,6 +71,15 @@ std::vector<at::Tensor> run_epilogue(const EpiloguePlan& plan, const ir::Compile
         t.copy_(outs[*m.new_value]);
       }
     }
+  }
+  // See Note [Gradients a function accumulates].
+  for (const auto& [input, output] : plan.gradients) {
+    const at::Tensor& t = inputs[input];
+    at::NoGradGuard no_grad;
+    if (t.grad().defined())
+      t.mutable_grad().add_(outs[output]);
+    else
+      t.mutable_grad() = std::move(outs[output]);
   }
   std::vector<at::Tensor> user(plan.outputs.size());
   // Outputs the graph computes first: the aliases of outputs need them.
@@ -119,11 +130,12 @@ ir::CompiledFn RuntimeWrapper::post_compile(ir::CompiledFn compiled, const AotRe
     if (info.mutates_data && !info.mutation_in_graph) value = next_value++;
     plan->mutations.push_back({i, info, value});
   }
+  for (size_t i : meta.grad_accumulating_inputs()) plan->gradients.emplace_back(i, next_value++);
   bool aliases_input = false;
   for (const OutputAliasInfo& o : meta.output_info)
     aliases_input |= o.output_type == OutputType::is_input || o.output_type == OutputType::alias_of_input;
-  plan->needs_inputs = !plan->mutations.empty() || aliases_input;
-  const bool identity = plan->trace_joint && plan->detach.empty() && plan->mutations.empty() &&
+  plan->needs_inputs = !plan->mutations.empty() || !plan->gradients.empty() || aliases_input;
+  const bool identity = plan->trace_joint && plan->detach.empty() && plan->mutations.empty() && plan->gradients.empty() &&
                         !meta.has_aliased_outputs() && meta.intermediate_bases.empty();
   if (identity) return compiled;
   return [plan, compiled = std::move(compiled)](std::vector<at::Tensor>& args) {

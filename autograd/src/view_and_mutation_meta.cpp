@@ -31,6 +31,13 @@ std::vector<size_t> ViewAndMutationMeta::mutated_data_inputs() const {
   return r;
 }
 
+std::vector<size_t> ViewAndMutationMeta::grad_accumulating_inputs() const {
+  std::vector<size_t> r;
+  for (size_t i = 0; i < input_info.size(); ++i)
+    if (input_info[i].accumulates_grad) r.push_back(i);
+  return r;
+}
+
 std::vector<size_t> ViewAndMutationMeta::graph_computed_outputs() const {
   std::vector<size_t> r;
   for (size_t k = 0; k < output_info.size(); ++k) {
@@ -54,7 +61,7 @@ std::string ViewAndMutationMeta::to_string() const {
     os << "  input " << i << ": mutates_data=" << in.mutates_data << " mutates_metadata=" << in.mutates_metadata
        << " requires_grad=" << in.requires_grad << " is_leaf=" << in.is_leaf
        << " mutations_under_no_grad=" << in.mutations_under_no_grad << " mutation_in_graph=" << in.mutation_in_graph
-       << "\n";
+       << " accumulates_grad=" << in.accumulates_grad << "\n";
   }
   for (size_t k = 0; k < output_info.size(); ++k) {
     const OutputAliasInfo& o = output_info[k];

@@ -48,6 +48,10 @@ class AotModule {
   /// compiled graph throws, and with config.debug_assert AotError for an
   /// input that requires grad though it did not when compiled.
   std::vector<at::Tensor> operator()(const std::vector<at::Tensor>& inputs) const;
+  /// Compiles for `inputs` (and the current grad mode and training flags)
+  /// as a call would, without running anything: a no-op when a compilation
+  /// meets them. Throws what a compiling call throws.
+  void compile(const std::vector<at::Tensor>& inputs) const;
   /// Compilations so far.
   size_t num_compilations() const;
   /// The module passed to aot_module (shared with the caller): the one whose

@@ -43,6 +43,11 @@ struct InputAliasInfo {
   /// With mutates_metadata: storage_offset() after the call minus
   /// storage_offset() before, in elements (not bytes); 0 otherwise.
   int64_t final_offset_delta = 0;
+  /// The function accumulated a gradient into its .grad (a .backward()
+  /// inside it reached this module parameter or lifted tensor): the graph
+  /// returns the gradient and the runtime wrapper adds it to the caller's
+  /// .grad, as eager's backward does. See Note [Gradients a function accumulates].
+  bool accumulates_grad = false;
 
   bool operator==(const InputAliasInfo&) const = default;
 };
@@ -108,6 +113,9 @@ struct ViewAndMutationMeta {
   /// Inputs whose new data the graph returns (mutates_data, not in graph),
   /// in input order. See Note [Forward graph outputs].
   std::vector<size_t> mutated_data_inputs() const;
+  /// Inputs whose .grad the function accumulates into (accumulates_grad),
+  /// in input order: the graph returns their gradients last.
+  std::vector<size_t> grad_accumulating_inputs() const;
   /// Outputs the graph computes (non_alias and the aliases of
   /// intermediates and of outputs), in output order.
   std::vector<size_t> graph_computed_outputs() const;
@@ -129,12 +137,27 @@ struct ViewAndMutationMeta {
 //   2. on the autograd path, the intermediate bases;
 //   3. the new value of every input whose data it writes and whose write is
 //      not kept in the graph (mutated_data_inputs()), in input order;
-//   4. on the autograd path, the saved values for the backward.
+//   4. on the autograd path, the saved values for the backward; on the
+//      inference path, the gradient of every input whose .grad the function
+//      accumulates into (grad_accumulating_inputs()), in input order.
 // Outputs that alias an input, and metadata-only input mutations, are not
 // graph outputs: the runtime wrapper recreates them from the caller's
 // tensors with the recorded sizes, strides and offset. The seed keeps them
 // as graph outputs and reads their metadata at run time; here the guards fix
 // the inputs' sizes and strides, so the recorded metadata is the run-time
 // metadata and the graph need not compute them.
+
+// Note [Gradients a function accumulates]
+// A function that calls .backward() itself (a whole training step) leaves
+// gradients in the .grad of the leaves it reached. For module parameters and
+// lifted tensors (the tensors the function reads itself) the tracer returns
+// them as Gradient outputs (functional_call's gradients_as_outputs, Note
+// [Lifted tensors]); the metadata analysis marks those inputs
+// accumulates_grad, the inference graph returns their gradients last, and
+// the runtime wrapper adds each to the caller's .grad, or sets it when the
+// .grad is undefined, as AccumulateGrad does. A gradient accumulated into a
+// tensor passed as an argument is refused (AotError): the caller would have
+// to find it on a copy. On the autograd path a function that runs its own
+// backward is refused too: its gradients would not reach the caller's graph.
 
 }  // namespace crucible::autograd
