@@ -164,7 +164,7 @@ void adam_step(const OptimizerOptions& o, at::TensorList params, at::TensorList 
     // fma(-step_size, exp_avg / denom, p), which is what addcmul_ computes for
     // value 1 and a CPU scalar as its second tensor (ATen's pointwise_op_impl).
     at::Tensor step_size = lr / bias_correction1;
-    if (p.is_cuda())
+    if (o.device_type.value_or(p.device().type()) == c10::kCUDA)
       p.addcmul_(s.exp_avg / denom, step_size.neg());
     else
       p.addcdiv_(s.exp_avg.mul(step_size.neg()), denom);

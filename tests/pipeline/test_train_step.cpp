@@ -280,3 +280,34 @@ TEST_CASE("train step: clear errors for optimizers it cannot compile", "[pipelin
     CHECK_THROWS_WITH(step({at::ones({2, 4}), at::zeros({2}, at::kLong)}), CRUCIBLE_HAS_SUBSTR("0-dim"));
   }
 }
+
+TEST_CASE("train step: every zoo model's graph is functional, its writes the trailing copies", "[pipeline][train_step]") {
+  for (const std::string& name : model_names()) {
+    INFO(name);
+    torch::manual_seed(0);
+    Model m = make_model(name);
+    m.module->train();
+    torch::optim::Adam opt(m.module->parameters(), torch::optim::AdamOptions(1e-3));
+    TrainStep step = compile_train_step(m.module, opt, loss_of(m));
+    const Batch b = m.example_batch(2, 0);
+    step.compile({b.inputs, b.targets});
+    const crucible::ir::Graph& g = step.graph();
+    // The mutations: aten::copy_ into a placeholder, after every other op.
+    bool writing = false;
+    size_t copies = 0;
+    for (const crucible::ir::Node* n : g.nodes()) {
+      if (!n->is_call()) continue;
+      const bool copy = n->target() == "aten::copy_" && n->arg(0).is_value() && n->arg(0).value()->node()->is_placeholder();
+      INFO(n->target());
+      REQUIRE((copy || !n->is_mutating()));
+      REQUIRE((copy || !writing));
+      writing |= copy;
+      copies += copy;
+      REQUIRE(n->target() != "aten::native_batch_norm");  // hidden writes: Note [Ops with hidden writes]
+    }
+    // Every parameter and every optimizer state tensor is written.
+    const auto& sig = g.signature();
+    REQUIRE(copies >= sig.inputs_of(crucible::ir::InputKind::Parameter).size() +
+                          sig.inputs_of(crucible::ir::InputKind::State).size() - 1);  // all but the rate
+  }
+}

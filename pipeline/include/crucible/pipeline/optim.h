@@ -32,6 +32,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,11 @@ struct OptimizerOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   bool amsgrad = false;
+  /// The device type the parameters live on, which decides how the Adam
+  /// update rounds (torch::optim's kernels round differently per device,
+  /// see adam_step). Unset: each parameter's own; a trace on meta tensors
+  /// (fake mode) sets it to the real one.
+  std::optional<c10::DeviceType> device_type;
 };
 
 /// One parameter's optimizer state; a tensor is defined only where the

@@ -27,46 +27,42 @@ namespace crucible::pipeline {
 class Builder;
 
 // Note [Train step graph]
-// compile_train_step traces, with tracer::functional_call and real tensors,
-//   step(params..., buffers..., flat_state..., lr, batch...):
+// compile_train_step compiles, with autograd::aot_module and the builder's
+// stages, the function
+//   step(module; flat_state..., lr, batch...):
 //     loss = loss_fn(module, batch); loss.backward()
 //     optimizer_step(options, params, grads, state, lr)      (optim.h)
 //     return loss
-// Placeholders: the module's parameters (InputKind::Parameter) and buffers
-// (Buffer) in named_parameters()/named_buffers() order; the optimizer's state
-// in OptimizerState::flat() order (State, targets "<param>.step",
+// on AOTAutograd's inference path (each call runs under no_grad; the step
+// differentiates itself), so it has AOTAutograd's metadata analysis, guards,
+// lifted inputs, RNG handling and runtime wrappers, and one functional
+// graph. Placeholders: the module's parameters (InputKind::Parameter) and
+// buffers (Buffer) in tracer::module_state order; the optimizer's state in
+// OptimizerState::flat() order (State, targets "<param>.step",
 // "<param>.exp_avg", ...); the learning rate (State, "lr": a float64 0-dim
 // tensor, filled from the optimizer's options at every call, so schedulers
-// that set the rate on the torch::optim optimizer work); then the batch
-// (UserInput). The step count is part of the flat state, so nothing that
-// changes from step to step is a constant of the graph (see
-// Note [Traceable optimizer state] in optim.h).
-// Tensors the loss reads from outside the module (another module's
-// parameters and buffers, captured tensors) are lifted to the last
-// placeholders (InputKind::Lifted; Note [Lifted tensors] in
-// tracer/make_fx.h) and read at every call; the graph writes them where the
-// step writes them (another module's BatchNorm statistics), and the gradient
-// the backward computes for each that requires grad is an extra output
-// (Gradient) that the call accumulates into its .grad, as eager's backward
-// does; the optimizer updates only the module's own parameters.
-// The graph writes the new parameters, buffers (BatchNorm's running
-// statistics) and state into those placeholders with in-place ops (addcmul_,
-// copy_, add_, ...), as _spmd's graph holds copy_ write-backs. It is not
-// functionalized: a functional graph would return every new value as an
-// extra output (MutatedInput) for a runtime epilogue to copy back, one more
-// pass over all the state per step; written in place, the update lands where
-// the state lives. DCE and CSE keep and respect in-place ops. The output is the loss
-// (OutputKind::Loss). Each call runs the compiled graph under no-grad on
-// detached aliases of the module's own tensors, so the module's parameters
-// and buffers are updated in place, as torch::optim updates them.
-// The gradients live inside the graph: the module's .grad fields are not
-// filled, and each step starts from no gradient (as after zero_grad()).
-// Options of the optimizer other than the learning rate are read once, when
-// the step is created. Compiling saves and restores the default generators
-// (the CPU one and each GPU's), so random ops (dropout) draw at each call what
-// eager would draw. A step compiles again for inputs of other sizes, dtypes,
-// devices or aliasing, when any submodule's train()/eval() mode changed, or
-// when a lifted tensor was freed (its variable now holds another tensor).
+// that set the rate on the torch::optim optimizer work); the batch
+// (UserInput); then the tensors the loss reads from outside the module
+// (Lifted; Note [Lifted tensors] in tracer/make_fx.h), read at every call.
+// The step count is part of the flat state, so nothing that changes from
+// step to step is a constant of the graph (Note [Traceable optimizer state]).
+// The graph is functional: every op computes new values, batch norm's
+// running statistics included (Note [Ops with hidden writes]), and the new
+// parameters, buffers and optimizer state are written back by trailing
+// aten::copy_ nodes into their placeholders, the graph's only mutations
+// (AotConfig::keep_inference_input_mutations), so the update lands where the
+// state lives. Outputs: the loss (OutputKind::Loss), then the gradient the
+// step computes for each lifted tensor that requires grad (Gradient), which
+// the call accumulates into that tensor's .grad as eager's backward does
+// (Note [Gradients a function accumulates]); the optimizer updates only the
+// module's own parameters. Their gradients live inside the graph: the
+// module's .grad fields end as after zero_grad(), and each step starts from
+// no gradient, as the eager step `zero_grad(); loss.backward(); step();
+// zero_grad()` would. Options of the optimizer other than the learning rate
+// are read once, when the step is created. A step compiles again for inputs
+// of other sizes, dtypes, devices or aliasing, when any submodule's
+// train()/eval() mode changed, or when a lifted tensor was freed (its
+// variable now holds another tensor).
 
 /// The loss of one batch: runs the module on it and returns a 0-dim loss.
 /// `batch` is what the TrainStep is called with (e.g. {inputs, targets}).
@@ -86,20 +82,21 @@ struct TrainStepState;
 class TrainStep {
  public:
   /// One step on `batch`: updates the module's parameters and buffers and the
-  /// optimizer state in place and returns the loss (0-dim, detached).
+  /// optimizer state in place and returns the loss (0-dim, detached); adds
+  /// the gradients of lifted tensors to their .grad.
   /// Compiles first when this batch's metadata (sizes, strides, dtype,
   /// device of every input, and the module's train/eval mode) has not been
   /// seen. Throws PipelineError when the optimizer's param groups have come to
   /// differ in learning rate; tracing and backend errors propagate.
   at::Tensor operator()(const std::vector<at::Tensor>& batch) const;
   /// Compiles for `batch`'s metadata without running a step (a no-op when it
-  /// is compiled already). The trace runs the step once on copies: neither
-  /// the module nor the optimizer state changes. Throws what compiling
-  /// throws, none of it wrapped in AotError (no aot_module here):
-  /// PipelineError when the loss function returns other than a 0-dim tensor;
-  /// the loss function's own exceptions and the tracer's TraceError; the
-  /// passes' ir::IrError; the backend's and the instruments' exceptions.
-  /// Nothing is cached when it throws.
+  /// is compiled already). The traces run the step on copies: neither the
+  /// module nor the optimizer state changes. Throws what aot_module throws
+  /// when it compiles: PipelineError when the loss function returns other
+  /// than a 0-dim tensor; autograd::AotError wrapping a c10::Error of the
+  /// loss function; the tracer's TraceError; the passes' ir::IrError; the
+  /// backend's and the instruments' exceptions. Nothing is cached when it
+  /// throws.
   void compile(const std::vector<at::Tensor>& batch) const;
   /// Compilations so far (one per distinct metadata).
   size_t num_compilations() const;
@@ -112,10 +109,10 @@ class TrainStep {
   /// Every input of the graph for `batch`, in placeholder order (Note [Train
   /// step graph]): the module's tensors (detached aliases), the optimizer
   /// state, the learning rate, the batch, and the tensors the latest
-  /// compilation lifted (detached aliases; Note [Lifted tensors]). What the
-  /// compiled graph is called with (e.g. to compile graph() with another
-  /// backend and run it). Throws PipelineError when a lifted tensor has been
-  /// freed since.
+  /// compilation lifted (aliases of those it was given; Note [Lifted
+  /// tensors]). What the compiled graph is called with (e.g. to compile
+  /// graph() with another backend and run it); running it updates the
+  /// module and the optimizer state through them. Throws nothing.
   std::vector<at::Tensor> graph_inputs(const std::vector<at::Tensor>& batch) const;
   /// The optimizer's options as compile_train_step read them; their lr is
   /// the rate then (each call reads the optimizer's current rate).
