@@ -26,9 +26,19 @@ std::string describe_input(const std::vector<std::string>& names, size_t i) {
   return "input " + std::to_string(i) + " (" + names[i] + ")";
 }
 
-void check_export_inputs(const ViewAndMutationMeta& meta, const std::vector<std::string>& names, bool trace_joint) {
+void check_export_inputs(const ViewAndMutationMeta& meta, const std::vector<at::Tensor>& args,
+                         const std::vector<std::string>& names, bool trace_joint) {
   for (size_t i = 0; i < meta.input_info.size(); ++i) {
     const InputAliasInfo& in = meta.input_info[i];
+    // The seed refuses this too: an exported graph has no synthetic base to
+    // keep two inputs' storage shared while one is written.
+    if (in.mutates_data || in.mutates_metadata)
+      for (size_t j = 0; j < args.size(); ++j)
+        if (j != i && args[j].defined() && args[i].defined() && args[j].has_storage() && args[i].has_storage() &&
+            args[j].is_alias_of(args[i]) && !args[j].is_same(args[i]))
+          throw AotError("aot_export_module: " + describe_input(names, i) + " is written in place and shares storage "
+                         "with " + describe_input(names, j) + "; an exported graph takes its inputs as separate "
+                         "tensors: pass copies, or one tensor and compute the other from it inside fn");
     if (in.mutates_metadata)
       throw AotError("aot_export_module: " + describe_input(names, i) +
                      " has its metadata written in place (e.g. transpose_, resize_, as_strided_); export does not "
@@ -94,7 +104,7 @@ ir::Graph aot_export_module(torch::nn::Module& module, const tracer::ModuleFn& f
   if (!options.trace_joint) no_grad.emplace();
   request.fw_metadata = collect_metadata(request, options.trace_joint);
   const ViewAndMutationMeta& meta = request.fw_metadata;
-  check_export_inputs(meta, names, options.trace_joint);
+  check_export_inputs(meta, request.flat_args, names, options.trace_joint);
   if (options.trace_joint) check_loss(meta, *options.output_loss_index);
 
   std::vector<size_t> written;

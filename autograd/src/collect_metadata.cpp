@@ -27,13 +27,9 @@ void classify_outputs(const std::vector<at::Tensor>& outs, const std::vector<at:
     const at::Tensor& o = outs[k];
     OutputAliasInfo info;
     info.meta = ir::TensorMeta::of(o);
-    auto alias_of = [&](const at::Tensor& base, int64_t base_offset, const char* what, size_t index) {
-      if (base.scalar_type() != o.scalar_type())
-        throw AotError("output " + std::to_string(k) + " is a view of " + what + " " + std::to_string(index) +
-                       " with another dtype (" + std::string(c10::toString(o.scalar_type())) + " over " +
-                       c10::toString(base.scalar_type()) +
-                       ", Tensor::view(dtype)); its aliasing cannot be regenerated: return a copy (.clone())");
-      info.offset_delta = o.storage_offset() - base_offset;
+    // The offset from the base's, in the output's elements (Note [Views with another dtype]).
+    auto alias_of = [&](const at::Tensor& base, int64_t base_offset, const char*, size_t) {
+      info.offset_delta = o.storage_offset() - base_offset * base.element_size() / o.element_size();
     };
     for (size_t j = 0; j < args.size() && info.output_type == OutputType::non_alias; ++j) {
       if (o.is_same(args[j])) {
@@ -153,6 +149,17 @@ ViewAndMutationMeta collect_metadata(const AotRequest& request, bool is_train,
     info.mutates_data = m.data;
     // A parameter is a leaf that requires grad: eager allows writing it only under no_grad.
     info.mutations_under_no_grad = m.data && info.requires_grad;
+  }
+  // Fake mode: the outputs ran on the meta device; the graph knows where
+  // they will live (Note [Devices in fake mode]), and a view's base lives
+  // where the view does.
+  const std::vector<ir::Value*> graph_outputs = traced.graph.outputs();
+  for (size_t k = 0; k < meta.output_info.size() && k < graph_outputs.size(); ++k) {
+    OutputAliasInfo& info = meta.output_info[k];
+    if (info.meta.device.type() != c10::kMeta || !graph_outputs[k]->has_meta()) continue;
+    info.meta.device = graph_outputs[k]->meta().device;
+    if (info.output_type == OutputType::alias_of_intermediate)
+      meta.intermediate_bases.at(*info.base_idx).device = info.meta.device;
   }
   // See Note [Gradients a function accumulates].
   for (const ir::OutputSpec& spec : traced.graph.signature().outputs)

@@ -2,6 +2,8 @@
 #include "compile_record.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <crucible/autograd/error.h>
 #include <crucible/runtime/timing.h>
 
 #include <chrono>
@@ -19,6 +21,22 @@ const ir::CompiledFn& CompiledGraphs::compiled_backward(const std::vector<at::Te
     record_metrics(compile_id, "backward", backward_graph, ms, ms, "first backward", std::move(compiled.outcome));
   });
   return backward;
+}
+
+torch::autograd::variable_list NoDoubleBackward::forward(torch::autograd::AutogradContext* ctx,
+                                                         const std::string& compile_id,
+                                                         at::TensorList /*backward_inputs*/, at::TensorList grads) {
+  ctx->saved_data["compile_id"] = compile_id;
+  torch::autograd::variable_list out;
+  for (const at::Tensor& g : grads) out.push_back(g.defined() ? g.view_as(g) : g);
+  return out;
+}
+
+torch::autograd::variable_list NoDoubleBackward::backward(torch::autograd::AutogradContext* ctx,
+                                                          torch::autograd::variable_list /*grad_outputs*/) {
+  throw AotError("compilation " + ctx->saved_data.at("compile_id").toStringRef() +
+                 ": double backward through a compiled function is not supported (its backward was compiled "
+                 "without a graph of its own to differentiate); compute the second derivative eagerly");
 }
 
 torch::autograd::variable_list CompiledFunction::forward(torch::autograd::AutogradContext* ctx,
@@ -67,7 +85,18 @@ torch::autograd::variable_list CompiledFunction::backward(torch::autograd::Autog
                                  : at::zeros(m.sizes, at::TensorOptions().dtype(m.dtype).device(m.device)));
   }
   const ir::CompiledFn& bw = graphs->compiled_backward(inputs);
-  std::vector<at::Tensor> grads = bw(inputs);
+  // See Note [Double backward]: create_graph runs the backward in grad mode.
+  const bool create_graph = at::GradMode::is_enabled();
+  const std::vector<at::Tensor> backward_inputs = create_graph ? inputs : std::vector<at::Tensor>{};  // bw may steal them
+  std::vector<at::Tensor> grads;
+  {
+    // See Note [Autocast in compiled graphs].
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    at::NoGradGuard no_grad;
+    grads = bw(inputs);
+  }
+  if (create_graph)
+    grads = NoDoubleBackward::apply(graphs->compile_id, at::TensorList(backward_inputs), at::TensorList(grads));
   // One entry per forward() argument: the graphs capsule, then each primal.
   torch::autograd::variable_list result(1 + graphs->num_primals);
   for (size_t i = 0; i < grads.size(); ++i) result[1 + graphs->gradient_inputs[i]] = grads[i];

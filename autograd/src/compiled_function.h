@@ -50,4 +50,20 @@ struct CompiledFunction : torch::autograd::Function<CompiledFunction> {
                                                  torch::autograd::variable_list grad_outputs);
 };
 
+// Note [Double backward]
+// A backward run with create_graph (grad mode on, inputs that require grad)
+// is expected to return gradients that can be differentiated again. The
+// compiled backward records no autograd graph, so, as the seed's
+// CompiledFunctionBackward does, its gradients are returned through this
+// Function: the first derivative is exact, and differentiating it again
+// raises AotError instead of silently giving no gradient. The Function takes
+// the backward's inputs (saved values, incoming gradients) as its own, so its
+// outputs depend on what they depend on, as eager's gradients would.
+struct NoDoubleBackward : public torch::autograd::Function<NoDoubleBackward> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const std::string& compile_id,
+                                                at::TensorList backward_inputs, at::TensorList grads);
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs);
+};
+
 }  // namespace crucible::autograd::detail

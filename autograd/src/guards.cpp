@@ -1,5 +1,7 @@
 #include <crucible/autograd/detail/input_guards.h>
 
+#include <ATen/autocast_mode.h>
+
 #include <algorithm>
 #include <sstream>
 
@@ -52,8 +54,17 @@ std::string list(c10::ArrayRef<T> v) {
 
 }  // namespace
 
+InputGuards::Autocast InputGuards::Autocast::current() {
+  Autocast a;
+  a.cpu = at::autocast::is_autocast_enabled(at::kCPU);
+  a.cuda = at::autocast::is_autocast_enabled(at::kCUDA);
+  if (a.cpu) a.cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+  if (a.cuda) a.cuda_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+  return a;
+}
+
 InputGuards::InputGuards(const std::vector<at::Tensor>& args, bool grad_enabled, std::vector<bool> extra)
-    : grad_enabled_(grad_enabled), extra_(std::move(extra)) {
+    : grad_enabled_(grad_enabled), autocast_(Autocast::current()), extra_(std::move(extra)) {
   Aliasing a;
   compute_aliasing(args, a);
   entries_.resize(args.size());
@@ -79,6 +90,7 @@ InputGuards::InputGuards(const std::vector<at::Tensor>& args, bool grad_enabled,
 
 bool InputGuards::check(const std::vector<at::Tensor>& args, bool grad_enabled, const std::vector<bool>& extra) const {
   if (grad_enabled != grad_enabled_ || args.size() != entries_.size() || extra != extra_) return false;
+  if (!(Autocast::current() == autocast_)) return false;
   for (size_t i = 0; i < args.size(); ++i) {
     const Entry& e = entries_[i];
     const at::Tensor& t = args[i];
@@ -111,6 +123,14 @@ InputGuards::Mismatch InputGuards::first_difference(const std::vector<at::Tensor
   if (args.size() != entries_.size())
     return {0, std::to_string(args.size()) + " inputs (compiled for " + std::to_string(entries_.size()) + ")"};
   if (extra != extra_) return {0, "module training flags changed (train()/eval())"};
+  if (const Autocast now = Autocast::current(); !(now == autocast_)) {
+    auto describe = [](bool on, c10::ScalarType dtype) {
+      return on ? std::string("on (") + c10::toString(dtype) + ")" : std::string("off");
+    };
+    return {0, "autocast cpu " + describe(now.cpu, now.cpu_dtype) + ", cuda " + describe(now.cuda, now.cuda_dtype) +
+                   " (compiled with cpu " + describe(autocast_.cpu, autocast_.cpu_dtype) + ", cuda " +
+                   describe(autocast_.cuda, autocast_.cuda_dtype) + ")"};
+  }
   for (size_t i = 0; i < args.size(); ++i) {
     const Entry& e = entries_[i];
     const at::Tensor& t = args[i];

@@ -3,6 +3,7 @@
 #include "metadata_mutation.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <memory>
 
@@ -32,13 +33,29 @@ at::Tensor patch_requires_grad(at::Tensor t, const OutputAliasInfo& info) {
   return !info.meta.requires_grad && t.requires_grad() ? t.detach() : t;
 }
 
+// `base`'s whole storage as a flat tensor of `dtype`, from the storage's
+// first byte (offset 0), or `base` itself for its own dtype. See Note [Views
+// with another dtype].
+at::Tensor reinterpret(const at::Tensor& base, c10::ScalarType dtype) {
+  if (base.scalar_type() == dtype) return base;
+  const int64_t numel = static_cast<int64_t>(base.storage().nbytes()) / static_cast<int64_t>(base.element_size());
+  return base.as_strided({numel}, {1}, 0).view(dtype);
+}
+
+// The storage offset of `base` in elements of `dtype`.
+int64_t offset_in(const at::Tensor& base, int64_t base_offset, c10::ScalarType dtype) {
+  return base_offset * static_cast<int64_t>(base.element_size()) / static_cast<int64_t>(c10::elementSize(dtype));
+}
+
 // A view of `base` with the geometry of the graph's `view` when that really
 // views `base`, else with the recorded metadata. See Note [Regenerating aliased outputs].
 at::Tensor regenerate_from(const at::Tensor& base, const at::Tensor& view, const OutputAliasInfo& info) {
+  const at::Tensor typed = reinterpret(base, info.meta.dtype);
   if (view.defined() && view.is_alias_of(base))
-    return patch_requires_grad(base.as_strided(view.sizes(), view.strides(), view.storage_offset()), info);
-  return patch_requires_grad(
-      base.as_strided(info.meta.sizes, info.meta.strides, base.storage_offset() + info.offset_delta), info);
+    return patch_requires_grad(typed.as_strided(view.sizes(), view.strides(), view.storage_offset()), info);
+  return patch_requires_grad(typed.as_strided(info.meta.sizes, info.meta.strides,
+                                              offset_in(base, base.storage_offset(), info.meta.dtype) + info.offset_delta),
+                             info);
 }
 
 std::vector<at::Tensor> run_epilogue(const EpiloguePlan& plan, const ir::CompiledFn& compiled,
@@ -53,11 +70,15 @@ std::vector<at::Tensor> run_epilogue(const EpiloguePlan& plan, const ir::Compile
   }
   for (size_t i : plan.detach) args[i] = args[i].detach();
   std::vector<at::Tensor> outs;
-  if (plan.trace_joint) {
-    outs = compiled(args);
-  } else {
-    at::NoGradGuard no_grad;
-    outs = compiled(args);
+  {
+    // See Note [Autocast in compiled graphs].
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    if (plan.trace_joint) {
+      outs = compiled(args);
+    } else {
+      at::NoGradGuard no_grad;
+      outs = compiled(args);
+    }
   }
   for (const EpiloguePlan::Mutation& m : plan.mutations) {
     at::Tensor& t = inputs[m.input];
@@ -91,7 +112,10 @@ std::vector<at::Tensor> run_epilogue(const EpiloguePlan& plan, const ir::Compile
       case OutputType::alias_of_input: {
         const at::Tensor& base = inputs[*info.base_idx];
         user[k] = patch_requires_grad(
-            base.as_strided(info.meta.sizes, info.meta.strides, offsets[*info.base_idx] + info.offset_delta), info);
+            reinterpret(base, info.meta.dtype)
+                .as_strided(info.meta.sizes, info.meta.strides,
+                            offset_in(base, offsets[*info.base_idx], info.meta.dtype) + info.offset_delta),
+            info);
         break;
       }
       case OutputType::alias_of_intermediate:
@@ -135,9 +159,6 @@ ir::CompiledFn RuntimeWrapper::post_compile(ir::CompiledFn compiled, const AotRe
   for (const OutputAliasInfo& o : meta.output_info)
     aliases_input |= o.output_type == OutputType::is_input || o.output_type == OutputType::alias_of_input;
   plan->needs_inputs = !plan->mutations.empty() || !plan->gradients.empty() || aliases_input;
-  const bool identity = plan->trace_joint && plan->detach.empty() && plan->mutations.empty() && plan->gradients.empty() &&
-                        !meta.has_aliased_outputs() && meta.intermediate_bases.empty();
-  if (identity) return compiled;
   return [plan, compiled = std::move(compiled)](std::vector<at::Tensor>& args) {
     return run_epilogue(*plan, compiled, args);
   };

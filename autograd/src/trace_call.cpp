@@ -14,6 +14,7 @@ tracer::TraceResult trace_functionalized(const AotRequest& request, const tracer
                                          bool allow_lifting) {
   tracer::TraceOptions options;
   options.functionalize = true;
+  options.mode = request.config.trace_mode;
   options.decompositions = request.config.decompositions;
   options.freeze = request.config.freeze;
   for (const auto& [name, weak] : request.config.named_modules)

@@ -24,4 +24,11 @@ bool has_side_effects(const Node& node) {
   return node.is_mutating() || node.is_nondeterministic() || is_collective(node) || node.schema().returns().empty();
 }
 
+std::vector<const Node*> side_effect_order(const Graph& graph) {
+  std::vector<const Node*> chain;
+  for (const Node* n : graph.nodes())
+    if (has_side_effects(*n)) chain.push_back(n);
+  return chain;
+}
+
 }  // namespace crucible::ir

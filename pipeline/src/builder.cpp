@@ -235,6 +235,7 @@ autograd::AotConfig Builder::aot_config() const {
   };
   config.decompositions = trace_options_.decompositions;
   config.freeze = trace_options_.freeze;
+  config.trace_mode = trace_options_.mode;
   config.named_modules = named_modules_;
   config.compiler_key = compiler_key();
   return config;

@@ -224,8 +224,9 @@ struct BasicBlockImpl : nn::Module {
 
 struct ResNetImpl : nn::Module {
   explicit ResNetImpl(const ResNetConfig& c)
-      : conv1(register_module("conv1", conv(c.in_channels, c.width, 3, 1))),
+      : conv1(register_module("conv1", conv(c.in_channels, c.width, c.imagenet_stem ? 7 : 3, c.imagenet_stem ? 2 : 1))),
         bn1(register_module("bn1", nn::BatchNorm2d(c.width))),
+        max_pool(c.imagenet_stem),
         layers(register_module("layers", nn::ModuleList())),
         fc(register_module("fc", nn::Linear(8 * c.width, c.num_classes))) {
     int64_t in = c.width;
@@ -244,11 +245,13 @@ struct ResNetImpl : nn::Module {
   }
   at::Tensor forward(const at::Tensor& input) {
     at::Tensor x = at::relu(bn1->forward(conv1->forward(input)));
+    if (max_pool) x = at::max_pool2d(x, {3, 3}, {2, 2}, {1, 1});
     for (auto& block : blocks) x = block->forward(x);
     return fc->forward(at::adaptive_avg_pool2d(x, {1, 1}).flatten(1));
   }
   nn::Conv2d conv1;
   nn::BatchNorm2d bn1;
+  bool max_pool;
   nn::ModuleList layers;
   nn::Linear fc;
   std::vector<std::shared_ptr<BasicBlockImpl>> blocks;
@@ -282,14 +285,34 @@ const std::vector<std::string>& model_names() {
   return names;
 }
 
-Model make_model(std::string_view name) {
-  if (name == "mlp") return make_mlp();
+const std::vector<std::string>& model_sizes() {
+  static const std::vector<std::string> sizes = {"small", "full"};
+  return sizes;
+}
+
+Model make_model(std::string_view name, std::string_view size) {
+  auto list = [](const std::vector<std::string>& names) {
+    std::string known;
+    for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+    return known;
+  };
+  if (size != "small" && size != "full")
+    throw PipelineError("unknown model size '" + std::string(size) + "'; the zoo has " + list(model_sizes()));
+  const bool full = size == "full";
+  if (name == "mlp") return full ? make_mlp({.in_features = 784, .hidden = {1024, 1024}, .num_classes = 10}) : make_mlp();
   if (name == "convnet") return make_convnet();
-  if (name == "gpt") return make_gpt();
-  if (name == "resnet18") return make_resnet();
-  std::string known;
-  for (const auto& n : model_names()) known += (known.empty() ? "" : ", ") + n;
-  throw PipelineError("unknown model '" + std::string(name) + "'; the zoo has " + known);
+  if (name == "gpt")
+    return full ? make_gpt({.vocab_size = 50257, .block_size = 1024, .n_layer = 12, .n_head = 12, .n_embd = 768})
+                : make_gpt();
+  if (name == "resnet18")
+    return full ? make_resnet({.in_channels = 3,
+                               .image_size = 224,
+                               .width = 64,
+                               .blocks = {2, 2, 2, 2},
+                               .num_classes = 1000,
+                               .imagenet_stem = true})
+                : make_resnet();
+  throw PipelineError("unknown model '" + std::string(name) + "'; the zoo has " + list(model_names()));
 }
 
 void copy_state(const torch::nn::Module& from, torch::nn::Module& to) {

@@ -278,3 +278,39 @@ TEST_CASE("CSE assumes graph inputs may alias each other", "[ir][cse]") {
   REQUIRE_EQUAL_TENSORS(out[0], -t);
   REQUIRE_EQUAL_TENSORS(out[1], -(t + 1));
 }
+
+TEST_CASE("DCE and CSE keep every side effect, in its order", "[ir][dce][cse]") {
+  // Two dropouts of the same input (RNG draws), an in-place write of an input,
+  // a print-like op that returns nothing, and repeated pure work around them.
+  Graph g;
+  Value* x = g.add_placeholder("x", f32({8}));
+  Node* d1 = g.add_call("aten::native_dropout", {x, 0.5, true});
+  Node* d2 = g.add_call("aten::native_dropout", {x, 0.5, true});  // identical call: never merged
+  Node* w = g.add_call("aten::add_.Scalar", {x, 1.0, 1});
+  Node* all = g.add_call("aten::all", {g.add_call("aten::gt.Scalar", {x, -100.0})->result()});
+  Node* check = g.add_call("aten::_assert_async", {all->result()});
+  Node* unused = g.add_call("aten::exp", {x});  // pure and dead: dropped
+  (void)unused;
+  g.set_output({g.add_call("aten::add.Tensor", {d1->result(0), d2->result(0)})->result()});
+  const std::vector<at::Tensor> in = {at::randn({8})};
+  set_metas(g, clones(in));
+  const std::vector<const Node*> before = side_effect_order(g);
+  REQUIRE(before == std::vector<const Node*>{d1, d2, w, check});
+  REQUIRE(eliminate_dead_code(g) == 1);  // the exp
+  REQUIRE(eliminate_common_subexpressions(g) == 0);
+  verify(g);
+  REQUIRE(side_effect_order(g) == before);
+  REQUIRE(listing(g).size() == 8);  // the four, gt, all, the add, and no exp
+
+  // Same generator state: the same two masks as before the passes, in order.
+  auto run = [&] {
+    at::manual_seed(3);
+    return Interpreter(g)(clones(in))[0];
+  };
+  const at::Tensor first = run();
+  REQUIRE_EQUAL_TENSORS(run(), first);
+  at::manual_seed(3);
+  const at::Tensor a = std::get<0>(at::native_dropout(in[0], 0.5, true));
+  const at::Tensor b = std::get<0>(at::native_dropout(in[0], 0.5, true));
+  REQUIRE_EQUAL_TENSORS(first, a + b);
+}

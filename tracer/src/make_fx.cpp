@@ -297,6 +297,7 @@ TraceResult trace(const std::vector<TraceInput>& inputs, const TraceHooks& hooks
     graph.signature().outputs = specs;
     if (options.functionalize) functionalize_state_writes(graph, reached, result.input_mutations);
     result.lifted = session.settle_lifted(result.input_mutations);
+    result.stand_in_ops = session.stand_in_ops();
   }
   return result;
 }

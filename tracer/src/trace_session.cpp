@@ -12,6 +12,7 @@
 #include <functional>
 #include <optional>
 #include <sstream>
+#include <utility>
 
 namespace crucible::tracer::detail {
 
@@ -92,9 +93,41 @@ const TraceSession::OpInfo& TraceSession::info(const c10::OperatorHandle& op) {
   return ops_.emplace(key, std::move(i)).first->second;
 }
 
+// Note [Devices in fake mode]
+// A fake-mode trace runs on meta tensors, which know no device; the graph's
+// TensorMeta must say where each value will live. A placeholder keeps its
+// input's device; a result on the meta device takes, as ATen's device
+// propagation does for the ops a graph holds: an explicit device argument
+// that is not meta; else the device of its first tensor argument not on the
+// CPU (a 0-dim CPU operand joins a GPU op on the GPU), else the CPU if it has
+// tensor arguments; else (a factory whose device came from a meta tensor's
+// options) the trace's device, the first input's not on the CPU; such a
+// meta device argument is recorded as that device. Results that are real
+// tensors (made from C++ values) keep their own device. The rule is exact
+// when a graph's tensors share one device, with CPU scalars beside them; a
+// factory given a CPU tensor's options inside a GPU trace is recorded on the
+// GPU (trace in real mode where that matters).
+c10::Device TraceSession::fake_device(const std::vector<ir::Argument>& args) const {
+  for (const ir::Argument& a : args)
+    if (a.is_constant() && a.constant().isDevice() && a.constant().toDevice().type() != c10::kMeta)
+      return a.constant().toDevice();
+  std::optional<c10::Device> cpu;
+  for (const ir::Argument& a : args)
+    for (const ir::Value* v : a.values()) {
+      if (!v->has_meta()) continue;
+      if (v->meta().device.type() != c10::kCPU) return v->meta().device;
+      cpu = v->meta().device;
+    }
+  if (cpu) return *cpu;
+  return default_device_.value_or(c10::Device(c10::kCPU));
+}
+
 void TraceSession::define(ir::Value* v, const at::Tensor& t, bool alias_base) {
   if (!t.defined()) return;
-  v->set_meta(ir::TensorMeta::of(t));
+  ir::TensorMeta meta = ir::TensorMeta::of(t);
+  // See Note [Devices in fake mode].
+  if (t.is_meta() && result_device_) meta.device = *result_device_;
+  v->set_meta(std::move(meta));
   by_impl_.insert_or_assign(t.unsafeGetTensorImpl(), ImplEntry{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), v});
   if (!t.has_storage()) return;
   const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
@@ -117,7 +150,9 @@ ir::Value* TraceSession::lookup(const at::Tensor& t) {
   // An alias made outside the dispatcher. See Note [Value tracking].
   static const c10::OperatorHandle as_strided = ir::resolve_operator("aten::as_strided");
   ir::Node* n = graph_.add_call(as_strided, {s->second.value, t.sizes().vec(), t.strides().vec(), t.storage_offset()});
+  const std::optional<c10::Device> saved = std::exchange(result_device_, s->second.value->meta().device);
   define(n->result(), t);
+  result_device_ = saved;
   return n->result();
 }
 
@@ -194,15 +229,18 @@ TraceSession::~TraceSession() {
 }
 
 at::Tensor TraceSession::add_input(const TraceInput& in) {
+  if (!default_device_ || default_device_->type() == c10::kCPU) default_device_ = in.tensor.device();
   ir::Value* v = graph_.add_placeholder(in.name, ir::TensorMeta::of(in.tensor), in.spec);
   if (in.reached) {
     reach(in.tensor, v, in.spec.kind, /*lifted_here=*/false);
     return in.tensor;
   }
   at::Tensor copy = traced_copy(in.tensor, options_.mode);
+  result_device_ = in.tensor.device();  // Note [Devices in fake mode]
   define(v, copy);
-  ir::TensorMeta meta = v->meta();  // the copy's (on the meta device in fake mode)...
-  meta.requires_grad = in.tensor.requires_grad();  // ...and the caller's requires_grad
+  result_device_.reset();
+  ir::TensorMeta meta = v->meta();
+  meta.requires_grad = in.tensor.requires_grad();  // the caller's, not the copy's
   v->set_meta(std::move(meta));
   return copy;
 }
@@ -213,8 +251,13 @@ void TraceSession::reach(const at::Tensor& t, ir::Value* v, ir::InputKind kind, 
   if (lifted_here && !t.is_meta() && nbytes(t) <= options_.max_constant_bytes) r.pristine = copy_of(t);
   reached_.push_back(std::move(r));
   if (t.grad().defined()) t.mutable_grad() = at::Tensor();
+  const c10::Device device = t.device();
   swap_data(t, traced_copy(t, options_.mode));
-  define(v, t);  // the copy's metadata; the tensor keeps its requires_grad
+  // The copy's metadata on the tensor's own device (Note [Devices in fake
+  // mode]); the tensor keeps its requires_grad.
+  const std::optional<c10::Device> saved = std::exchange(result_device_, device);
+  define(v, t);
+  result_device_ = saved;
 }
 
 ir::Value* TraceSession::lift(const at::Tensor& t, const std::string& user) {
@@ -427,6 +470,8 @@ void TraceSession::run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, to
   } catch (const c10::NotImplementedError&) {
     stack.resize(base);
     run_on_cpu(op, std::move(args), stack);
+    const std::string name = ir::operator_name(op);
+    if (std::find(stand_ins_.begin(), stand_ins_.end(), name) == stand_ins_.end()) stand_ins_.push_back(name);
   }
 }
 
@@ -537,6 +582,18 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
   for (size_t a = 0; a < nargs; ++a) args.push_back(argument(stack[base + a], schema.arguments()[a], i.name));
 
   run(op, ks, stack, base);
+  if (options_.mode == TraceMode::Fake) {
+    // See Note [Devices in fake mode]: a device argument taken from a meta
+    // tensor's options names the device the result stands for.
+    result_device_ = fake_device(args);
+    for (ir::Argument& a : args)
+      if (a.is_constant() && a.constant().isDevice() && a.constant().toDevice().type() == c10::kMeta)
+        a = ir::Argument(*result_device_);
+  }
+  struct ResetDevice {
+    std::optional<c10::Device>& d;
+    ~ResetDevice() { d.reset(); }
+  } reset_device{result_device_};
 
   std::optional<size_t> list_size;
   const size_t nret = schema.returns().size();

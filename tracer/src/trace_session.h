@@ -105,6 +105,8 @@ class TraceSession {
   /// any more into a constant (Note [Lifted tensors]), editing the graph
   /// and `input_mutations`, and returns the others.
   std::vector<LiftedTensor> settle_lifted(std::vector<InputMutation>& input_mutations);
+  /// Fake mode: the ops that ran on CPU stand-ins so far (Note [Fake mode]).
+  const std::vector<std::string>& stand_in_ops() const { return stand_ins_; }
 
  private:
   struct OpInfo {
@@ -149,6 +151,7 @@ class TraceSession {
   bool is_reached(const at::Tensor& t) const;
   bool trace_functional_variant(const c10::OperatorHandle& op, torch::jit::Stack& stack, size_t base);
   void define(ir::Value* v, const at::Tensor& t, bool alias_base = true);
+  c10::Device fake_device(const std::vector<ir::Argument>& args) const;
   void reach(const at::Tensor& t, ir::Value* v, ir::InputKind kind, bool lifted_here);
   ir::Value* lift(const at::Tensor& t, const std::string& user);
   ir::Value* constant_of(const at::Tensor& t, const std::string& user);
@@ -167,6 +170,12 @@ class TraceSession {
   std::unordered_map<const c10::StorageImpl*, StorageEntry> by_storage_;
   std::vector<Reached> reached_;
   bool restored_ = false;
+  std::vector<std::string> stand_ins_;
+  // Fake mode: the device a factory op's meta result stands for (the first
+  // input not on the CPU, else the CPU). See Note [Devices in fake mode].
+  std::optional<c10::Device> default_device_;
+  // Fake mode: the device the results of the op being recorded stand for.
+  std::optional<c10::Device> result_device_;
 };
 
 }  // namespace crucible::tracer::detail

@@ -7,6 +7,7 @@
 #include <crucible/ir/interpreter.h>
 #include <crucible/partitioner/default_partition.h>
 #include <crucible/tracer/decomposition.h>
+#include <crucible/tracer/make_fx.h>
 
 #include <cstddef>
 #include <memory>
@@ -39,6 +40,13 @@ struct AotConfig {
   ir::Backend inference_compiler = ir::interpret;
   /// Splits the joint graph; see partitioner/partition.h.
   partitioner::PartitionFn partition_fn = partitioner::default_partition;
+  /// What the metadata analysis and the graph traces run on: meta tensors
+  /// (Fake: no data is computed, so compiling takes little memory and time;
+  /// ops without a Meta kernel run on CPU stand-ins, Note [Fake mode]) or
+  /// copies of the arguments (Real). The graphs are the same either way,
+  /// unless the function branches on its tensors' device (fake tensors are on
+  /// the meta device).
+  tracer::TraceMode trace_mode = tracer::TraceMode::Real;
   /// Ops rewritten while tracing.
   tracer::DecompositionTable decompositions;
   /// Other modules the function may read from outside, by name: a lifted

@@ -42,6 +42,17 @@ namespace crucible::autograd {
 // and each path puts RuntimeWrapper (then DebugAssertWrapper, with
 // debug_assert) directly around what it compiled, as the seed does.
 
+// Note [Autocast in compiled graphs]
+// The tracer records ops below the autocast keys, so a graph traced under
+// at::autocast holds the casts and reduced-precision ops autocast chose
+// (the seed records them the same way). Running that graph under autocast
+// again would cast a second time; the runtime wrapper and the compiled
+// backward therefore run the graphs with the autocast keys excluded (the
+// seed's disable_amp), and the guards hold the autocast state of the
+// compilation (on or off and the dtype, per device type), so a call under
+// another state compiles again: a compiled call computes what the eager call
+// under the same state computes.
+
 // Note [RNG during compilation]
 // Compiling runs the function several times (the metadata analysis, the
 // joint or inference trace, again after a wrapper changes the calling

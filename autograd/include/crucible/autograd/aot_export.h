@@ -48,7 +48,8 @@ struct AotExportOptions {
 ///
 /// Throws AotError, as the seed raises (the message says which input or
 /// output and what to do): an input whose metadata fn writes (transpose_,
-/// resize_); with trace_joint, an input that requires grad and whose data fn
+/// resize_); an input fn writes that shares storage with another input; a
+/// tensor fn reads from outside its arguments; with trace_joint, an input that requires grad and whose data fn
 /// writes, no output_loss_index or one out of range, a loss that is not a
 /// scalar or does not require grad, another output that requires grad (call
 /// .detach() on it).

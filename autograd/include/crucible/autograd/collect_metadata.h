@@ -38,9 +38,9 @@ namespace crucible::autograd {
 /// Tensors the function reads from outside its arguments that the request
 /// does not lift yet (Note [Lifted tensors]) are stored in `lifted`, with
 /// their names, when it is given; otherwise they raise AotError.
-/// Throws AotError for what the runtime wrappers cannot reproduce: an output
-/// that views an input or intermediate with another dtype, metadata written
-/// in place on module state; and, with the function's own message, when the
+/// Throws AotError for what the runtime wrappers cannot reproduce (metadata
+/// written in place on module state or a lifted tensor); and, with the
+/// function's own message, when the
 /// function fails while traced (nothing of the caller's is changed then).
 ViewAndMutationMeta collect_metadata(const AotRequest& request, bool is_train,
                                      std::vector<tracer::NamedTensor>* lifted = nullptr);

@@ -33,6 +33,15 @@ namespace crucible::autograd {
 // output that eager would not have made require grad (a detached alias) is
 // detached, as the seed's gen_alias_from_base does.
 //
+// Note [Views with another dtype]
+// An output may view its base with another dtype (Tensor::view(dtype): the
+// same bytes read as int32, bf16, ...). It is rebuilt from the base's whole
+// storage read as the output's dtype (a flat view from the storage's first
+// byte, which view(dtype) always allows for a contiguous 1-D tensor), then
+// as_strided to the output's sizes, strides and offset; offsets are kept in
+// the output's elements. As in eager, such a view carries no gradient when
+// the element sizes differ.
+//
 // Input mutations are applied before outputs are rebuilt, in input order:
 // metadata first (caller_input.as_strided_ to the recorded sizes, strides and
 // offset; for an input that does not require grad without bumping its

@@ -84,7 +84,9 @@ struct OutputAliasInfo {
   /// Its metadata when the function was compiled (requires_grad included).
   ir::TensorMeta meta;
   /// For aliases: its storage offset minus its base's at the start of the
-  /// call, in elements (not bytes); 0 for non_alias and is_input.
+  /// call, in elements of the output's dtype (not bytes; the base's offset
+  /// converted to them, Note [Views with another dtype]); 0 for non_alias
+  /// and is_input.
   int64_t offset_delta = 0;
 
   bool operator==(const OutputAliasInfo&) const = default;

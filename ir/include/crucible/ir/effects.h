@@ -4,6 +4,8 @@
 
 #include <crucible/ir/graph.h>
 
+#include <vector>
+
 namespace crucible::ir {
 
 /// True for collective communication: every op of the c10d,
@@ -21,5 +23,21 @@ bool is_collective(const Node& node);
 /// (asserts, prints: its effect is all it does, as FX's
 /// _side_effectful_functions). False for other node kinds.
 bool has_side_effects(const Node& node);
+
+// Note [Order of side effects]
+// Graphs carry no effect tokens: the order of the nodes is the order of
+// their effects. A pass may drop, merge, recompute or move a node without
+// side effects as its data dependencies allow, but must keep every node with
+// side effects (has_side_effects) and keep them in the order they had, as if
+// each took the previous one's token: RNG draws in the order eager drew them
+// (so a graph and eager draw the same numbers), writes to an input in the
+// order the function wrote it, collectives in the order every rank issues
+// them. DCE and CSE never drop, merge or move them; a pass that reorders
+// (a scheduler, a partitioner recomputing in another graph) orders them by
+// side_effect_order() and may recompute only nodes without side effects.
+
+/// The nodes with side effects, in graph order: the chain a reordering pass
+/// must keep (Note [Order of side effects]).
+std::vector<const Node*> side_effect_order(const Graph& graph);
 
 }  // namespace crucible::ir

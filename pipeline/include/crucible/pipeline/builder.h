@@ -61,11 +61,11 @@ class Builder {
 
   // --- choosing the stages -------------------------------------------------------
 
-  /// How compile_train_step traces: mode (real or fake), max_constant_bytes,
-  /// freeze, source_names and decompositions; `functionalize` is ignored
-  /// there (see Note [Train step graph] in train_step.h). compile() uses the
-  /// decompositions and freeze only: aot_function always traces real,
-  /// functionalized.
+  /// How compile() and compile_train_step trace (through AOTAutograd,
+  /// which always functionalizes): mode (real or fake, AotConfig::
+  /// trace_mode), freeze and decompositions. AOTAutograd sets
+  /// `functionalize`, max_constant_bytes, source_names and lifted_inputs
+  /// itself (name other modules with name_module()).
   Builder& trace_options(tracer::TraceOptions options);
   /// Names another module the compiled functions may read from outside
   /// (a GAN's generator step reads the discriminator): its parameters and

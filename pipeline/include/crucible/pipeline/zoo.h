@@ -99,15 +99,25 @@ struct ResNetConfig {
   int64_t width = 16;       ///< torchvision's is 64; 16 keeps it quick on a CPU
   std::array<int64_t, 4> blocks = {2, 2, 2, 2};
   int64_t num_classes = 10;
+  /// torchvision's ImageNet stem instead of the 3x3 one: a 7x7 stride-2
+  /// convolution, BatchNorm, ReLU and a 3x3 stride-2 max-pool.
+  bool imagenet_stem = false;
 };
 Model make_resnet(const ResNetConfig& config = {});
 
 /// The zoo's names: "mlp", "convnet", "gpt", "resnet18".
 const std::vector<std::string>& model_names();
 
-/// A zoo model by name, with its default config. Throws PipelineError for an
-/// unknown name, listing the known ones.
-Model make_model(std::string_view name);
+/// The zoo's sizes: "small" (the default configs above: quick on a CPU) and
+/// "full", the models at the size PyTorch's compiler is measured on:
+/// MLP 784-1024-1024-10; the LeNet-style ConvNet; ResNet-18 as torchvision's
+/// (ImageNet stem, width 64, 3x224x224 images, 1000 classes); GPT-2 small
+/// (12 layers, 768 wide, 12 heads, vocabulary 50257, T = 1024).
+const std::vector<std::string>& model_sizes();
+
+/// A zoo model by name, at a size of model_sizes(). Throws PipelineError for
+/// an unknown name or size, listing the known ones.
+Model make_model(std::string_view name, std::string_view size = "small");
 
 /// Copies every parameter and buffer of `from` into the one of the same name
 /// in `to` (under no-grad), so two instances of a model start from the same

@@ -23,7 +23,10 @@ enum class TraceMode : uint8_t {
   /// The inputs are replaced by meta tensors of the same sizes, strides and
   /// dtype, so no data is computed (make_fx's "fake"). An op that has no Meta
   /// kernel in C++ (aten::relu in 2.11, for one) runs on zero-filled CPU
-  /// tensors of the same metadata to learn its outputs' metadata.
+  /// tensors of the same metadata to learn its outputs' metadata
+  /// (TraceResult::stand_in_ops names them). The graph's TensorMeta carries
+  /// the devices the values will live on (Note [Devices in fake mode]).
+  /// Code that branches on a tensor's device (is_cuda()) sees the meta device.
   Fake,
 };
 
@@ -121,6 +124,10 @@ struct TraceResult {
   /// The tensors lifted while tracing, in placeholder order (not those named
   /// by TraceOptions::lifted_inputs, which the caller knows).
   std::vector<LiftedTensor> lifted;
+  /// Fake mode: the ops that have no Meta kernel in C++ and ran on
+  /// zero-filled CPU stand-ins (Note [Fake mode]), each named once, in the
+  /// order first met.
+  std::vector<std::string> stand_in_ops;
 };
 
 /// A function over tensors, as make_fx traces it.

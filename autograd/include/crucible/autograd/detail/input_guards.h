@@ -20,7 +20,9 @@ namespace crucible::autograd::detail {
 /// per argument whether it is defined, its sizes, strides, dtype, device and
 /// requires_grad, which earlier argument it is (the same tensor) or shares
 /// storage with, and for arguments that share storage their storage offsets
-/// and storage sizes; grad mode; and an `extra` key of the caller's (a
+/// and storage sizes; grad mode; autocast (on or off, and its dtype, on the
+/// CPU and on CUDA: the graph holds the casts the trace saw, see Note
+/// [Autocast in compiled graphs]); and an `extra` key of the caller's (a
 /// module's training flags).
 class InputGuards {
  public:
@@ -54,7 +56,14 @@ class InputGuards {
     int64_t storage_offset = 0;
     int64_t storage_nbytes = 0;
   };
+  struct Autocast {
+    bool cpu = false, cuda = false;
+    c10::ScalarType cpu_dtype = c10::ScalarType::Undefined, cuda_dtype = c10::ScalarType::Undefined;
+    static Autocast current();
+    bool operator==(const Autocast&) const = default;
+  };
   bool grad_enabled_;
+  Autocast autocast_;
   std::vector<bool> extra_;
   std::vector<Entry> entries_;
 };
