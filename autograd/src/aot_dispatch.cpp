@@ -122,6 +122,7 @@ AotCompiled create_aot_dispatcher_function(AotRequest request) {
     // grad can still move the compilation to the autograd path.
     auto timed = runtime::default_phase_timer().time(needs_autograd ? "aot_autograd" : "aot_inference");
     detail::RngStateGuard keep_rng;  // See Note [RNG during compilation].
+    if (request.config.pre_grad) request.flat_fn = request.config.pre_grad(request.flat_fn, request.trace, request.flat_args);
     {
       auto analysis = runtime::default_phase_timer().time("collect_metadata");
       std::vector<tracer::NamedTensor> found;

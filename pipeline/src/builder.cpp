@@ -3,6 +3,8 @@
 #include <crucible/pipeline/error.h>
 
 #include <crucible/partitioner/default_partition.h>
+#include <crucible/ir/interpreter.h>
+#include <crucible/runtime/lifted_inputs.h>
 #include <crucible/tracer/functional_call.h>
 
 #include <torch/nn/module.h>
@@ -106,6 +108,16 @@ Builder& Builder::passes(const std::vector<std::string>& names) {
   return *this;
 }
 
+Builder& Builder::pre_grad_passes(const std::vector<std::string>& names) {
+  pre_grad_passes_ = ir::PassRegistry::builtin().passes(names);
+  return *this;
+}
+
+Builder& Builder::joint_passes(const std::vector<std::string>& names) {
+  joint_passes_ = ir::PassRegistry::builtin().passes(names);
+  return *this;
+}
+
 Builder& Builder::passes(const std::vector<std::string>& names, const ir::PassRegistry& registry) {
   passes_ = registry.passes(names);
   user_compilers_ = true;
@@ -169,8 +181,13 @@ Builder& Builder::compiler_key(std::string key) {
 std::string Builder::compiler_key() const {
   if (compiler_key_) return *compiler_key_;
   if (user_compilers_) return {};
-  std::string key = "backend=" + backend_name_ + ";passes=";
-  for (size_t i = 0; i < passes_.size(); ++i) key += (i ? "," : "") + passes_[i].name;
+  std::string key = "backend=" + backend_name_;
+  for (const auto& [phase, list] : {std::pair{";pre_grad=", &pre_grad_passes_}, std::pair{";joint=", &joint_passes_},
+                                    std::pair{";passes=", &passes_}}) {
+    if (list->empty() && std::string_view(phase) != ";passes=") continue;
+    key += phase;
+    for (size_t i = 0; i < list->size(); ++i) key += (i ? "," : "") + (*list)[i].name;
+  }
   return key;
 }
 
@@ -192,8 +209,12 @@ tracer::TraceResult Builder::trace(std::string_view graph_name,
 }
 
 void Builder::run_passes(ir::Graph& graph, std::string_view graph_name) const {
+  run_passes(passes_, graph, graph_name);
+}
+
+void Builder::run_passes(const std::vector<ir::Pass>& passes, ir::Graph& graph, std::string_view graph_name) const {
   auto events = std::make_shared<PassEvents>(instruments_, graph_name);
-  const ir::PassManager manager(passes_, ir::PassManagerOptions{verify_passes_, {events}});
+  const ir::PassManager manager(passes, ir::PassManagerOptions{verify_passes_, {events}});
   try {
     manager.run(graph);
   } catch (...) {
@@ -225,20 +246,67 @@ autograd::AotConfig Builder::aot_config() const {
   config.fw_compiler = graph_compiler("forward");
   config.bw_compiler = graph_compiler("backward");
   config.inference_compiler = graph_compiler("inference");
-  config.partition_fn = [partition = partition_fn_, instruments = instruments_](const ir::Graph& joint,
-                                                                                size_t num_fwd_outputs) {
+  config.partition_fn = [self = *this](const ir::Graph& joint, size_t num_fwd_outputs) {
+    std::optional<ir::Graph> rewritten;
+    if (!self.joint_passes_.empty()) {
+      rewritten.emplace(joint.clone());
+      self.run_passes(self.joint_passes_, *rewritten, "joint");
+    }
+    const ir::Graph& g = rewritten ? *rewritten : joint;
     return run_stage(
-        instruments, "partition", {{"joint", &joint}}, [&] { return partition(joint, num_fwd_outputs); },
+        self.instruments_, "partition", {{"joint", &g}}, [&] { return self.partition_fn_(g, num_fwd_outputs); },
         [](const partitioner::PartitionResult& r) {
           return std::vector<StageGraph>{{"forward", &r.forward}, {"backward", &r.backward}};
         });
   };
+  if (!pre_grad_passes_.empty())
+    config.pre_grad = [self = *this](const tracer::TensorFn& fn, const autograd::TraceFn& trace,
+                                     const std::vector<at::Tensor>& args) {
+      return self.pre_grad_function(fn, trace, args);
+    };
   config.decompositions = trace_options_.decompositions;
   config.freeze = trace_options_.freeze;
   config.trace_mode = trace_options_.mode;
   config.named_modules = named_modules_;
   config.compiler_key = compiler_key();
   return config;
+}
+
+// Note [Pre-grad graphs]
+// The pre-grad passes need the function's forward graph before AOTAutograd
+// differentiates and functionalizes it. AotConfig::pre_grad, called once per
+// compilation with the real arguments, traces the function with the
+// compilation's TraceFn (make_fx, or functional_call over the module) as the
+// trace options say, not functionalized, runs the pre-grad passes over that
+// graph, and hands AOTAutograd, in the function's place, one that runs the
+// graph with the interpreter: AOTAutograd's own traces then record the ATen
+// ops the interpreter dispatches, so they differentiate, functionalize and
+// lift what the passes made. The tensors the forward graph lifted are read
+// again from outside at each run (held weakly), so AOTAutograd lifts them
+// in turn and guards them as usual.
+tracer::TensorFn Builder::pre_grad_function(const tracer::TensorFn& fn, const autograd::TraceFn& trace,
+                                            const std::vector<at::Tensor>& args) const {
+  tracer::TraceResult r = this->trace("pre_grad", [&](const tracer::TraceOptions& options) {
+    tracer::TraceOptions forward = options;
+    forward.functionalize = false;
+    return trace(fn, args, forward);
+  });
+  run_passes(pre_grad_passes_, r.graph, "pre_grad");
+  std::vector<at::Tensor> lifted;
+  std::vector<std::string> names;
+  for (const tracer::LiftedTensor& l : r.lifted) {
+    lifted.push_back(l.tensor);
+    names.push_back(r.graph.signature().inputs.at(l.input_index).target);
+  }
+  auto graph = std::make_shared<const ir::Graph>(std::move(r.graph));
+  auto interpreter = std::make_shared<const ir::Interpreter>(*graph);
+  return [graph, interpreter, lifted = runtime::LiftedInputs(lifted, std::move(names))](
+             const std::vector<at::Tensor>& in) {
+    std::vector<at::Tensor> all = in;
+    if (!lifted.append_to(all))
+      throw PipelineError("pre-grad graph: " + lifted.freed() + " since the forward graph was traced");
+    return interpreter->run(all);
+  };
 }
 
 autograd::AotFunction Builder::compile(tracer::TensorFn fn) const { return autograd::aot_function(std::move(fn), aot_config()); }

@@ -194,6 +194,8 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
       detail::name_train_step(r.graph, num_module_tensors, param_names, options);
       return r;
     }).graph));
+    // The step's graph holds forward, backward and update: the joint passes, then the post-grad ones.
+    if (!builder.joint_passes().empty()) builder.run_passes(builder.joint_passes(), *g, "train_step");
     builder.run_passes(*g, "train_step");
     ir::CompiledFn fn = builder.run_backend(*g, examples, "train_step");
     std::vector<at::Tensor> lifted;

@@ -345,3 +345,42 @@ TEST_CASE("builder: a training step traced in fake mode (meta tensors) trains as
   for (const auto& p : compiled.model.module->named_parameters())
     REQUIRE_EQUAL_TENSORS(p.value().detach(), eager_params[p.key()].detach());
 }
+
+TEST_CASE("builder: pre-grad, joint and post-grad passes run where Note [Pass phases] says", "[pipeline][builder]") {
+  at::manual_seed(3);
+  // Dead work and a repeated subexpression for the passes to find.
+  auto fn = [](const std::vector<at::Tensor>& in) {
+    at::Tensor a = at::tanh(in[0] * 2.0), b = at::tanh(in[0] * 2.0);
+    at::Tensor dead = at::exp(in[1]);
+    (void)dead;
+    return std::vector<at::Tensor>{(a * b * in[1]).sum()};
+  };
+  auto recorder = std::make_shared<Recorder>();
+  Builder b;
+  b.pre_grad_passes({"cse", "dce"}).joint_passes({"dce"}).passes({"dce"}).instrument(recorder).compiler_key("");
+  // The graph cache's key names every phase's passes (Note [Builder compiler key]).
+  Builder keyed;
+  keyed.pre_grad_passes({"cse", "dce"}).joint_passes({"dce"}).passes({"dce"});
+  CHECK(keyed.compiler_key() == "backend=" + keyed.backend_name() + ";pre_grad=cse,dce;joint=dce;passes=dce");
+  const std::vector<at::Tensor> data = {at::randn({5}), at::randn({5})};
+  const std::vector<at::Tensor> c_in = {data[0].clone().requires_grad_(), data[1].clone()};
+  const std::vector<at::Tensor> e_in = {data[0].clone().requires_grad_(), data[1].clone()};
+  auto compiled = b.compile(fn);
+  const at::Tensor got = compiled(c_in)[0];
+  got.backward();
+  const at::Tensor expected = fn(e_in)[0];
+  expected.backward();
+  // CSE merged the two tanh's before AOTAutograd saw them: the same kernels, bitwise.
+  REQUIRE_EQUAL_TENSORS(got.detach(), expected.detach());
+  REQUIRE_CLOSE(c_in[0].grad(), e_in[0].grad(), testing::kGradRtol, testing::kGradAtol);
+  auto has = [&](const std::string& event) {
+    return std::find(recorder->events.begin(), recorder->events.end(), event) != recorder->events.end();
+  };
+  CHECK(has("after:trace:pre_grad"));
+  CHECK(has("after:cse:pre_grad"));
+  CHECK(has("after:dce:pre_grad"));
+  CHECK(has("after:dce:joint"));
+  CHECK(has("after:partition:forward:backward"));
+  CHECK(has("after:dce:forward"));
+  CHECK(has("after:dce:backward"));
+}

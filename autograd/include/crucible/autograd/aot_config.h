@@ -10,6 +10,7 @@
 #include <crucible/tracer/make_fx.h>
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -83,6 +84,18 @@ struct AotConfig {
   /// Check at every call that inputs compiled as not requiring grad still do
   /// not (DebugAssertWrapper).
   bool debug_assert = false;
+  /// Replaces the function before a compilation analyses it, given the
+  /// compilation's arguments and its TraceFn (the hook of the seed's
+  /// pre-grad passes, which compile_fx runs on Dynamo's graph before
+  /// aot_autograd; pipeline::Builder sets it: Note [Pre-grad graphs]). Called
+  /// outside any trace, once per compilation. Unset: the function as given.
+  /// (`trace` is the compilation's TraceFn, aot_request.h.)
+  std::function<tracer::TensorFn(const tracer::TensorFn& flat_fn,
+                                 const std::function<tracer::TraceResult(const tracer::TensorFn&,
+                                                                         const std::vector<at::Tensor>&,
+                                                                         const tracer::TraceOptions&)>& trace,
+                                 const std::vector<at::Tensor>& flat_args)>
+      pre_grad;
   /// What identifies fw_compiler, bw_compiler and inference_compiler with
   /// their options, e.g. a backend's name and its pass list
   /// ("interpreter;dce,cse"). Callables whose configs share a non-empty key

@@ -14,6 +14,7 @@
 #include <crucible/autograd/aot_config.h>
 #include <crucible/autograd/aot_function.h>
 #include <crucible/autograd/aot_module.h>
+#include <crucible/autograd/aot_request.h>
 #include <crucible/ir/pass_manager.h>
 #include <crucible/partitioner/partition.h>
 #include <crucible/pipeline/backend_registry.h>
@@ -49,6 +50,20 @@ namespace crucible::pipeline {
 // they do not change, and a cache hit skips the pass and backend stages'
 // events (the trace and partition stages still run).
 
+// Note [Pass phases]
+// As the seed's compile_fx, the builder runs three pass lists:
+//  - pre-grad: on the forward graph of the function, traced (real or fake,
+//    not functionalized) before AOTAutograd and then run in its place, so
+//    AOTAutograd differentiates what the passes made of it (Note [Pre-grad
+//    graphs]). compile() applies them to its function, compile_train_step
+//    to its loss function. Empty by default: no extra trace.
+//  - joint: on the joint graph before it is partitioned (compile()'s
+//    autograd path), and on the train-step graph (forward, backward and
+//    update in one) before the post-grad passes. Empty by default.
+//  - post-grad: on every graph the backend compiles (forward, backward,
+//    inference, train step). "dce" and "cse" by default.
+// Each pass runs with the instruments' events and, when asked, verification.
+
 class Builder {
  public:
   /// The defaults: real-mode tracing without decompositions, the passes
@@ -75,10 +90,16 @@ class Builder {
   Builder& name_module(std::string name, const std::shared_ptr<torch::nn::Module>& module);
   /// Replaces the decomposition table of the trace options.
   Builder& decompositions(tracer::DecompositionTable table);
-  /// Replaces the pass list with Crucible's passes by name
-  /// (ir::PassRegistry::builtin()); `passes({})` empties it. Throws
-  /// ir::IrError naming an unknown pass and listing the known ones.
+  /// Replaces the post-grad pass list (Note [Pass phases]) with Crucible's
+  /// passes by name (ir::PassRegistry::builtin()); `passes({})` empties it.
+  /// Throws ir::IrError naming an unknown pass and listing the known ones.
   Builder& passes(const std::vector<std::string>& names);
+  /// Replaces the pre-grad pass list (Note [Pass phases]), as passes() does
+  /// the post-grad one. Throws ir::IrError for an unknown pass.
+  Builder& pre_grad_passes(const std::vector<std::string>& names);
+  /// Replaces the joint pass list (Note [Pass phases]), as passes() does the
+  /// post-grad one. Throws ir::IrError for an unknown pass.
+  Builder& joint_passes(const std::vector<std::string>& names);
   /// The same from a registry of the caller's (its passes are user code: see
   /// compiler_key()).
   Builder& passes(const std::vector<std::string>& names, const ir::PassRegistry& registry);
@@ -114,8 +135,11 @@ class Builder {
   /// The trace options, decompositions included (without the names of
   /// name_module(), which are added when a trace starts).
   const tracer::TraceOptions& trace_options() const { return trace_options_; }
-  /// The pass list, in the order the passes run.
+  /// The post-grad pass list, in the order the passes run.
   const std::vector<ir::Pass>& passes() const { return passes_; }
+  /// The pre-grad and joint pass lists (Note [Pass phases]).
+  const std::vector<ir::Pass>& pre_grad_passes() const { return pre_grad_passes_; }
+  const std::vector<ir::Pass>& joint_passes() const { return joint_passes_; }
   /// The backend's name: its registry name, or the one given with a user
   /// backend.
   const std::string& backend_name() const { return backend_name_; }
@@ -134,9 +158,11 @@ class Builder {
   /// (make_fx, functional_call) and adjust the result (its signature) inside.
   tracer::TraceResult trace(std::string_view graph_name,
                             const std::function<tracer::TraceResult(const tracer::TraceOptions&)>& trace) const;
-  /// The pass stages: runs the pass list over `graph` in place.
+  /// The pass stages: runs the post-grad pass list over `graph` in place.
   /// Errors as ir::PassManager::run.
   void run_passes(ir::Graph& graph, std::string_view graph_name) const;
+  /// The same with another list (pre_grad_passes(), joint_passes(), ...).
+  void run_passes(const std::vector<ir::Pass>& passes, ir::Graph& graph, std::string_view graph_name) const;
   /// The "backend" stage: the wrappers and the backend, on `graph` with one
   /// example input per placeholder. Errors are the backend's.
   ir::CompiledFn run_backend(const ir::Graph& graph, const std::vector<at::Tensor>& example_inputs,
@@ -176,8 +202,14 @@ class Builder {
                                LossFn loss_fn) const;
 
  private:
+  // See Note [Pre-grad graphs].
+  tracer::TensorFn pre_grad_function(const tracer::TensorFn& fn, const autograd::TraceFn& trace,
+                                     const std::vector<at::Tensor>& args) const;
+
   tracer::TraceOptions trace_options_;
   std::vector<std::pair<std::string, std::weak_ptr<torch::nn::Module>>> named_modules_;
+  std::vector<ir::Pass> pre_grad_passes_;
+  std::vector<ir::Pass> joint_passes_;
   std::vector<ir::Pass> passes_;
   bool verify_passes_ = true;
   partitioner::PartitionFn partition_fn_;
