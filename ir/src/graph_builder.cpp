@@ -120,6 +120,10 @@ Node* GraphBuilder::call(const c10::OperatorHandle& op, std::vector<Argument> ar
 }
 
 size_t GraphBuilder::placeholder_index(const Literal& l) const {
+  if (l.kind == Literal::Kind::Int) {
+    if (l.i < 0) throw BuildError("an input index must not be negative", l.line, l.column);
+    return static_cast<size_t>(l.i);
+  }
   Value* v = g_.find_value(l.s);
   if (!v) throw BuildError("undefined value %" + l.s, l.line, l.column);
   auto it = placeholder_index_.find(v);

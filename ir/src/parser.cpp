@@ -301,8 +301,14 @@ class Parser {
                         "'; kinds are user_output, loss, gradient, mutated_input, mutated_input_metadata, saved_value");
           o.kind = *kind;
           if (accept('(')) {
-            const Token& in = expect(Token::Kind::Name, "the placeholder it refers to (%name)");
-            o.input = at(Literal::of(Literal::Kind::Value, std::string(in.text)), in);
+            // %name, or an index (a backward graph's gradient names a primal of its forward graph).
+            if (peek().kind == Token::Kind::Int) {
+              const Token& in = next();
+              o.input = at(Literal::of_int(std::stoll(std::string(in.text))), in);
+            } else {
+              const Token& in = expect(Token::Kind::Name, "the placeholder it refers to (%name, or an index)");
+              o.input = at(Literal::of(Literal::Kind::Value, std::string(in.text)), in);
+            }
             expect(')');
           }
         }

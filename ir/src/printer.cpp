@@ -191,8 +191,17 @@ class Printer {
       out += " : ";
       out += to_string(spec.kind);
       if (spec.input_index) {
+        // A backward graph's gradient names a primal of the forward graph,
+        // not one of its own placeholders (saved values and tangents): by index.
+        const size_t i = *spec.input_index;
+        const auto& inputs = g_.signature().inputs;
+        const bool own = i < inputs.size() && inputs[i].kind != InputKind::Tangent &&
+                         inputs[i].kind != InputKind::SavedValue;
         out += '(';
-        write_value(out, placeholder(*spec.input_index));
+        if (own)
+          write_value(out, placeholder(i));
+        else
+          out += std::to_string(i);
         out += ')';
       }
     }

@@ -6,13 +6,14 @@
 namespace crucible::ir {
 
 namespace {
-constexpr std::array<std::pair<InputKind, std::string_view>, 6> kInputKinds{{
+constexpr std::array<std::pair<InputKind, std::string_view>, 7> kInputKinds{{
     {InputKind::UserInput, "user_input"},
     {InputKind::Parameter, "parameter"},
     {InputKind::Buffer, "buffer"},
     {InputKind::Tangent, "tangent"},
     {InputKind::State, "state"},
     {InputKind::Lifted, "lifted"},
+    {InputKind::SavedValue, "saved_value"},
 }};
 constexpr std::array<std::pair<OutputKind, std::string_view>, 6> kOutputKinds{{
     {OutputKind::UserOutput, "user_output"},

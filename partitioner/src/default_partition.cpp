@@ -156,7 +156,7 @@ PartitionResult default_partition(const ir::Graph& joint, size_t num_fwd_outputs
   // Backward graph.
   ValueMap bmap;
   for (const ir::Value* v : saved_in_order)
-    bmap[v] = result.backward.add_placeholder(v->name(), v->meta(), ir::InputSpec{ir::InputKind::State, v->name(), std::nullopt});
+    bmap[v] = result.backward.add_placeholder(v->name(), v->meta(), ir::InputSpec{ir::InputKind::SavedValue, v->name(), std::nullopt});
   for (size_t i : tangents) {
     const ir::Value* p = placeholders[i];
     bmap[p] = result.backward.add_placeholder(p->name(), p->meta(), sig.inputs[i]);

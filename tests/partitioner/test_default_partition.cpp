@@ -2,6 +2,8 @@
 // interpreter and match eager LibTorch autograd; the interface (saved values,
 // placeholders, signatures) is the one Note [Joint graph contract] states.
 #include <crucible/ir/interpreter.h>
+#include <crucible/ir/parser.h>
+#include <crucible/ir/printer.h>
 #include <crucible/partitioner/default_partition.h>
 #include <crucible/partitioner/error.h>
 
@@ -87,6 +89,14 @@ TEST_CASE("default_partition of relu(x @ w) matches eager autograd", "[partition
   // The transposes are backward work: not in the forward graph.
   REQUIRE(parts.forward.find_value("t") == nullptr);
   REQUIRE(parts.backward.find_value("t") != nullptr);
+  // Printed, the saved values are saved_value placeholders, and the gradients
+  // name the forward's primals by index (0: x, 1: w), not the backward's own
+  // placeholders (x, w there are saved values); the text parses back.
+  const std::string text = ir::to_text(parts.backward);
+  REQUIRE(text.find("placeholder(kind=saved_value, target=\"relu\")") != std::string::npos);
+  REQUIRE(text.find(" : gradient(0), ") != std::string::npos);
+  REQUIRE(text.find(" : gradient(1))") != std::string::npos);
+  REQUIRE(ir::parse(text).signature() == parts.backward.signature());
 
   // Run both parts and compare with eager autograd.
   const auto fwd = run(parts.forward, {x, w});

@@ -19,6 +19,7 @@ enum class InputKind : uint8_t {
   State,      ///< other lifted state (optimizer state, RNG seed/offset, step counters)
   Lifted,     ///< a tensor the function reads from outside its arguments (a captured or global
               ///< tensor, another module's parameter or buffer), read afresh at every call
+  SavedValue, ///< a value the forward saved for the backward (backward graphs of a partition)
 };
 
 enum class OutputKind : uint8_t {
@@ -45,7 +46,9 @@ struct InputSpec {
 
 struct OutputSpec {
   OutputKind kind = OutputKind::UserOutput;
-  /// The placeholder index this output refers to (Gradient, MutatedInput*).
+  /// The placeholder index this output refers to (Gradient, MutatedInput*):
+  /// of this graph's placeholders, except for a backward graph's Gradient
+  /// outputs, where it is the primal's index in the forward (joint) graph.
   std::optional<size_t> input_index;
 
   bool operator==(const OutputSpec&) const = default;
@@ -64,7 +67,7 @@ struct GraphSignature {
   bool operator==(const GraphSignature&) const = default;
 };
 
-/// Text-form names: "user_input", "parameter", "buffer", "tangent", "state", "lifted";
+/// Text-form names: "user_input", "parameter", "buffer", "tangent", "state", "lifted", "saved_value";
 /// "user_output", "loss", "gradient", "mutated_input", "mutated_input_metadata",
 /// "saved_value". The from_string functions return nullopt for unknown names.
 std::string_view to_string(InputKind kind);

@@ -32,10 +32,11 @@ namespace crucible::partitioner {
 //    is a placeholder (unused ones too, so the calling convention does not
 //    depend on the partition);
 //  - backward(saved tensors..., tangents...) -> (gradients...): in the joint
-//    graph's gradient order, with the same Gradient OutputSpecs. Saved
-//    values are placeholders with InputKind::State and `target` = the name
-//    of the joint value they carry; every tangent is a placeholder (unused
-//    ones too).
+//    graph's gradient order, with the same Gradient OutputSpecs (whose
+//    input_index is the primal's, in the joint graph). Saved values are
+//    placeholders with InputKind::SavedValue and `target` = the name of the
+//    joint value they carry; every tangent is a placeholder (unused ones
+//    too).
 
 /// What a partition produced.
 struct PartitionResult {
