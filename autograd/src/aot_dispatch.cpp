@@ -12,7 +12,7 @@
 #include "compiled_function.h"
 #include "graph_capture.h"
 #include "lift_inputs.h"
-#include <crucible/autograd/detail/rng_state_guard.h>
+#include <crucible/runtime/rng_state_guard.h>
 
 #include <ATen/ATen.h>
 
@@ -121,7 +121,7 @@ AotCompiled create_aot_dispatcher_function(AotRequest request) {
     // Named by the path the arguments choose; a lifted tensor that requires
     // grad can still move the compilation to the autograd path.
     auto timed = runtime::default_phase_timer().time(needs_autograd ? "aot_autograd" : "aot_inference");
-    detail::RngStateGuard keep_rng;  // See Note [RNG during compilation].
+    runtime::RngStateGuard keep_rng;  // See Note [RNG during compilation].
     if (request.config.pre_grad) request.flat_fn = request.config.pre_grad(request.flat_fn, request.trace, request.flat_args);
     {
       auto analysis = runtime::default_phase_timer().time("collect_metadata");
@@ -140,6 +140,7 @@ AotCompiled create_aot_dispatcher_function(AotRequest request) {
     runtime::WrapperList<AotRequest> wrappers{std::make_shared<AOTDedupeWrapper>(),
                                               std::make_shared<AOTSyntheticBaseWrapper>()};
     if (request.config.functionalize_rng_ops) wrappers.push_back(std::make_shared<FunctionalizedRngRuntimeWrapper>());
+    wrappers.insert(wrappers.end(), request.config.wrappers.begin(), request.config.wrappers.end());
     ir::CompiledFn fn = runtime::compile_with_wrappers<AotRequest>(
         wrappers, std::move(request), needs_autograd ? aot_dispatch_autograd : aot_dispatch_base);
     return AotCompiled{std::move(fn), std::move(lifted)};

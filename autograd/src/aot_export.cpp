@@ -6,7 +6,7 @@
 #include "compile_record.h"
 #include "graph_capture.h"
 #include "module_trace.h"
-#include <crucible/autograd/detail/rng_state_guard.h>
+#include <crucible/runtime/rng_state_guard.h>
 #include "trace_call.h"
 #include "traced_function_transforms.h"
 
@@ -99,7 +99,7 @@ ir::Graph aot_export_module(torch::nn::Module& module, const tracer::ModuleFn& f
   if (options.trace_joint && !options.output_loss_index)
     throw AotError("aot_export_module: trace_joint is set, so one output of fn must be a scalar loss; say which "
                    "with AotExportOptions::output_loss_index");
-  detail::RngStateGuard keep_rng;  // See Note [RNG during compilation].
+  runtime::RngStateGuard keep_rng;  // See Note [RNG during compilation].
   std::optional<at::NoGradGuard> no_grad;
   if (!options.trace_joint) no_grad.emplace();
   request.fw_metadata = collect_metadata(request, options.trace_joint);
@@ -166,7 +166,7 @@ ir::Graph aot_export_joint_simple(const tracer::TensorFn& fn, const std::vector<
   request.config.decompositions = decompositions;
   request.compile_id = "export";
   request.trace_joint = trace_joint;
-  detail::RngStateGuard keep_rng;  // See Note [RNG during compilation].
+  runtime::RngStateGuard keep_rng;  // See Note [RNG during compilation].
   std::optional<at::NoGradGuard> no_grad;
   if (!trace_joint) no_grad.emplace();
   request.fw_metadata = collect_metadata(request, trace_joint);

@@ -106,7 +106,7 @@ tracer::TensorFn aot_module_simplified(std::shared_ptr<torch::nn::Module> module
   AotCompiled compiled = create_aot_dispatcher_function(std::move(request));
   if (!compiled.lifted.append_to(flat))
     throw AotError("aot_module_simplified: " + compiled.lifted.freed() + " while the function was compiled");
-  auto guards = std::make_shared<const detail::InputGuards>(flat, grad_enabled, detail::training_flags(*module));
+  auto guards = std::make_shared<const runtime::InputGuards>(flat, grad_enabled, detail::training_flags(*module));
   return [module, state = std::move(state), guards, compiled = std::move(compiled)](
              const std::vector<at::Tensor>& inputs) {
     std::vector<at::Tensor> args;

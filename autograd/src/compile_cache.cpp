@@ -44,9 +44,9 @@ std::shared_ptr<const CompileCache::Entry> CompileCache::entry_for(std::vector<a
     }
     if (!hit) {
       // The recompile reason: the first failing guard of the closest compilation.
-      InputGuards::Mismatch closest{0, "first call"};
+      runtime::InputGuards::Mismatch closest{0, "first call"};
       for (auto e = entries_.rbegin(); e != entries_.rend(); ++e) {
-        InputGuards::Mismatch m{num_args, (*e)->lifted.freed()};
+        runtime::InputGuards::Mismatch m{num_args, (*e)->lifted.freed()};
         if (m.reason.empty() && (*e)->lifted.append_to(args)) {
           m = (*e)->guards.first_difference(args, grad_enabled, extra);
           args.resize(num_args);
@@ -71,7 +71,7 @@ std::shared_ptr<const CompileCache::Entry> CompileCache::entry_for(std::vector<a
       if (!compiled.lifted.append_to(args))
         throw AotError(api_ + ": " + compiled.lifted.freed() + " while the function was compiled");
       hit = std::make_shared<const Entry>(
-          Entry{InputGuards(args, grad_enabled, extra), std::move(compiled.fn), std::move(compiled.lifted)});
+          Entry{runtime::InputGuards(args, grad_enabled, extra), std::move(compiled.fn), std::move(compiled.lifted)});
       entries_.push_back(hit);
     }
   }

@@ -5,7 +5,7 @@
 #include <crucible/autograd/aot_request.h>
 #include <crucible/runtime/lifted_inputs.h>
 
-#include <crucible/autograd/detail/input_guards.h>
+#include <crucible/runtime/input_guards.h>
 
 #include <memory>
 #include <mutex>
@@ -41,7 +41,7 @@ class CompileCache {
   std::shared_ptr<const Entry> entry_for(std::vector<at::Tensor>& args, const std::vector<bool>& extra,
                                          std::optional<size_t> num_params_buffers);
   struct Entry {
-    InputGuards guards;  // over the arguments followed by the lifted tensors
+    runtime::InputGuards guards;  // over the arguments followed by the lifted tensors
     ir::CompiledFn fn;
     runtime::LiftedInputs lifted;
   };

@@ -22,5 +22,9 @@ TraceFn module_trace(std::shared_ptr<torch::nn::Module> module);
 /// read by the module itself; fn gets the rest.
 tracer::TensorFn module_flat_fn(std::shared_ptr<torch::nn::Module> module, tracer::ModuleFn fn);
 
+/// is_training() of the module and every descendant, in apply() order: the
+/// `extra` guard of a compilation over a module.
+std::vector<bool> training_flags(const torch::nn::Module& module);
+
 
 }  // namespace crucible::autograd::detail

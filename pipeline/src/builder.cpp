@@ -172,6 +172,13 @@ Builder& Builder::add_wrapper(std::shared_ptr<runtime::GraphWrapper> wrapper) {
   return *this;
 }
 
+Builder& Builder::add_aot_wrapper(std::shared_ptr<autograd::AotWrapper> wrapper) {
+  if (!wrapper) throw PipelineError("Builder::add_aot_wrapper: the wrapper is null");
+  aot_wrappers_.push_back(std::move(wrapper));
+  user_compilers_ = true;
+  return *this;
+}
+
 Builder& Builder::compiler_key(std::string key) {
   compiler_key_ = std::move(key);
   return *this;
@@ -267,6 +274,7 @@ autograd::AotConfig Builder::aot_config() const {
   config.decompositions = trace_options_.decompositions;
   config.freeze = trace_options_.freeze;
   config.trace_mode = trace_options_.mode;
+  config.wrappers = aot_wrappers_;
   config.named_modules = named_modules_;
   config.compiler_key = compiler_key();
   return config;

@@ -384,3 +384,32 @@ TEST_CASE("builder: pre-grad, joint and post-grad passes run where Note [Pass ph
   CHECK(has("after:dce:forward"));
   CHECK(has("after:dce:backward"));
 }
+
+TEST_CASE("builder: an AOT wrapper joins AOTAutograd's chain, around the compiled callable", "[pipeline][builder]") {
+  // Sees the request after the metadata analysis and counts the calls of what it wraps.
+  struct Counting : autograd::AotWrapper {
+    std::string_view name() const override { return "Counting"; }
+    void pre_compile(autograd::AotRequest& request) override {
+      outputs = request.fw_metadata.output_info.size();
+      ++compiles;
+    }
+    ir::CompiledFn post_compile(ir::CompiledFn compiled, const autograd::AotRequest&) override {
+      return [this, compiled = std::move(compiled)](std::vector<at::Tensor>& args) {
+        ++calls;
+        return compiled(args);
+      };
+    }
+    size_t outputs = 0, compiles = 0, calls = 0;
+  };
+  auto counting = std::make_shared<Counting>();
+  Builder b;
+  b.add_aot_wrapper(counting);
+  CHECK(b.compiler_key().empty());  // user code joined the chain: Note [Builder compiler key]
+  auto f = b.compile(mlp_fn);
+  const std::vector<at::Tensor> in = {at::randn({4, 6}), at::randn({5, 6}), at::randn({5}), at::randn({3, 5})};
+  for (int i = 0; i < 3; ++i) REQUIRE_EQUAL_TENSORS(f(in)[0], mlp_fn(in)[0]);
+  CHECK(counting->compiles == 1);
+  CHECK(counting->outputs == 1);
+  CHECK(counting->calls == 3);
+  CHECK_THROWS_AS(Builder().add_aot_wrapper(nullptr), PipelineError);
+}

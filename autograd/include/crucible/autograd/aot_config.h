@@ -6,6 +6,7 @@
 #include <crucible/ir/backend.h>
 #include <crucible/ir/interpreter.h>
 #include <crucible/partitioner/default_partition.h>
+#include <crucible/runtime/compiler_wrapper.h>
 #include <crucible/tracer/decomposition.h>
 #include <crucible/tracer/make_fx.h>
 
@@ -22,6 +23,8 @@ class Module;
 }
 
 namespace crucible::autograd {
+
+struct AotRequest;
 
 /// The compilers and options of an AOTAutograd compilation; it mirrors
 /// AOTConfig in torch/_functorch/aot_autograd.py (fw_compiler, bw_compiler,
@@ -84,6 +87,13 @@ struct AotConfig {
   /// Check at every call that inputs compiled as not requiring grad still do
   /// not (DebugAssertWrapper).
   bool debug_assert = false;
+  /// Runtime wrappers added to the chain after AOTAutograd's own
+  /// (Note [AOT dispatch]): their pre_compile runs after the built-in ones in
+  /// order, their post_compile before them in reverse, so the first added is
+  /// the outermost of these (Note [Compiler wrapper order]). A wrapper sees
+  /// the request after the metadata analysis, and wraps the compiled callable
+  /// (CUDA graphs, output layouts, instrumentation).
+  runtime::WrapperList<AotRequest> wrappers;
   /// Replaces the function before a compilation analyses it, given the
   /// compilation's arguments and its TraceFn (the hook of the seed's
   /// pre-grad passes, which compile_fx runs on Dynamo's graph before

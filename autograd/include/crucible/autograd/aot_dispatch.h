@@ -38,7 +38,8 @@ namespace crucible::autograd {
 // Before either path the wrappers run their pre_compile in this order
 // (post_compile in reverse; Note [Compiler wrapper order]):
 //   AOTDedupeWrapper, AOTSyntheticBaseWrapper,
-//   FunctionalizedRngRuntimeWrapper (with functionalize_rng_ops);
+//   FunctionalizedRngRuntimeWrapper (with functionalize_rng_ops),
+//   then AotConfig::wrappers (the caller's: CUDA graphs, output layouts);
 // and each path puts RuntimeWrapper (then DebugAssertWrapper, with
 // debug_assert) directly around what it compiled, as the seed does.
 

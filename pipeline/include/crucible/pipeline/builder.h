@@ -123,6 +123,12 @@ class Builder {
   /// the first added is the outermost). Throws PipelineError if `wrapper`
   /// is null.
   Builder& add_wrapper(std::shared_ptr<runtime::GraphWrapper> wrapper);
+  /// Appends a runtime wrapper to the AOTAutograd chain of compile() and
+  /// compile_train_step (AotConfig::wrappers: after AOTAutograd's own, the
+  /// first added outermost of these; Note [Compiler wrapper order]). It sees
+  /// the request after the metadata analysis and wraps the compiled callable.
+  /// Throws PipelineError if `wrapper` is null.
+  Builder& add_aot_wrapper(std::shared_ptr<autograd::AotWrapper> wrapper);
   /// Appends an instrument; see instrument.h and instruments.h. Throws
   /// PipelineError if `instrument` is null.
   Builder& instrument(std::shared_ptr<StageInstrument> instrument);
@@ -216,6 +222,7 @@ class Builder {
   std::string backend_name_;
   ir::Backend backend_;
   runtime::WrapperList<runtime::GraphRequest> wrappers_;
+  runtime::WrapperList<autograd::AotRequest> aot_wrappers_;
   std::vector<std::shared_ptr<StageInstrument>> instruments_;
   std::optional<std::string> compiler_key_;  // set by compiler_key(std::string)
   bool user_compilers_ = false;  // a user pass, registry, backend or wrapper is in the chain

@@ -1,11 +1,11 @@
-#include <crucible/autograd/detail/rng_state_guard.h>
+#include <crucible/runtime/rng_state_guard.h>
 
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 
 #include <mutex>
 
-namespace crucible::autograd::detail {
+namespace crucible::runtime {
 
 RngStateGuard::RngStateGuard() {
   std::vector<at::Generator> generators{at::detail::getDefaultCPUGenerator()};
@@ -29,4 +29,4 @@ RngStateGuard::~RngStateGuard() {
   }
 }
 
-}  // namespace crucible::autograd::detail
+}  // namespace crucible::runtime

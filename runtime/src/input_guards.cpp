@@ -1,11 +1,11 @@
-#include <crucible/autograd/detail/input_guards.h>
+#include <crucible/runtime/input_guards.h>
 
 #include <ATen/autocast_mode.h>
 
 #include <algorithm>
 #include <sstream>
 
-namespace crucible::autograd::detail {
+namespace crucible::runtime {
 
 namespace {
 
@@ -164,4 +164,4 @@ InputGuards::Mismatch InputGuards::first_difference(const std::vector<at::Tensor
   return {args.size(), ""};
 }
 
-}  // namespace crucible::autograd::detail
+}  // namespace crucible::runtime

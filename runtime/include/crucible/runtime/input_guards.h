@@ -1,6 +1,6 @@
-// The guards of a compilation (see Note [AOT cache guards] in
-// aot_function.h). Internal to Crucible: shared with the pipeline's compiled
-// training step, not a stable interface.
+// The guards of a compilation: what it assumed about its arguments and the
+// call (see Note [AOT cache guards] in autograd/aot_function.h), checked
+// before a compiled graph runs, as TorchDynamo's guards are.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -10,11 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace torch::nn {
-class Module;
-}
-
-namespace crucible::autograd::detail {
+namespace crucible::runtime {
 
 /// What one compilation assumed about its flat arguments and the call:
 /// per argument whether it is defined, its sizes, strides, dtype, device and
@@ -68,8 +64,4 @@ class InputGuards {
   std::vector<Entry> entries_;
 };
 
-/// is_training() of the module and every descendant, in apply() order: the
-/// `extra` guard of a compilation over a module.
-std::vector<bool> training_flags(const torch::nn::Module& module);
-
-}  // namespace crucible::autograd::detail
+}  // namespace crucible::runtime

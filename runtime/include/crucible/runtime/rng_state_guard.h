@@ -1,5 +1,5 @@
-// Keeps the default generators' states across a compilation. Internal to
-// Crucible: shared with the pipeline's compiled training step.
+// Keeps the default generators' states across a compilation (see Note [RNG
+// during compilation] in autograd/aot_dispatch.h).
 #pragma once
 
 #include <ATen/core/Generator.h>
@@ -8,11 +8,11 @@
 #include <utility>
 #include <vector>
 
-namespace crucible::autograd::detail {
+namespace crucible::runtime {
 
 /// Saves the default generators' states (the CPU one, and each CUDA
 /// device's where CUDA is present) and restores them on destruction, also
-/// when unwinding. See Note [RNG during compilation] in aot_dispatch.h.
+/// when unwinding.
 class RngStateGuard {
  public:
   RngStateGuard();
@@ -24,4 +24,4 @@ class RngStateGuard {
   std::vector<std::pair<at::Generator, at::Tensor>> saved_;
 };
 
-}  // namespace crucible::autograd::detail
+}  // namespace crucible::runtime
