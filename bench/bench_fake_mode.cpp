@@ -5,7 +5,7 @@
 // through /proc/self/clear_refs before each compile) in MiB.
 #include <crucible/ir/graph.h>
 #include <crucible/pipeline/builder.h>
-#include <crucible/pipeline/zoo.h>
+#include <crucible/models/zoo.h>
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
@@ -35,9 +35,9 @@ void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 void compile_train_step(benchmark::State& state, const std::string& model, const std::string& size,
                         tracer::TraceMode mode) {
   torch::manual_seed(0);
-  pipeline::Model m = pipeline::make_model(model, size);
+  models::Model m = models::make_model(model, size);
   m.module->train();
-  const pipeline::Batch b = m.example_batch(state.range(0), 0);
+  const data::Batch b = m.example_batch(state.range(0), 0);
   torch::optim::AdamW opt(m.module->parameters(), torch::optim::AdamWOptions(1e-4));
   tracer::TraceOptions options;
   options.mode = mode;
@@ -46,7 +46,7 @@ void compile_train_step(benchmark::State& state, const std::string& model, const
       "none", [](const ir::Graph&, const std::vector<at::Tensor>&) { return ir::CompiledFn(); });
   double peak_mib = 0;
   for (auto _ : state) {
-    const pipeline::TrainStep step = builder.compile_train_step(m.module, opt, pipeline::loss_of(m));
+    const pipeline::TrainStep step = builder.compile_train_step(m.module, opt, models::loss_of(m));
     reset_peak_rss();
     const long before = peak_rss_kib();
     step.compile({b.inputs, b.targets});

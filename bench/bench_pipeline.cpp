@@ -19,7 +19,7 @@
 #include <crucible/ir/pass_manager.h>
 #include <crucible/partitioner/default_partition.h>
 #include <crucible/pipeline/builder.h>
-#include <crucible/pipeline/zoo.h>
+#include <crucible/models/zoo.h>
 #include <crucible/tracer/functional_call.h>
 
 #include <ATen/ATen.h>
@@ -39,14 +39,14 @@ using namespace crucible;
 int64_t bench_batch(const std::string& model) { return model == "mlp" || model == "convnet" ? 32 : 8; }
 
 struct Setup {
-  explicit Setup(const std::string& name) : model((torch::manual_seed(0), pipeline::make_model(name))) {
+  explicit Setup(const std::string& name) : model((torch::manual_seed(0), models::make_model(name))) {
     model.module->train();
-    const pipeline::Batch b = model.example_batch(bench_batch(name), /*seed=*/0);
+    const data::Batch b = model.example_batch(bench_batch(name), /*seed=*/0);
     batch = {b.inputs, b.targets};
     optimizer = std::make_unique<torch::optim::SGD>(model.module->parameters(),
                                                     torch::optim::SGDOptions(0.01).momentum(0.9));
   }
-  pipeline::LossFn loss() const { return pipeline::loss_of(model); }
+  pipeline::LossFn loss() const { return models::loss_of(model); }
   tracer::TraceResult trace_forward(bool functionalize) const {
     tracer::ModuleTraceOptions options;
     options.trace.functionalize = functionalize;
@@ -79,7 +79,7 @@ struct Setup {
     return step;
   }
 
-  pipeline::Model model;
+  models::Model model;
   std::vector<at::Tensor> batch;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
 };
@@ -199,7 +199,7 @@ namespace {
 [[maybe_unused]] const bool registered = [] {
   // Model by model, so that a model's compiled and eager steps run back to
   // back, under the same machine load.
-  for (const std::string& model : crucible::pipeline::model_names())
+  for (const std::string& model : crucible::models::model_names())
     for (const auto& [stage, fn] : crucible::bench::pipeline_stages())
       benchmark::RegisterBenchmark(("BM_Pipeline" + stage + "/" + model).c_str(), fn, model)
           ->Unit(benchmark::kMillisecond);

@@ -17,7 +17,7 @@ using PipelineBenchFn = void (*)(benchmark::State& state, const std::string& mod
 
 /// Stage name ("Trace", "Joint", "StepCompiled", ...) -> benchmark, in
 /// pipeline order; each is registered as BM_Pipeline<stage>/<model> for
-/// every model of pipeline::model_names(), model by model.
+/// every model of models::model_names(), model by model.
 const std::vector<std::pair<std::string, PipelineBenchFn>>& pipeline_stages();
 
 }  // namespace crucible::bench

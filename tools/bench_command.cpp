@@ -5,7 +5,7 @@
 #include "commands.h"
 
 #include <crucible/pipeline/error.h>
-#include <crucible/pipeline/zoo.h>
+#include <crucible/models/zoo.h>
 
 #include <CLI/CLI.hpp>
 #include <benchmark/benchmark.h>
@@ -33,7 +33,7 @@ void run_bench_command(const BenchCommandOptions& o, const std::vector<std::stri
   std::vector<std::string> stages = o.stages;
   if (stages.empty())
     for (const auto& [stage, fn] : bench::pipeline_stages()) stages.push_back(stage);
-  const std::vector<std::string>& models = o.models.empty() ? pipeline::model_names() : o.models;
+  const std::vector<std::string>& models = o.models.empty() ? models::model_names() : o.models;
   std::vector<std::string> args = {"crucible bench",
                                    "--benchmark_filter=^BM_Pipeline" + alternatives(stages) + "/" +
                                        alternatives(models) + "$"};
@@ -65,7 +65,7 @@ void add_bench_command(CLI::App& app) {
   for (const auto& [stage, fn] : bench::pipeline_stages()) stages.push_back(stage);
   cmd->add_option("--model", o->models, "models to run (default: all)")
       ->delimiter(',')
-      ->check(CLI::IsMember(pipeline::model_names()));
+      ->check(CLI::IsMember(models::model_names()));
   cmd->add_option("--stage", o->stages, "stages to run (default: all)")->delimiter(',')->check(CLI::IsMember(stages));
   cmd->add_option("--json", o->json, "also write Google Benchmark's JSON results to this file");
   cmd->add_flag("--list", o->list, "list the benchmarks instead of running them");

@@ -11,7 +11,7 @@
 #include <crucible/pipeline/backend_registry.h>
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/instruments.h>
-#include <crucible/pipeline/zoo.h>
+#include <crucible/models/zoo.h>
 #include <crucible/runtime/timing.h>
 
 #include <CLI/CLI.hpp>
@@ -35,9 +35,9 @@ struct CompileCommandOptions {
 };
 
 void run_compile_command(const CompileCommandOptions& o) {
-  const pipeline::Model model = pipeline::make_model(o.model);
+  const models::Model model = models::make_model(o.model);
   model.module->train();
-  const pipeline::Batch batch = model.example_batch(o.batch, /*seed=*/0);
+  const data::Batch batch = model.example_batch(o.batch, /*seed=*/0);
   const std::vector<at::Tensor> inputs = {batch.inputs, batch.targets};
   std::unique_ptr<torch::optim::Optimizer> optimizer = o.optimizer.make(model.module->parameters());
 
@@ -52,7 +52,7 @@ void run_compile_command(const CompileCommandOptions& o) {
   runtime::PhaseTimer step_timer;
   pipeline::Builder timed = builder;
   timed.instrument(std::make_shared<pipeline::StageTimer>(step_timer));
-  const pipeline::TrainStep step = timed.compile_train_step(model.module, *optimizer, pipeline::loss_of(model));
+  const pipeline::TrainStep step = timed.compile_train_step(model.module, *optimizer, models::loss_of(model));
   step.compile(inputs);
   std::cout << "training step (" << o.optimizer.kind << ", batch " << o.batch << "), " << step.graph().num_nodes()
             << " nodes: " << describe_stages(ordered_stages(step_timer)) << "\n";
@@ -64,7 +64,7 @@ void run_compile_command(const CompileCommandOptions& o) {
   timed = builder;
   timed.instrument(std::make_shared<pipeline::StageTimer>(aot_timer));
   const autograd::AotModule aot =
-      timed.compile(model.module, [loss = pipeline::loss_of(model)](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+      timed.compile(model.module, [loss = models::loss_of(model)](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
         return std::vector<at::Tensor>{loss(m, in)};
       });
   aot(inputs).at(0).backward();
@@ -84,7 +84,7 @@ void add_compile_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "compile", "compile a zoo model's training step and write each stage's graph and the generated code");
   cmd->add_option("--model", o->model, "model of the zoo")
-      ->check(CLI::IsMember(pipeline::model_names()))
+      ->check(CLI::IsMember(models::model_names()))
       ->capture_default_str();
   cmd->add_option("--backend", o->backend, "compiler backend")
       ->check(CLI::IsMember(pipeline::BackendRegistry::builtin().names()))

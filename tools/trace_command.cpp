@@ -6,7 +6,7 @@
 #include <crucible/ir/dot.h>
 #include <crucible/ir/json.h>
 #include <crucible/ir/printer.h>
-#include <crucible/pipeline/zoo.h>
+#include <crucible/models/zoo.h>
 #include <crucible/tracer/functional_call.h>
 
 #include <CLI/CLI.hpp>
@@ -28,8 +28,8 @@ struct TraceCommandOptions {
 };
 
 void run_trace_command(const TraceCommandOptions& o) {
-  pipeline::Model model = pipeline::make_model(o.model);
-  const pipeline::Batch batch = model.example_batch(o.batch, /*seed=*/0);
+  models::Model model = models::make_model(o.model);
+  const data::Batch batch = model.example_batch(o.batch, /*seed=*/0);
   tracer::ModuleTraceOptions options;
   options.trace.functionalize = o.functionalize;
   options.trace.mode = o.mode == "fake" ? tracer::TraceMode::Fake : tracer::TraceMode::Real;
@@ -64,7 +64,7 @@ void run_trace_command(const TraceCommandOptions& o) {
 void add_trace_command(CLI::App& app) {
   auto opts = std::make_shared<TraceCommandOptions>();
   CLI::App* cmd = app.add_subcommand("trace", "trace a model of the zoo into a graph (make_fx) and print it");
-  cmd->add_option("--model", opts->model, "model of the zoo to trace")->check(CLI::IsMember(pipeline::model_names()));
+  cmd->add_option("--model", opts->model, "model of the zoo to trace")->check(CLI::IsMember(models::model_names()));
   cmd->add_flag("--joint", opts->joint, "trace one training step: forward, loss.backward(), gradients as outputs");
   cmd->add_flag("--functionalize", opts->functionalize, "remove in-place ops and view mutation");
   cmd->add_option("--mode", opts->mode, "real: run on example data; fake: meta tensors")

@@ -11,13 +11,13 @@
 
 #include <crucible/autograd/aot_module.h>
 #include <crucible/pipeline/backend_registry.h>
-#include <crucible/pipeline/batcher.h>
+#include <crucible/data/batcher.h>
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/error.h>
-#include <crucible/pipeline/fashion_mnist.h>
+#include <crucible/data/fashion_mnist.h>
 #include <crucible/pipeline/instruments.h>
-#include <crucible/pipeline/synthetic_tokens.h>
-#include <crucible/pipeline/zoo.h>
+#include <crucible/data/synthetic_tokens.h>
+#include <crucible/models/zoo.h>
 #include <crucible/runtime/timing.h>
 
 #include <ATen/ATen.h>
@@ -50,7 +50,7 @@ struct TrainCommandOptions {
   bool check_eager = false;
   bool json = false;
   uint64_t seed = 0;
-  std::string data_dir = pipeline::kFashionMnistDir;
+  std::string data_dir = data::kFashionMnistDir;
   double tolerance = 1e-4;
 };
 
@@ -67,24 +67,24 @@ std::string sci(double v) {
 struct Data {
   std::string description;
   int64_t steps_per_epoch = 0;  // 0: a stream without epochs (synthetic)
-  std::function<pipeline::Batch(int64_t step)> train_batch;
-  std::vector<pipeline::Batch> test_batches;
+  std::function<data::Batch(int64_t step)> train_batch;
+  std::vector<data::Batch> test_batches;
 };
 
 Data fashion_mnist_data(const TrainCommandOptions& o) {
-  pipeline::FashionMnist train = pipeline::load_fashion_mnist(pipeline::Split::Train, o.data_dir);
-  pipeline::FashionMnist test = pipeline::load_fashion_mnist(pipeline::Split::Test, o.data_dir);
+  data::FashionMnist train = data::load_fashion_mnist(data::Split::Train, o.data_dir);
+  data::FashionMnist test = data::load_fashion_mnist(data::Split::Test, o.data_dir);
   Data d;
   d.description = "fashion-mnist (" + std::to_string(train.images.size(0)) + " training, " +
                   std::to_string(test.images.size(0)) + " test images)";
   // The last, smaller batch of an epoch is dropped: every step has one shape,
   // so the step compiles once.
-  auto batcher = std::make_shared<pipeline::Batcher>(
-      train.images, train.labels, pipeline::BatcherOptions{o.batch, /*shuffle=*/true, o.seed, /*drop_last=*/true});
+  auto batcher = std::make_shared<data::Batcher>(
+      train.images, train.labels, data::BatcherOptions{o.batch, /*shuffle=*/true, o.seed, /*drop_last=*/true});
   d.steps_per_epoch = batcher->batches_per_epoch();
   if (d.steps_per_epoch == 0)
     throw pipeline::PipelineError("--batch " + std::to_string(o.batch) + " is larger than the training set");
-  auto epoch = std::make_shared<std::optional<std::pair<int64_t, pipeline::Epoch>>>();
+  auto epoch = std::make_shared<std::optional<std::pair<int64_t, data::Epoch>>>();
   d.train_batch = [batcher, epoch, per_epoch = d.steps_per_epoch](int64_t step) {
     const int64_t e = step / per_epoch;
     if (!*epoch || (*epoch)->first != e) epoch->emplace(e, batcher->epoch(e));
@@ -95,17 +95,17 @@ Data fashion_mnist_data(const TrainCommandOptions& o) {
   return d;
 }
 
-Data synthetic_data(const TrainCommandOptions& o, const pipeline::Model& model) {
+Data synthetic_data(const TrainCommandOptions& o, const models::Model& model) {
   Data d;
   if (o.model == "gpt") {
-    const pipeline::GptConfig c;
-    const pipeline::SyntheticTokenOptions train{c.vocab_size, c.block_size, o.batch, o.seed};
-    pipeline::SyntheticTokenOptions test = train;
+    const models::GptConfig c;
+    const data::SyntheticTokenOptions train{c.vocab_size, c.block_size, o.batch, o.seed};
+    data::SyntheticTokenOptions test = train;
     test.seed = o.seed + 1'000'003;  // another stream: held out
     d.description = "synthetic token sequences (vocabulary " + std::to_string(c.vocab_size) + ", length " +
                     std::to_string(c.block_size) + ")";
-    d.train_batch = [train](int64_t step) { return pipeline::synthetic_token_batch(train, step); };
-    for (int64_t i = 0; i < 10; ++i) d.test_batches.push_back(pipeline::synthetic_token_batch(test, i));
+    d.train_batch = [train](int64_t step) { return data::synthetic_token_batch(train, step); };
+    for (int64_t i = 0; i < 10; ++i) d.test_batches.push_back(data::synthetic_token_batch(test, i));
   } else {
     d.description = "synthetic images (N(0, 1) pixels, uniform labels: nothing to learn)";
     d.train_batch = [examples = model.example_batch, b = o.batch, seed = o.seed](int64_t step) {
@@ -119,11 +119,11 @@ Data synthetic_data(const TrainCommandOptions& o, const pipeline::Model& model) 
 // Top-1 accuracy of `forward` over the held-out batches, with `module` in
 // eval mode and no gradients (every position counts for the GPT).
 double test_accuracy(torch::nn::Module& module, const std::function<at::Tensor(const at::Tensor&)>& forward,
-                     const std::vector<pipeline::Batch>& batches, int64_t* counted) {
+                     const std::vector<data::Batch>& batches, int64_t* counted) {
   module.eval();
   at::NoGradGuard no_grad;
   int64_t correct = 0, total = 0;
-  for (const pipeline::Batch& b : batches) {
+  for (const data::Batch& b : batches) {
     const at::Tensor predicted = forward(b.inputs).argmax(-1);
     correct += predicted.eq(b.targets).sum().item<int64_t>();
     total += b.targets.numel();
@@ -133,7 +133,7 @@ double test_accuracy(torch::nn::Module& module, const std::function<at::Tensor(c
   return total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
 }
 
-pipeline::Batch on(const pipeline::Batch& b, const at::Device& device) {
+data::Batch on(const data::Batch& b, const at::Device& device) {
   return {b.inputs.to(device), b.targets.to(device)};
 }
 
@@ -165,23 +165,23 @@ void run_train_command(const TrainCommandOptions& o) {
   }
 
   torch::manual_seed(o.seed);
-  const pipeline::Model model = pipeline::make_model(o.model);
+  const models::Model model = models::make_model(o.model);
   model.module->to(device);
   // "cuda" names the current GPU; report the one the model is on.
   const at::Device placed = model.module->parameters().front().device();
   model.module->train();
   Data data = dataset == "synthetic" ? synthetic_data(o, model) : fashion_mnist_data(o);
-  for (pipeline::Batch& b : data.test_batches) b = on(b, device);
+  for (data::Batch& b : data.test_batches) b = on(b, device);
   const int64_t steps =
       o.steps ? *o.steps : (data.steps_per_epoch ? o.epochs.value_or(1) * data.steps_per_epoch : kSyntheticSteps);
   std::unique_ptr<torch::optim::Optimizer> optimizer = o.optimizer.make(model.module->parameters());
 
-  std::optional<pipeline::Model> eager;
+  std::optional<models::Model> eager;
   std::unique_ptr<torch::optim::Optimizer> eager_optimizer;
   if (o.check_eager) {
-    eager.emplace(pipeline::make_model(o.model));
+    eager.emplace(models::make_model(o.model));
     eager->module->to(device);
-    pipeline::copy_state(*model.module, *eager->module);
+    models::copy_state(*model.module, *eager->module);
     eager->module->train();
     eager_optimizer = o.optimizer.make(eager->module->parameters());
   }
@@ -203,8 +203,8 @@ void run_train_command(const TrainCommandOptions& o) {
   if (compiled) {
     pipeline::Builder timed = builder;
     timed.instrument(std::make_shared<pipeline::StageTimer>(timer));
-    step = timed.compile_train_step(model.module, *optimizer, pipeline::loss_of(model));
-    const pipeline::Batch first = on(data.train_batch(0), device);
+    step = timed.compile_train_step(model.module, *optimizer, models::loss_of(model));
+    const data::Batch first = on(data.train_batch(0), device);
     step->compile({first.inputs, first.targets});
     compile_s = ordered_stages(timer);
     std::cout << "compile (" << o.backend << "): " << describe_stages(compile_s) << "\n";
@@ -215,14 +215,14 @@ void run_train_command(const TrainCommandOptions& o) {
   double train_s = 0, eager_s = 0, loss = 0, eager_loss = 0;
   ProgressBar bar("train", steps);
   for (int64_t i = 0; i < steps; ++i) {
-    const pipeline::Batch b = on(data.train_batch(i), device);
+    const data::Batch b = on(data.train_batch(i), device);
     // Reading the loss (item()) waits for the step's kernels: the time is the step's on any device.
     auto start = clock::now();
-    loss = (compiled ? (*step)({b.inputs, b.targets}) : pipeline::eager_train_step(model, *optimizer, b)).item<double>();
+    loss = (compiled ? (*step)({b.inputs, b.targets}) : models::eager_train_step(model, *optimizer, b)).item<double>();
     train_s += std::chrono::duration<double>(clock::now() - start).count();
     if (eager) {
       start = clock::now();
-      eager_loss = pipeline::eager_train_step(*eager, *eager_optimizer, b).item<double>();
+      eager_loss = models::eager_train_step(*eager, *eager_optimizer, b).item<double>();
       eager_s += std::chrono::duration<double>(clock::now() - start).count();
     }
     bar.update(i + 1, "loss " + fixed(loss, 4) + "  " +
@@ -269,7 +269,7 @@ void run_train_command(const TrainCommandOptions& o) {
   for (const auto& [stage, s] : compile_s) j["compile_s"][stage] = s;
   bool agree = true;
   if (eager) {
-    const double diff = pipeline::max_param_diff(*model.module, *eager->module);
+    const double diff = models::max_param_diff(*model.module, *eager->module);
     agree = diff <= o.tolerance;
     int64_t eager_counted = 0;
     const double eager_accuracy = test_accuracy(*eager->module, eager->forward, data.test_batches, &eager_counted);
@@ -295,7 +295,7 @@ void add_train_command(CLI::App& app) {
   auto o = std::make_shared<TrainCommandOptions>();
   CLI::App* cmd = app.add_subcommand("train", "train a zoo model through the compiled training step");
   cmd->add_option("--model", o->model, "model of the zoo")
-      ->check(CLI::IsMember(pipeline::model_names()))
+      ->check(CLI::IsMember(models::model_names()))
       ->capture_default_str();
   cmd->add_option("--dataset", o->dataset, "training data (default: fashion-mnist, synthetic for gpt)")
       ->check(CLI::IsMember({"fashion-mnist", "synthetic"}));

@@ -4,7 +4,7 @@
 #pragma once
 
 #include <crucible/pipeline/train_step.h>
-#include <crucible/pipeline/zoo.h>
+#include <crucible/models/zoo.h>
 
 #include <optional>
 #include <memory>

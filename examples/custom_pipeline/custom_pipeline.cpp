@@ -12,7 +12,7 @@
 #include <crucible/ir/graph.h>
 #include <crucible/ir/interpreter.h>
 #include <crucible/pipeline/builder.h>
-#include <crucible/pipeline/zoo.h>
+#include <crucible/models/zoo.h>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -87,9 +87,9 @@ class StagePrinter : public pipeline::StageInstrument {
 
 int main() {
   torch::manual_seed(0);
-  pipeline::Model compiled = pipeline::make_mlp({.in_features = 28 * 28, .hidden = {32, 32}, .num_classes = 10});
-  pipeline::Model eager = pipeline::make_mlp({.in_features = 28 * 28, .hidden = {32, 32}, .num_classes = 10});
-  pipeline::copy_state(*compiled.module, *eager.module);
+  models::Model compiled = models::make_mlp({.in_features = 28 * 28, .hidden = {32, 32}, .num_classes = 10});
+  models::Model eager = models::make_mlp({.in_features = 28 * 28, .hidden = {32, 32}, .num_classes = 10});
+  models::copy_state(*compiled.module, *eager.module);
   torch::optim::SGD compiled_opt(compiled.module->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   torch::optim::SGD eager_opt(eager.module->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
 
@@ -109,12 +109,12 @@ int main() {
 
   double loss = 0, eager_loss = 0;
   for (int64_t i = 0; i < 20; ++i) {
-    const pipeline::Batch b = compiled.example_batch(16, /*seed=*/static_cast<uint64_t>(i));
+    const data::Batch b = compiled.example_batch(16, /*seed=*/static_cast<uint64_t>(i));
     loss = step({b.inputs, b.targets}).item<double>();
-    eager_loss = pipeline::eager_train_step(eager, eager_opt, b).item<double>();
+    eager_loss = models::eager_train_step(eager, eager_opt, b).item<double>();
   }
 
-  const double diff = crucible::pipeline::max_param_diff(*compiled.module, *eager.module);
+  const double diff = crucible::models::max_param_diff(*compiled.module, *eager.module);
 
   std::printf("relu_to_clamp_min rewrote %d relu calls\n", rewritten);
   std::printf("timed_interpreter: %d compilation, %lld calls, %.2f ms per call; graph ops:", stats->compiles,

@@ -2,7 +2,6 @@
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/error.h>
 #include <crucible/pipeline/train_step.h>
-#include <crucible/pipeline/zoo.h>
 
 #include <crucible/autograd/aot_module.h>
 #include <crucible/tracer/functional_call.h>
@@ -17,12 +16,6 @@
 #include <unordered_set>
 
 namespace crucible::pipeline {
-
-LossFn loss_of(const Model& model) {
-  return [forward = model.forward, loss = model.loss](torch::nn::Module&, const std::vector<at::Tensor>& batch) {
-    return loss(forward(batch.at(0)), batch.at(1));
-  };
-}
 
 namespace detail {
 

@@ -3,12 +3,12 @@
 // the package's default.
 #pragma once
 
-#include <crucible/pipeline/fashion_mnist.h>
+#include <crucible/data/fashion_mnist.h>
 
 #include <cstdlib>
 #include <string>
 
 inline std::string fashion_mnist_test_dir() {
   const char* dir = std::getenv("CRUCIBLE_FASHION_MNIST_DIR");
-  return dir && *dir ? dir : crucible::pipeline::kFashionMnistDir;
+  return dir && *dir ? dir : crucible::data::kFashionMnistDir;
 }

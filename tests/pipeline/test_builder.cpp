@@ -7,7 +7,7 @@
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/error.h>
 #include <crucible/pipeline/instruments.h>
-#include <crucible/pipeline/zoo.h>
+#include <crucible/models/zoo.h>
 #include <crucible/runtime/timing.h>
 
 #include <ATen/ATen.h>
@@ -27,6 +27,8 @@
 
 using namespace crucible;
 using namespace crucible::pipeline;
+using namespace crucible::models;
+using namespace crucible::data;
 
 namespace {
 

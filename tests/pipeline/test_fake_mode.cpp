@@ -4,7 +4,7 @@
 #include <crucible/ir/printer.h>
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/train_step.h>
-#include <crucible/pipeline/zoo.h>
+#include <crucible/models/zoo.h>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -14,6 +14,8 @@
 #include "testing.h"
 
 using namespace crucible::pipeline;
+using namespace crucible::models;
+using namespace crucible::data;
 namespace ir = crucible::ir;
 
 namespace {

@@ -6,7 +6,7 @@
 // backward gives it. A tensor captured by the loss: changed in place,
 // replaced, reshaped.
 #include <crucible/pipeline/builder.h>
-#include <crucible/pipeline/fashion_mnist.h>
+#include <crucible/data/fashion_mnist.h>
 #include <crucible/pipeline/train_step.h>
 
 #include <ATen/ATen.h>
@@ -28,6 +28,7 @@
 #include <algorithm>
 
 using namespace crucible::pipeline;
+using namespace crucible::data;
 using crucible::testing::kGradAtol;
 using crucible::testing::kGradRtol;
 

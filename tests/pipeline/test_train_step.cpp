@@ -4,10 +4,10 @@
 // one with torch::optim.
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/error.h>
-#include <crucible/pipeline/fashion_mnist.h>
-#include <crucible/pipeline/synthetic_tokens.h>
+#include <crucible/data/fashion_mnist.h>
+#include <crucible/data/synthetic_tokens.h>
 #include <crucible/pipeline/train_step.h>
-#include <crucible/pipeline/zoo.h>
+#include <crucible/models/zoo.h>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -25,6 +25,8 @@
 #include "testing.h"
 
 using namespace crucible::pipeline;
+using namespace crucible::models;
+using namespace crucible::data;
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include "testing.h"
 #include "tracer_testing.h"
 
-#include <crucible/pipeline/zoo.h>
+#include <crucible/models/zoo.h>
 #include <crucible/tracer/functional_call.h>
 #include <crucible/tracer/make_fx.h>
 
@@ -20,7 +20,7 @@ namespace ir = crucible::ir;
 TEST_CASE("CUDA: a joint trace of the ConvNet's loss.backward() replays eager's loss and gradients", "[tracer][cuda]") {
   CRUCIBLE_REQUIRE_CUDA();
   torch::manual_seed(0);
-  auto model = crucible::pipeline::make_model("convnet");
+  auto model = crucible::models::make_model("convnet");
   model.module->to(torch::kCUDA);
   auto batch = model.example_batch(8, 1);
   const at::Tensor x = batch.inputs.cuda(), y = batch.targets.cuda();

@@ -7,7 +7,7 @@
 #include "tracer_testing.h"
 
 #include <crucible/ir/printer.h>
-#include <crucible/pipeline/zoo.h>
+#include <crucible/models/zoo.h>
 #include <crucible/tracer/error.h>
 #include <crucible/tracer/functional_call.h>
 
@@ -26,7 +26,7 @@ namespace ir = crucible::ir;
 namespace {
 
 
-crucible::tracer::ModuleFn forward_of(const crucible::pipeline::Model& model) {
+crucible::tracer::ModuleFn forward_of(const crucible::models::Model& model) {
   return [&model](torch::nn::Module&, const Tensors& in) { return Tensors{model.forward(in[0])}; };
 }
 
@@ -51,7 +51,7 @@ struct TiedNet : torch::nn::Module {
 TEST_CASE("functional_call lifts parameters and replays the MLP and the ConvNet", "[tracer]") {
   for (const char* name : {"mlp", "convnet"}) {
     torch::manual_seed(0);
-    auto model = crucible::pipeline::make_model(name);
+    auto model = crucible::models::make_model(name);
     auto batch = model.example_batch(4, 1);
     auto r = functional_call(*model.module, forward_of(model), {batch.inputs});
     const auto params = model.module->named_parameters();
@@ -89,7 +89,7 @@ TEST_CASE("functional_call: embedding, LayerNorm, buffers and a module registere
 
 TEST_CASE("functional_call: a joint trace of loss.backward() gives eager's gradients", "[tracer]") {
   torch::manual_seed(2);
-  auto model = crucible::pipeline::make_model("mlp");
+  auto model = crucible::models::make_model("mlp");
   auto batch = model.example_batch(8, 3);
   auto step = [&](torch::nn::Module&, const Tensors& in) {
     auto loss = model.loss(model.forward(in[0]), in[1]);
@@ -121,7 +121,7 @@ TEST_CASE("functional_call: a joint trace of loss.backward() gives eager's gradi
 
 TEST_CASE("functional_call keeps the module's tensors bit for bit when the trace throws", "[tracer]") {
   torch::manual_seed(3);
-  auto model = crucible::pipeline::make_model("mlp");
+  auto model = crucible::models::make_model("mlp");
   auto batch = model.example_batch(2, 4);
   for (auto& p : model.module->parameters()) p.mutable_grad() = torch::randn_like(p);
   std::vector<std::pair<at::Tensor, at::Tensor>> before;  // value, grad
@@ -151,7 +151,7 @@ TEST_CASE("functional_call keeps the module's tensors bit for bit when the trace
 
 TEST_CASE("tracing twice gives the same printed graph", "[tracer]") {
   torch::manual_seed(4);
-  auto model = crucible::pipeline::make_model("convnet");
+  auto model = crucible::models::make_model("convnet");
   auto batch = model.example_batch(2, 5);
   auto a = functional_call(*model.module, forward_of(model), {batch.inputs});
   auto b = functional_call(*model.module, forward_of(model), {batch.inputs});
@@ -175,7 +175,7 @@ TEST_CASE("fake mode: meta tensors, with CPU stand-ins for ops without a Meta ke
   // on zero-filled CPU stand-ins (Note [Fake mode]) and the graph is the one a
   // real trace records, with the same metadata.
   torch::manual_seed(5);
-  auto model = crucible::pipeline::make_model("mlp");
+  auto model = crucible::models::make_model("mlp");
   auto batch = model.example_batch(4, 6);
   ModuleTraceOptions fake_module;
   fake_module.trace.mode = TraceMode::Fake;

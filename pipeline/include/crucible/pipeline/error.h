@@ -5,8 +5,8 @@
 
 namespace crucible::pipeline {
 
-/// Thrown by the pipeline library: unreadable or corrupt datasets, unknown
-/// model names, optimizer configurations it cannot express as graph ops.
+/// Thrown by the pipeline library: builder stages it cannot set up, training
+/// steps and optimizer configurations it cannot express as graph ops.
 class PipelineError : public Error {
  public:
   using Error::Error;

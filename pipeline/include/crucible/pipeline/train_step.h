@@ -68,11 +68,6 @@ class Builder;
 /// `batch` is what the TrainStep is called with (e.g. {inputs, targets}).
 using LossFn = std::function<at::Tensor(torch::nn::Module& module, const std::vector<at::Tensor>& batch)>;
 
-struct Model;
-/// A zoo model's loss as a LossFn over the batch {inputs, targets}:
-/// model.loss(model.forward(inputs), targets).
-LossFn loss_of(const Model& model);
-
 namespace detail {
 struct TrainStepState;
 }

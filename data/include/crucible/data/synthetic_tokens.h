@@ -1,11 +1,11 @@
 // Seeded synthetic token batches for language models (the GPT of the zoo).
 #pragma once
 
-#include <crucible/pipeline/batcher.h>
+#include <crucible/data/batcher.h>
 
 #include <cstdint>
 
-namespace crucible::pipeline {
+namespace crucible::data {
 
 struct SyntheticTokenOptions {
   int64_t vocab_size = 64;
@@ -21,7 +21,7 @@ struct SyntheticTokenOptions {
 /// inputs: int64 [B, T] = rows[:, :T]; targets: int64 [B, T] = rows[:, 1:],
 /// the next token at every position. Draws from a generator seeded with
 /// (seed, step), never the global one: the same arguments give the same batch.
-/// Throws PipelineError for a vocab_size < 2 or a non-positive size.
+/// Throws DataError for a vocab_size < 2 or a non-positive size.
 Batch synthetic_token_batch(const SyntheticTokenOptions& options, int64_t step);
 
-}  // namespace crucible::pipeline
+}  // namespace crucible::data

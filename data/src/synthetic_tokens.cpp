@@ -1,14 +1,14 @@
-#include <crucible/pipeline/error.h>
-#include <crucible/pipeline/synthetic_tokens.h>
+#include <crucible/data/error.h>
+#include <crucible/data/synthetic_tokens.h>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
-namespace crucible::pipeline {
+namespace crucible::data {
 
 Batch synthetic_token_batch(const SyntheticTokenOptions& o, int64_t step) {
   if (o.vocab_size < 2 || o.block_size < 1 || o.batch_size < 1)
-    throw PipelineError("synthetic_token_batch: vocab_size (" + std::to_string(o.vocab_size) + ") must be >= 2, " +
+    throw DataError("synthetic_token_batch: vocab_size (" + std::to_string(o.vocab_size) + ") must be >= 2, " +
                         "block_size (" + std::to_string(o.block_size) + ") and batch_size (" +
                         std::to_string(o.batch_size) + ") >= 1");
   // A splitmix-style mix so that nearby (seed, step) pairs give unrelated streams.
@@ -24,4 +24,4 @@ Batch synthetic_token_batch(const SyntheticTokenOptions& o, int64_t step) {
   return {rows.slice(1, 0, t).contiguous(), rows.slice(1, 1, t + 1).contiguous()};
 }
 
-}  // namespace crucible::pipeline
+}  // namespace crucible::data

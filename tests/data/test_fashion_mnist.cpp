@@ -1,7 +1,7 @@
 // Fashion-MNIST from the Debian package: sizes, labels, normalization, and the
 // errors for missing, truncated, corrupt and non-IDX files.
-#include <crucible/pipeline/error.h>
-#include <crucible/pipeline/fashion_mnist.h>
+#include <crucible/data/error.h>
+#include <crucible/data/fashion_mnist.h>
 
 #include <ATen/ATen.h>
 #include <zlib.h>
@@ -16,7 +16,7 @@
 #include "data_dir.h"
 #include "testing.h"
 
-using namespace crucible::pipeline;
+using namespace crucible::data;
 namespace fs = std::filesystem;
 
 namespace {
@@ -85,7 +85,7 @@ TEST_CASE("Fashion-MNIST normalization uses the training set's statistics", "[pi
 }
 
 TEST_CASE("a missing dataset names the path and the package", "[pipeline][data][errors]") {
-  REQUIRE_THROWS_AS(load_fashion_mnist(Split::Train, "/nonexistent/fashion"), PipelineError);
+  REQUIRE_THROWS_AS(load_fashion_mnist(Split::Train, "/nonexistent/fashion"), crucible::data::DataError);
   REQUIRE_THROWS_WITH(load_fashion_mnist(Split::Test, "/nonexistent/fashion"),
                       CRUCIBLE_HAS_SUBSTR("/nonexistent/fashion/t10k-images-idx3-ubyte.gz") &&
                           CRUCIBLE_HAS_SUBSTR("dataset-fashion-mnist"));

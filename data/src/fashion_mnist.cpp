@@ -1,5 +1,5 @@
-#include <crucible/pipeline/error.h>
-#include <crucible/pipeline/fashion_mnist.h>
+#include <crucible/data/error.h>
+#include <crucible/data/fashion_mnist.h>
 
 #include <ATen/ATen.h>
 #include <zlib.h>
@@ -13,7 +13,7 @@
 #include <vector>
 #include <sys/stat.h>
 
-namespace crucible::pipeline {
+namespace crucible::data {
 namespace {
 
 std::string install_hint() {
@@ -22,7 +22,7 @@ std::string install_hint() {
 }
 
 [[noreturn]] void fail(const std::string& path, const std::string& why) {
-  throw PipelineError("cannot read " + path + ": " + why + install_hint());
+  throw DataError("cannot read " + path + ": " + why + install_hint());
 }
 
 struct GzCloser {
@@ -111,4 +111,4 @@ FashionMnist load_fashion_mnist(Split split, const std::string& dir, bool normal
   return {x.contiguous(), labels.to(at::kLong)};
 }
 
-}  // namespace crucible::pipeline
+}  // namespace crucible::data

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-namespace crucible::pipeline {
+namespace crucible::data {
 
 /// One mini-batch: model inputs and the targets the loss compares against.
 struct Batch {
@@ -31,7 +31,7 @@ class Epoch {
   int64_t size() const { return num_batches_; }
   /// Batch `i` (0 <= i < size()): rows order[i*B .. i*B+B) of the dataset,
   /// inputs [b, ...] and targets [b, ...] with b = B except possibly the last.
-  /// Throws PipelineError when `i` is out of range.
+  /// Throws DataError when `i` is out of range.
   Batch operator[](int64_t i) const;
   /// The permutation of dataset rows this epoch visits (int64 [N]).
   const at::Tensor& order() const { return order_; }
@@ -50,7 +50,7 @@ class Epoch {
 /// from std::mt19937_64 seeded with (seed, e); without, in file order.
 class Batcher {
  public:
-  /// Throws PipelineError when the two tensors disagree on N or batch_size < 1.
+  /// Throws DataError when the two tensors disagree on N or batch_size < 1.
   Batcher(at::Tensor inputs, at::Tensor targets, BatcherOptions options);
 
   /// Batches per epoch: ceil(N / B), or floor(N / B) with drop_last.
@@ -69,4 +69,4 @@ class Batcher {
   BatcherOptions options_;
 };
 
-}  // namespace crucible::pipeline
+}  // namespace crucible::data

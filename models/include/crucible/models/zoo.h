@@ -8,7 +8,7 @@
 // eager runs compute the same thing).
 #pragma once
 
-#include <crucible/pipeline/batcher.h>
+#include <crucible/data/batcher.h>
 
 #include <ATen/core/Tensor.h>
 
@@ -27,7 +27,7 @@ namespace torch::optim {
 class Optimizer;
 }
 
-namespace crucible::pipeline {
+namespace crucible::models {
 
 /// A built model. Include <torch/nn/module.h> to use `module` (parameters(),
 /// named_buffers(), train()/eval(), to()).
@@ -42,7 +42,7 @@ struct Model {
   /// A seeded batch of the model's input and target shapes (random images in
   /// N(0, 1) with uniform labels; synthetic_token_batch for the GPT), for
   /// tracing and benchmarks. Independent of the global generator.
-  std::function<Batch(int64_t batch_size, uint64_t seed)> example_batch;
+  std::function<data::Batch(int64_t batch_size, uint64_t seed)> example_batch;
 };
 
 /// Multi-layer perceptron: flatten, then Linear+ReLU per hidden size, then a
@@ -73,7 +73,7 @@ Model make_convnet(const ConvNetConfig& config = {});
 /// (logits = x @ wte^T; one parameter, listed once). Initialized as nanoGPT:
 /// N(0, 0.02), residual projections N(0, 0.02/sqrt(2 n_layer)), zero biases.
 /// inputs int64 tokens [B, T], T <= block_size -> logits [B, T, vocab_size].
-/// Forward throws PipelineError for T > block_size.
+/// Forward throws ModelError for T > block_size.
 struct GptConfig {
   int64_t vocab_size = 64;
   int64_t block_size = 32;
@@ -115,23 +115,28 @@ const std::vector<std::string>& model_names();
 /// (12 layers, 768 wide, 12 heads, vocabulary 50257, T = 1024).
 const std::vector<std::string>& model_sizes();
 
-/// A zoo model by name, at a size of model_sizes(). Throws PipelineError for
+/// A zoo model by name, at a size of model_sizes(). Throws ModelError for
 /// an unknown name or size, listing the known ones.
 Model make_model(std::string_view name, std::string_view size = "small");
 
 /// Copies every parameter and buffer of `from` into the one of the same name
 /// in `to` (under no-grad), so two instances of a model start from the same
-/// weights (an eager reference and a compiled copy). Throws PipelineError
+/// weights (an eager reference and a compiled copy). Throws ModelError
 /// naming a tensor that `to` lacks or whose sizes differ.
 void copy_state(const torch::nn::Module& from, torch::nn::Module& to);
 
 /// One eager training step, the reference a compiled TrainStep is compared
 /// with: optimizer.zero_grad(), loss of model.forward(batch.inputs) against
 /// batch.targets, backward(), optimizer.step(). Returns the loss, detached.
-at::Tensor eager_train_step(const Model& model, torch::optim::Optimizer& optimizer, const Batch& batch);
+at::Tensor eager_train_step(const Model& model, torch::optim::Optimizer& optimizer, const data::Batch& batch);
 
 /// The largest |a - b| over the parameters of two instances of one model,
 /// matched by name (how far a compiled copy ended from its eager twin).
 double max_param_diff(const torch::nn::Module& a, const torch::nn::Module& b);
 
-}  // namespace crucible::pipeline
+/// The model's loss over a batch {inputs, targets}, as a function of the
+/// module and the batch: model.loss(model.forward(batch[0]), batch[1]). Its
+/// type is pipeline::LossFn's, for compile_train_step.
+std::function<at::Tensor(torch::nn::Module& module, const std::vector<at::Tensor>& batch)> loss_of(const Model& model);
+
+}  // namespace crucible::models

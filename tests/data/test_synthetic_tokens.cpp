@@ -1,13 +1,13 @@
 // Seeded synthetic token batches: shapes, next-token targets, determinism.
-#include <crucible/pipeline/error.h>
-#include <crucible/pipeline/synthetic_tokens.h>
+#include <crucible/data/error.h>
+#include <crucible/data/synthetic_tokens.h>
 
 #include <ATen/ATen.h>
 
 #include "catch.h"
 #include "testing.h"
 
-using namespace crucible::pipeline;
+using namespace crucible::data;
 
 TEST_CASE("synthetic token batches are seeded next-token pairs", "[pipeline][tokens]") {
   SyntheticTokenOptions o{.vocab_size = 64, .block_size = 32, .batch_size = 8, .seed = 3};
@@ -31,5 +31,5 @@ TEST_CASE("synthetic token batches are seeded next-token pairs", "[pipeline][tok
   o.seed = 4;
   REQUIRE_FALSE(at::equal(synthetic_token_batch(o, 0).inputs, b.inputs));
   o.vocab_size = 1;
-  REQUIRE_THROWS_AS(synthetic_token_batch(o, 0), PipelineError);
+  REQUIRE_THROWS_AS(synthetic_token_batch(o, 0), crucible::data::DataError);
 }

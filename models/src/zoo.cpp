@@ -1,8 +1,8 @@
 // The zoo's modules. They live here, not in the header, so that only this
 // source parses torch::nn's module headers.
-#include <crucible/pipeline/error.h>
-#include <crucible/pipeline/synthetic_tokens.h>
-#include <crucible/pipeline/zoo.h>
+#include <crucible/models/error.h>
+#include <crucible/data/synthetic_tokens.h>
+#include <crucible/models/zoo.h>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -19,7 +19,7 @@
 #include <cmath>
 #include <limits>
 
-namespace crucible::pipeline {
+namespace crucible::models {
 namespace {
 
 namespace nn = torch::nn;
@@ -30,16 +30,16 @@ at::Tensor mean_cross_entropy(const at::Tensor& logits, const at::Tensor& target
   return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
 }
 
-std::function<Batch(int64_t, uint64_t)> image_batches(int64_t channels, int64_t size, int64_t classes) {
+std::function<data::Batch(int64_t, uint64_t)> image_batches(int64_t channels, int64_t size, int64_t classes) {
   return [=](int64_t batch_size, uint64_t seed) {
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
     at::Tensor x = at::randn({batch_size, channels, size, size}, gen);
-    return Batch{x, at::randint(0, classes, {batch_size}, gen, at::kLong)};
+    return data::Batch{x, at::randint(0, classes, {batch_size}, gen, at::kLong)};
   };
 }
 
 template <typename Impl>
-Model wrap(std::string name, std::shared_ptr<Impl> impl, std::function<Batch(int64_t, uint64_t)> examples) {
+Model wrap(std::string name, std::shared_ptr<Impl> impl, std::function<data::Batch(int64_t, uint64_t)> examples) {
   return Model{std::move(name), impl, [impl](const at::Tensor& x) { return impl->forward(x); }, mean_cross_entropy,
                std::move(examples)};
 }
@@ -178,7 +178,7 @@ struct GptImpl : nn::Module {
   at::Tensor forward(const at::Tensor& idx) {
     const int64_t t = idx.size(1);
     if (t > config.block_size)
-      throw PipelineError("gpt: a sequence of length " + std::to_string(t) + " is longer than block_size " +
+      throw ModelError("gpt: a sequence of length " + std::to_string(t) + " is longer than block_size " +
                           std::to_string(config.block_size) + "; cut it, or build the model with a larger block_size");
     at::Tensor pos = at::arange(t, idx.options().dtype(at::kLong));
     at::Tensor x = maybe_dropout(wte->forward(idx) + wpe->forward(pos), config.dropout, is_training());
@@ -269,10 +269,10 @@ Model make_convnet(const ConvNetConfig& c) {
 
 Model make_gpt(const GptConfig& c) {
   if (c.n_head < 1 || c.n_embd % c.n_head != 0)
-    throw PipelineError("make_gpt: n_embd (" + std::to_string(c.n_embd) + ") must be a multiple of n_head (" +
+    throw ModelError("make_gpt: n_embd (" + std::to_string(c.n_embd) + ") must be a multiple of n_head (" +
                         std::to_string(c.n_head) + ")");
   return wrap("gpt", std::make_shared<GptImpl>(c), [c](int64_t batch_size, uint64_t seed) {
-    return synthetic_token_batch({c.vocab_size, c.block_size, batch_size, seed}, 0);
+    return data::synthetic_token_batch({c.vocab_size, c.block_size, batch_size, seed}, 0);
   });
 }
 
@@ -297,7 +297,7 @@ Model make_model(std::string_view name, std::string_view size) {
     return known;
   };
   if (size != "small" && size != "full")
-    throw PipelineError("unknown model size '" + std::string(size) + "'; the zoo has " + list(model_sizes()));
+    throw ModelError("unknown model size '" + std::string(size) + "'; the zoo has " + list(model_sizes()));
   const bool full = size == "full";
   if (name == "mlp") return full ? make_mlp({.in_features = 784, .hidden = {1024, 1024}, .num_classes = 10}) : make_mlp();
   if (name == "convnet") return make_convnet();
@@ -312,7 +312,7 @@ Model make_model(std::string_view name, std::string_view size) {
                                .num_classes = 1000,
                                .imagenet_stem = true})
                 : make_resnet();
-  throw PipelineError("unknown model '" + std::string(name) + "'; the zoo has " + list(model_names()));
+  throw ModelError("unknown model '" + std::string(name) + "'; the zoo has " + list(model_names()));
 }
 
 void copy_state(const torch::nn::Module& from, torch::nn::Module& to) {
@@ -321,7 +321,7 @@ void copy_state(const torch::nn::Module& from, torch::nn::Module& to) {
     for (const auto& item : source) {
       at::Tensor* t = target.find(item.key());
       if (!t || t->sizes() != item.value().sizes())
-        throw PipelineError(std::string("copy_state: the target module ") + (t ? "has sizes " + c10::str(t->sizes()) + " for" : "has no") +
+        throw ModelError(std::string("copy_state: the target module ") + (t ? "has sizes " + c10::str(t->sizes()) + " for" : "has no") +
                             " " + what + " '" + item.key() + "' (" + c10::str(item.value().sizes()) +
                             " in the source); copy between instances of the same model");
       t->copy_(item.value());
@@ -331,7 +331,7 @@ void copy_state(const torch::nn::Module& from, torch::nn::Module& to) {
   copy(from.named_buffers(), to.named_buffers(), "buffer");
 }
 
-at::Tensor eager_train_step(const Model& model, torch::optim::Optimizer& optimizer, const Batch& batch) {
+at::Tensor eager_train_step(const Model& model, torch::optim::Optimizer& optimizer, const data::Batch& batch) {
   optimizer.zero_grad();
   at::Tensor loss = model.loss(model.forward(batch.inputs), batch.targets);
   loss.backward();
@@ -347,4 +347,10 @@ double max_param_diff(const torch::nn::Module& a, const torch::nn::Module& b) {
   return diff;
 }
 
-}  // namespace crucible::pipeline
+std::function<at::Tensor(torch::nn::Module&, const std::vector<at::Tensor>&)> loss_of(const Model& model) {
+  return [forward = model.forward, loss = model.loss](torch::nn::Module&, const std::vector<at::Tensor>& batch) {
+    return loss(forward(batch.at(0)), batch.at(1));
+  };
+}
+
+}  // namespace crucible::models

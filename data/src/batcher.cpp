@@ -1,22 +1,22 @@
-#include <crucible/pipeline/batcher.h>
-#include <crucible/pipeline/error.h>
+#include <crucible/data/batcher.h>
+#include <crucible/data/error.h>
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <random>
 
-namespace crucible::pipeline {
+namespace crucible::data {
 
 Batcher::Batcher(at::Tensor inputs, at::Tensor targets, BatcherOptions options)
     : inputs_(std::move(inputs)), targets_(std::move(targets)), options_(options) {
   if (!inputs_.defined() || !targets_.defined() || inputs_.dim() == 0 || targets_.dim() == 0)
-    throw PipelineError("Batcher: inputs and targets must be defined tensors with a batch dimension");
+    throw DataError("Batcher: inputs and targets must be defined tensors with a batch dimension");
   if (inputs_.size(0) != targets_.size(0))
-    throw PipelineError("Batcher: inputs hold " + std::to_string(inputs_.size(0)) + " examples but targets hold " +
+    throw DataError("Batcher: inputs hold " + std::to_string(inputs_.size(0)) + " examples but targets hold " +
                         std::to_string(targets_.size(0)) + "; both need the same size along dim 0");
   if (options_.batch_size < 1)
-    throw PipelineError("Batcher: batch_size is " + std::to_string(options_.batch_size) + "; it must be at least 1");
+    throw DataError("Batcher: batch_size is " + std::to_string(options_.batch_size) + "; it must be at least 1");
 }
 
 int64_t Batcher::batches_per_epoch() const {
@@ -42,7 +42,7 @@ Epoch Batcher::epoch(int64_t epoch) const {
 
 Batch Epoch::operator[](int64_t i) const {
   if (i < 0 || i >= num_batches_)
-    throw PipelineError("Epoch: batch " + std::to_string(i) + " is out of range; this epoch has " +
+    throw DataError("Epoch: batch " + std::to_string(i) + " is out of range; this epoch has " +
                         std::to_string(num_batches_) + " batches");
   const int64_t b = batcher_->options_.batch_size;
   const int64_t start = i * b, end = std::min(start + b, order_.size(0));
@@ -50,4 +50,4 @@ Batch Epoch::operator[](int64_t i) const {
   return {batcher_->inputs_.index_select(0, rows), batcher_->targets_.index_select(0, rows)};
 }
 
-}  // namespace crucible::pipeline
+}  // namespace crucible::data

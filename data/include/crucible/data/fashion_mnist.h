@@ -6,7 +6,7 @@
 
 #include <string>
 
-namespace crucible::pipeline {
+namespace crucible::data {
 
 /// Where Debian's `dataset-fashion-mnist` package installs the four files.
 inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
@@ -20,7 +20,7 @@ inline constexpr double kFashionMnistStd = 0.3530;
 /// Reads one IDX file (gzip'd or not; zlib reads plain files through) into a
 /// uint8 tensor whose sizes are the file's dimensions. Only unsigned-byte
 /// payloads (type code 0x08) are accepted, which is what the MNIST family uses.
-/// Throws PipelineError naming `path` when the file is missing, truncated or
+/// Throws DataError naming `path` when the file is missing, truncated or
 /// not gzip/IDX (bad magic, sizes that disagree with the payload).
 at::Tensor read_idx(const std::string& path);
 
@@ -35,8 +35,8 @@ struct FashionMnist {
 /// Loads a split (N = 60000 for Train, 10000 for Test) from `dir`, which
 /// holds {train,t10k}-{images-idx3,labels-idx1}-ubyte.gz. With `normalize`,
 /// images are standardized with kFashionMnistMean/kFashionMnistStd.
-/// Throws PipelineError naming the file and the package to install when a
+/// Throws DataError naming the file and the package to install when a
 /// file is missing or corrupt, or when the image and label counts disagree.
 FashionMnist load_fashion_mnist(Split split, const std::string& dir = kFashionMnistDir, bool normalize = true);
 
-}  // namespace crucible::pipeline
+}  // namespace crucible::data

@@ -1,7 +1,7 @@
 // Seeded batching: reproducible orders, true permutations, drop_last.
-#include <crucible/pipeline/batcher.h>
-#include <crucible/pipeline/error.h>
-#include <crucible/pipeline/fashion_mnist.h>
+#include <crucible/data/batcher.h>
+#include <crucible/data/error.h>
+#include <crucible/data/fashion_mnist.h>
 
 #include <ATen/ATen.h>
 
@@ -9,7 +9,7 @@
 #include "data_dir.h"
 #include "testing.h"
 
-using namespace crucible::pipeline;
+using namespace crucible::data;
 
 TEST_CASE("batches cover the data in a seeded order", "[pipeline][batcher]") {
   const int64_t n = 103;
@@ -32,7 +32,7 @@ TEST_CASE("batches cover the data in a seeded order", "[pipeline][batcher]") {
   }
   REQUIRE(e[10].inputs.size(0) == 3);
   REQUIRE_EQUAL_TENSORS(std::get<0>(at::cat(seen).sort()), at::arange(n, at::kLong));
-  REQUIRE_THROWS_AS(e[11], PipelineError);
+  REQUIRE_THROWS_AS(e[11], crucible::data::DataError);
 
   // The same (seed, epoch) gives the same order whatever the global generator does.
   at::manual_seed(1);

@@ -1,8 +1,8 @@
 // The model zoo: every model builds by name, runs forward on its example
 // batch with the documented shapes, trains (finite loss, gradients for every
 // parameter), and the GPT is causal with its head tied to the embedding.
-#include <crucible/pipeline/error.h>
-#include <crucible/pipeline/zoo.h>
+#include <crucible/models/error.h>
+#include <crucible/models/zoo.h>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -10,7 +10,8 @@
 #include "catch.h"
 #include "testing.h"
 
-using namespace crucible::pipeline;
+using namespace crucible::models;
+using namespace crucible::data;
 
 TEST_CASE("every zoo model runs forward and backward on its example batch", "[pipeline][zoo]") {
   const std::vector<std::pair<std::string, std::vector<int64_t>>> expected = {
@@ -88,7 +89,7 @@ TEST_CASE("the zoo models compute what their layers compute", "[pipeline][zoo]")
     // Shorter sequences work; longer than block_size do not.
     REQUIRE(m.forward(a.slice(1, 0, 7)).sizes() == at::IntArrayRef{2, 7, 64});
     REQUIRE_THROWS_WITH(m.forward(at::zeros({1, 33}, at::kLong)), CRUCIBLE_HAS_SUBSTR("block_size 32"));
-    REQUIRE_THROWS_AS(make_gpt({.n_head = 3}), PipelineError);
+    REQUIRE_THROWS_AS(make_gpt({.n_head = 3}), crucible::models::ModelError);
   }
   SECTION("resnet18 has 4 stages of 2 BasicBlocks and BatchNorm buffers that train mode updates") {
     at::manual_seed(0);
