@@ -3,6 +3,7 @@
 #include <crucible/tracer/error.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/enum_tag.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -43,17 +44,15 @@ std::string meta_string(const at::Tensor& t) {
   return os.str();
 }
 
-// Ops whose result's value or shape depends on tensor data: a graph cannot
-// hold the control flow or shapes that follow from them.
-const char* data_dependent_reason(const std::string& name) {
-  if (name == "aten::_local_scalar_dense")
-    return "reads a tensor element into a C++ number (Tensor::item(), Scalar conversion)";
-  if (name == "aten::is_nonzero") return "reads a tensor's value to decide a C++ bool (if (tensor) ...)";
-  if (name == "aten::equal") return "compares tensor values into a C++ bool";
-  if (name == "aten::nonzero" || name == "aten::masked_select" || name == "aten::_unique" ||
-      name == "aten::_unique2" || name == "aten::unique_dim" || name == "aten::unique_consecutive" ||
-      name == "aten::unique_dim_consecutive" || name == "aten::bincount" || name == "aten::repeat_interleave.Tensor")
-    return "returns a tensor whose shape depends on tensor values";
+// Ops whose result's value or shape depends on tensor data, as ATen tags
+// them: a graph cannot hold the control flow or shapes that follow from
+// them. (Tensor::is_nonzero and friends reach _local_scalar_dense.)
+const char* data_dependent_reason(const c10::OperatorHandle& op) {
+  if (op.hasTag(at::Tag::data_dependent_output))
+    return op.schema().name() == "aten::_local_scalar_dense"
+               ? "reads a tensor element into a C++ number (Tensor::item(), a Scalar conversion, if (tensor))"
+               : "reads tensor values into a C++ value (a bool, a number)";
+  if (op.hasTag(at::Tag::dynamic_output_shape)) return "returns a tensor whose shape depends on tensor values";
   return nullptr;
 }
 
@@ -86,9 +85,8 @@ const TraceSession::OpInfo& TraceSession::info(const c10::OperatorHandle& op) {
   if (it != ops_.end()) return it->second;
   OpInfo i;
   i.name = ir::operator_name(op);
-  i.data_dependent = data_dependent_reason(op.schema().name());
+  i.data_dependent = data_dependent_reason(op);
   i.hidden_writes = has_hidden_writes(i.name);
-  if (!i.data_dependent) i.data_dependent = data_dependent_reason(i.name);
   if (auto d = options_.decompositions.find(i.name); d != options_.decompositions.end()) i.decomposition = &d->second;
   return ops_.emplace(key, std::move(i)).first->second;
 }
