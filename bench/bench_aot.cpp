@@ -15,6 +15,7 @@
 #include <crucible/ir/dce.h>
 #include <crucible/ir/hash.h>
 #include <crucible/ir/interpreter.h>
+#include <crucible/runtime/instruments.h>
 #include <crucible/runtime/timing.h>
 #include <crucible/tracer/make_fx.h>
 
@@ -128,8 +129,8 @@ enum class CacheUse { none, miss, hit };
 // One iteration: a new callable's first call and backward, which compile
 // the forward and the backward graph. Counters, per iteration: trace_ms (the
 // metadata analysis, the joint trace and the partition) and backend_ms (the
-// fw_compiler and bw_compiler phases: the backend calls, or on a hit the
-// cache lookups), from the phase timer.
+// fw_compiler and bw_compiler stages: the backend calls, or on a hit the
+// cache lookups), from a stage timer of its own.
 void compile_chain(benchmark::State& state, CacheUse use) {
   const std::vector<at::Tensor> in = chain_inputs(state.range(0));
   crucible::autograd::AotConfig config;
@@ -137,8 +138,8 @@ void compile_chain(benchmark::State& state, CacheUse use) {
   config.compiler_key = "dce,cse;interpreter";
   config.cache = use == CacheUse::none ? nullptr : std::make_shared<crucible::autograd::AotCache>();
   if (use == CacheUse::hit) crucible::autograd::aot_function(chain, config)(in)[0].backward();
-  crucible::runtime::PhaseTimer& timer = crucible::runtime::default_phase_timer();
-  timer.clear();
+  crucible::runtime::PhaseTimer timer;
+  config.instruments = {std::make_shared<crucible::runtime::StageTimer>(timer)};
   for (auto _ : state) {
     // Timed with the rest: freeing the last iteration's entries is
     // microseconds against the milliseconds of compiling.

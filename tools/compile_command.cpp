@@ -12,6 +12,7 @@
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/instruments.h>
 #include <crucible/models/zoo.h>
+#include <crucible/runtime/instruments.h>
 #include <crucible/runtime/timing.h>
 
 #include <CLI/CLI.hpp>
@@ -27,7 +28,8 @@ namespace {
 struct CompileCommandOptions {
   std::string model = "mlp";
   std::string backend = pipeline::BackendRegistry::builtin().best().name;
-  std::vector<std::string> passes;
+  std::string size = "small";
+  CompileFlags compile;
   OptimizerFlags optimizer;
   int64_t batch = 8;
   std::string dump_dir;
@@ -35,7 +37,7 @@ struct CompileCommandOptions {
 };
 
 void run_compile_command(const CompileCommandOptions& o) {
-  const models::Model model = models::make_model(o.model);
+  const models::Model model = models::make_model(o.model, o.size);
   model.module->train();
   const data::Batch batch = model.example_batch(o.batch, /*seed=*/0);
   const std::vector<at::Tensor> inputs = {batch.inputs, batch.targets};
@@ -46,30 +48,34 @@ void run_compile_command(const CompileCommandOptions& o) {
   auto dumper = std::make_shared<pipeline::GraphDumper>(
       pipeline::GraphDumpOptions{.dir = o.dump_dir, .svg = o.svg, .code = backend.generated_code});
   pipeline::Builder builder;
-  builder.passes(o.passes).backend(o.backend).instrument(dumper);
+  o.compile.apply(builder);
+  builder.backend(o.backend).instrument(dumper);
 
   // The training step: one graph (forward, backward, optimizer update).
   runtime::PhaseTimer step_timer;
+  runtime::Counters counters;
   pipeline::Builder timed = builder;
-  timed.instrument(std::make_shared<pipeline::StageTimer>(step_timer));
+  timed.instrument(std::make_shared<runtime::CounterRecorder>(counters))
+      .instrument(std::make_shared<runtime::StageTimer>(step_timer));
   const pipeline::TrainStep step = timed.compile_train_step(model.module, *optimizer, models::loss_of(model));
   step.compile(inputs);
   std::cout << "training step (" << o.optimizer.kind << ", batch " << o.batch << "), " << step.graph().num_nodes()
-            << " nodes: " << describe_stages(ordered_stages(step_timer)) << "\n";
+            << " nodes: " << describe_stages(step_timer) << "\n";
 
   // The loss through the AOT path (Builder::compile over the module): the
   // joint graph, its partition into forward and backward, each through the
   // passes and the backend. The backward compiles at the first backward.
   runtime::PhaseTimer aot_timer;
   timed = builder;
-  timed.instrument(std::make_shared<pipeline::StageTimer>(aot_timer));
+  timed.instrument(std::make_shared<runtime::CounterRecorder>(counters))
+      .instrument(std::make_shared<runtime::StageTimer>(aot_timer));
   const autograd::AotModule aot =
       timed.compile(model.module, [loss = models::loss_of(model)](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
         return std::vector<at::Tensor>{loss(m, in)};
       });
   aot(inputs).at(0).backward();
-  std::cout << "forward and backward (AOT): " << describe_stages(ordered_stages(aot_timer))
-            << " (the joint trace runs inside aot_module)\n";
+  std::cout << "forward and backward (AOT): " << describe_stages(aot_timer) << "\n";
+  std::cout << "counters: " << describe_counters(counters) << "\n";
 
   if (!backend.generated_code)
     std::cout << "backend " << o.backend << " generates no code: it runs the graph of the last stage as it is\n";
@@ -89,10 +95,11 @@ void add_compile_command(CLI::App& app) {
   cmd->add_option("--backend", o->backend, "compiler backend")
       ->check(CLI::IsMember(pipeline::BackendRegistry::builtin().names()))
       ->capture_default_str();
-  add_passes_option(*cmd, o->passes);
+  add_size_option(*cmd, o->size);
+  o->compile.add_to(*cmd);
   o->optimizer.add_to(*cmd);
   cmd->add_option("--batch", o->batch, "batch size of the example inputs")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least_one())
       ->capture_default_str();
   cmd->add_option("--dump-dir", o->dump_dir, "directory for the graphs and code (created if missing)")->required();
   cmd->add_flag("!--no-svg", o->svg, "skip the SVG renderings (Graphviz)");

@@ -2,6 +2,7 @@
 // [--format text|dot|json]`: trace a zoo model with the tracer and print its graph.
 // add_trace_command is declared in commands.h with the other subcommands.
 #include "commands.h"
+#include "training.h"
 
 #include <crucible/ir/dot.h>
 #include <crucible/ir/json.h>
@@ -20,6 +21,7 @@ namespace {
 
 struct TraceCommandOptions {
   std::string model = "mlp";
+  std::string size = "small";
   bool joint = false;
   bool functionalize = false;
   std::string mode = "real";
@@ -28,7 +30,7 @@ struct TraceCommandOptions {
 };
 
 void run_trace_command(const TraceCommandOptions& o) {
-  models::Model model = models::make_model(o.model);
+  models::Model model = models::make_model(o.model, o.size);
   const data::Batch batch = model.example_batch(o.batch, /*seed=*/0);
   tracer::ModuleTraceOptions options;
   options.trace.functionalize = o.functionalize;
@@ -65,12 +67,13 @@ void add_trace_command(CLI::App& app) {
   auto opts = std::make_shared<TraceCommandOptions>();
   CLI::App* cmd = app.add_subcommand("trace", "trace a model of the zoo into a graph (make_fx) and print it");
   cmd->add_option("--model", opts->model, "model of the zoo to trace")->check(CLI::IsMember(models::model_names()));
+  add_size_option(*cmd, opts->size);
   cmd->add_flag("--joint", opts->joint, "trace one training step: forward, loss.backward(), gradients as outputs");
   cmd->add_flag("--functionalize", opts->functionalize, "remove in-place ops and view mutation");
   cmd->add_option("--mode", opts->mode, "real: run on example data; fake: meta tensors")
       ->check(CLI::IsMember({"real", "fake"}));
   cmd->add_option("--format", opts->format, "output format")->check(CLI::IsMember({"text", "dot", "json"}));
-  cmd->add_option("--batch", opts->batch, "batch size of the example inputs");
+  cmd->add_option("--batch", opts->batch, "batch size of the example inputs")->check(at_least_one());
   cmd->callback([opts] { run_trace_command(*opts); });
 }
 

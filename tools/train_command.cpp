@@ -18,6 +18,7 @@
 #include <crucible/pipeline/instruments.h>
 #include <crucible/data/synthetic_tokens.h>
 #include <crucible/models/zoo.h>
+#include <crucible/runtime/instruments.h>
 #include <crucible/runtime/timing.h>
 
 #include <ATen/ATen.h>
@@ -46,7 +47,8 @@ struct TrainCommandOptions {
   OptimizerFlags optimizer;
   std::string backend = pipeline::BackendRegistry::builtin().best().name;
   std::string device = "cpu";
-  std::vector<std::string> passes;
+  std::string size = "small";
+  CompileFlags compile;
   bool check_eager = false;
   bool json = false;
   uint64_t seed = 0;
@@ -165,7 +167,7 @@ void run_train_command(const TrainCommandOptions& o) {
   }
 
   torch::manual_seed(o.seed);
-  const models::Model model = models::make_model(o.model);
+  const models::Model model = models::make_model(o.model, o.size);
   model.module->to(device);
   // "cuda" names the current GPU; report the one the model is on.
   const at::Device placed = model.module->parameters().front().device();
@@ -179,7 +181,7 @@ void run_train_command(const TrainCommandOptions& o) {
   std::optional<models::Model> eager;
   std::unique_ptr<torch::optim::Optimizer> eager_optimizer;
   if (o.check_eager) {
-    eager.emplace(models::make_model(o.model));
+    eager.emplace(models::make_model(o.model, o.size));
     eager->module->to(device);
     models::copy_state(*model.module, *eager->module);
     eager->module->train();
@@ -196,18 +198,23 @@ void run_train_command(const TrainCommandOptions& o) {
 
   // Compile before the loop, so that throughput counts steps only.
   pipeline::Builder builder;
-  if (compiled) builder.passes(o.passes).backend(o.backend);
-  runtime::PhaseTimer timer;
-  std::optional<pipeline::TrainStep> step;
-  std::vector<std::pair<std::string, double>> compile_s;
   if (compiled) {
+    o.compile.apply(builder);
+    builder.backend(o.backend);
+  }
+  runtime::PhaseTimer timer;
+  runtime::Counters counters;
+  std::optional<pipeline::TrainStep> step;
+  if (compiled) {
+    // The step's builder counts and times its own compilations (and a
+    // recompile, should a batch need one); the test forward's are not counted.
     pipeline::Builder timed = builder;
-    timed.instrument(std::make_shared<pipeline::StageTimer>(timer));
+    timed.instrument(std::make_shared<runtime::CounterRecorder>(counters))
+        .instrument(std::make_shared<runtime::StageTimer>(timer));
     step = timed.compile_train_step(model.module, *optimizer, models::loss_of(model));
     const data::Batch first = on(data.train_batch(0), device);
     step->compile({first.inputs, first.targets});
-    compile_s = ordered_stages(timer);
-    std::cout << "compile (" << o.backend << "): " << describe_stages(compile_s) << "\n";
+    std::cout << "compile (" << o.backend << "): " << describe_stages(timer) << "\n";
   }
   std::cout.flush();
 
@@ -252,6 +259,7 @@ void run_train_command(const TrainCommandOptions& o) {
   std::cout << "\ntest accuracy: " << fixed(100 * accuracy, 2) << "% of " << counted
             << (gpt ? " next tokens" : " examples")
             << (compiled ? " (the forward compiled by the " + o.backend + " backend)" : std::string()) << "\n";
+  if (compiled) std::cout << "counters: " << describe_counters(counters) << "\n";
 
   nlohmann::ordered_json j;
   j["model"] = o.model;
@@ -266,7 +274,9 @@ void run_train_command(const TrainCommandOptions& o) {
   j["test_accuracy"] = accuracy;
   j["samples_per_s"] = samples_per_s;
   j["compile_s"] = nlohmann::ordered_json::object();
-  for (const auto& [stage, s] : compile_s) j["compile_s"][stage] = s;
+  for (const auto& [stage, s] : ordered_stages(timer)) j["compile_s"][stage] = s;
+  if (compiled) j["compile_s"]["total"] = total_stage_s(timer);
+  j["counters"] = counters.snapshot();
   bool agree = true;
   if (eager) {
     const double diff = models::max_param_diff(*model.module, *eager->module);
@@ -300,12 +310,12 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--dataset", o->dataset, "training data (default: fashion-mnist, synthetic for gpt)")
       ->check(CLI::IsMember({"fashion-mnist", "synthetic"}));
   auto* epochs = cmd->add_option("--epochs", o->epochs, "passes over the training set (default 1)")
-                     ->check(CLI::PositiveNumber);
+                     ->check(at_least_one());
   auto* steps = cmd->add_option("--steps", o->steps, "training steps (default: one epoch; 200 on synthetic data)")
-                    ->check(CLI::PositiveNumber);
+                    ->check(at_least_one());
   epochs->excludes(steps);
   cmd->add_option("--batch", o->batch, "batch size; an epoch's last, smaller batch is dropped")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least_one())
       ->capture_default_str();
   o->optimizer.add_to(*cmd);
   std::vector<std::string> backends = pipeline::BackendRegistry::builtin().names();
@@ -316,7 +326,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--device", o->device, "where the model, the batches and the optimizer state live")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  add_passes_option(*cmd, o->passes);
+  add_size_option(*cmd, o->size);
+  o->compile.add_to(*cmd);
   cmd->add_flag("--check-eager", o->check_eager,
                 "train an eager copy from the same weights on the same batches and compare "
                 "(on a GPU both run deterministic kernels)");

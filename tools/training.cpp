@@ -1,6 +1,7 @@
 #include "training.h"
 
 #include <crucible/pipeline/builder.h>
+#include <crucible/runtime/instruments.h>
 #include <crucible/runtime/timing.h>
 
 #include <CLI/CLI.hpp>
@@ -10,6 +11,7 @@
 #include <torch/optim/sgd.h>
 
 #include <cstdio>
+#include <set>
 
 namespace crucible::tools {
 
@@ -22,7 +24,7 @@ void OptimizerFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--optimizer", kind, "torch::optim optimizer")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
       ->capture_default_str();
-  cmd.add_option("--lr", lr, "learning rate (default 0.002 for adam and adamw, 0.02 for sgd)")->check(CLI::PositiveNumber);
+  cmd.add_option("--lr", lr, "learning rate (default 0.002 for adam and adamw, 0.02 for sgd)")->check(greater_than_zero());
   cmd.add_option("--momentum", momentum, "SGD's momentum")->capture_default_str();
   cmd.add_option("--weight-decay", weight_decay, "weight decay")->capture_default_str();
 }
@@ -37,30 +39,88 @@ std::unique_ptr<torch::optim::Optimizer> OptimizerFlags::make(const std::vector<
   return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(rate).weight_decay(weight_decay));
 }
 
-void add_passes_option(CLI::App& cmd, std::vector<std::string>& passes) {
+void CompileFlags::add_to(CLI::App& cmd) {
   passes = pipeline::Builder::default_passes();
   std::string names;
   for (const std::string& p : passes) names += (names.empty() ? "" : ",") + p;
-  cmd.add_option("--passes", passes, "graph passes, in order (names from the pass registry)")
+  cmd.add_option("--passes", passes, "post-grad passes, in order, on each graph the backend compiles")
       ->delimiter(',')
       ->default_str(names);
+  cmd.add_option("--pre-grad-passes", pre_grad_passes, "passes on the forward graph before differentiation")
+      ->delimiter(',');
+  cmd.add_option("--joint-passes", joint_passes, "passes on the joint (forward + backward) graph")->delimiter(',');
+  cmd.add_option("--trace-mode", trace_mode, "trace on copies of the tensors (real) or on meta tensors (fake)")
+      ->check(CLI::IsMember({"real", "fake"}))
+      ->capture_default_str();
+}
+
+void CompileFlags::apply(pipeline::Builder& builder) const {
+  builder.passes(passes).pre_grad_passes(pre_grad_passes).joint_passes(joint_passes);
+  tracer::TraceOptions options = builder.trace_options();
+  options.mode = trace_mode == "fake" ? tracer::TraceMode::Fake : tracer::TraceMode::Real;
+  builder.trace_options(options);
+}
+
+void add_size_option(CLI::App& cmd, std::string& size) {
+  cmd.add_option("--size", size, "model size: small (quick on a CPU) or full (as PyTorch's compiler is measured)")
+      ->check(CLI::IsMember(models::model_sizes()))
+      ->capture_default_str();
+}
+
+CLI::Validator at_least_one() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        try {
+          if (std::stoll(value) >= 1) return "";
+        } catch (const std::exception&) {
+          return "must be a whole number of at least 1 (got '" + value + "')";
+        }
+        return "must be at least 1 (got " + value + ")";
+      },
+      "INT >= 1");
+}
+
+CLI::Validator greater_than_zero() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        try {
+          if (std::stod(value) > 0) return "";
+        } catch (const std::exception&) {
+          return "must be a number greater than 0 (got '" + value + "')";
+        }
+        return "must be greater than 0 (got " + value + ")";
+      },
+      "NUMBER > 0");
 }
 
 std::vector<std::pair<std::string, double>> ordered_stages(const runtime::PhaseTimer& timer) {
+  const std::vector<runtime::PhaseStats> phases = timer.phases();
+  std::set<std::string> parents;
+  for (const runtime::PhaseStats& phase : phases) parents.insert(phase.parent);
   std::vector<std::pair<std::string, double>> out;
-  for (const runtime::PhaseStats& phase : timer.phases())
-    if (phase.calls() > 0) out.emplace_back(phase.name, phase.total_ms() / 1e3);
+  for (const runtime::PhaseStats& phase : phases)
+    if (phase.calls() > 0 && !parents.contains(phase.name)) out.emplace_back(phase.name, phase.total_ms() / 1e3);
   return out;
 }
 
-std::string describe_stages(const std::vector<std::pair<std::string, double>>& stages) {
+double total_stage_s(const runtime::PhaseTimer& timer) {
+  double ms = 0;
+  for (const runtime::PhaseStats& phase : timer.phases())
+    if (phase.parent.empty()) ms += phase.total_ms();
+  return ms / 1e3;
+}
+
+std::string describe_stages(const runtime::PhaseTimer& timer) {
   std::string out;
-  double total = 0;
-  for (const auto& [stage, s] : stages) {
-    out += (out.empty() ? "" : ", ") + stage + " " + fixed(1e3 * s, 1) + " ms";
-    total += s;
-  }
-  return out + "; total " + fixed(1e3 * total, 1) + " ms";
+  for (const auto& [stage, s] : ordered_stages(timer)) out += (out.empty() ? "" : ", ") + stage + " " + fixed(1e3 * s, 1) + " ms";
+  return out + "; total " + fixed(1e3 * total_stage_s(timer), 1) + " ms";
+}
+
+std::string describe_counters(const runtime::Counters& counters) {
+  std::string out;
+  for (const auto& [group, keys] : counters.snapshot())
+    for (const auto& [key, count] : keys) out += (out.empty() ? "" : ", ") + group + "." + key + ": " + std::to_string(count);
+  return out.empty() ? "none" : out;
 }
 
 std::string fixed(double value, int digits) {

@@ -14,8 +14,10 @@
 
 namespace CLI {
 class App;
+class Validator;
 }
 namespace crucible::runtime {
+class Counters;
 class PhaseTimer;
 }
 
@@ -37,16 +39,45 @@ struct OptimizerFlags {
   std::unique_ptr<torch::optim::Optimizer> make(const std::vector<at::Tensor>& params) const;
 };
 
-/// --passes P,...: the pass list, by name (default: the builder's).
-void add_passes_option(CLI::App& cmd, std::vector<std::string>& passes);
+/// --passes, --pre-grad-passes, --joint-passes, --trace-mode: how the
+/// builder compiles (Note [Pass phases], AotConfig::trace_mode).
+struct CompileFlags {
+  std::vector<std::string> passes;  ///< post-grad; default: the builder's
+  std::vector<std::string> pre_grad_passes;
+  std::vector<std::string> joint_passes;
+  std::string trace_mode = "real";  ///< real or fake
+  /// Adds the four flags to `cmd`.
+  void add_to(CLI::App& cmd);
+  /// Sets the builder's pass lists and trace mode. Throws ir::IrError for an
+  /// unknown pass.
+  void apply(pipeline::Builder& builder) const;
+};
 
-/// Seconds per stage, from the PhaseTimer a StageTimer recorded into, in the
-/// order the stages first ran (trace, partition, the passes, backend); a pass
-/// listed twice is one entry with both runs' time.
+/// --size small|full: the zoo's model sizes (models::model_sizes()).
+void add_size_option(CLI::App& cmd, std::string& size);
+
+/// Checks that a count (--epochs, --batch) is at least 1, saying so in words.
+CLI::Validator at_least_one();
+/// Checks that a number (--lr) is greater than 0, saying so in words.
+CLI::Validator greater_than_zero();
+
+/// Seconds per innermost stage, from the PhaseTimer a runtime::StageTimer
+/// recorded into, in the order the stages first ran (collect_metadata,
+/// trace_inference, the passes, backend, ...; Note [Compilation stages]);
+/// stages that hold others ("compile", the compilers) are left out, so the
+/// figures add up; a stage run twice is one entry with both runs' time.
 std::vector<std::pair<std::string, double>> ordered_stages(const runtime::PhaseTimer& timer);
 
-/// "trace 85.1 ms, dce 1.2 ms, ...; total 89.8 ms"
-std::string describe_stages(const std::vector<std::pair<std::string, double>>& stages);
+/// Seconds of the outermost stages ("compile"): the whole compile time.
+double total_stage_s(const runtime::PhaseTimer& timer);
+
+/// "trace_inference 85.1 ms, dce 1.2 ms, ...; total 89.8 ms", the total from
+/// total_stage_s.
+std::string describe_stages(const runtime::PhaseTimer& timer);
+
+/// "stats.compilations: 1, graphs.inference: 1, ...": the counters of a
+/// runtime::CounterRecorder, on one line; "none" when empty.
+std::string describe_counters(const runtime::Counters& counters);
 
 /// printf's %.<digits>f.
 std::string fixed(double value, int digits);

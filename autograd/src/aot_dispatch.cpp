@@ -6,7 +6,6 @@
 #include <crucible/autograd/functionalized_rng_wrapper.h>
 #include <crucible/autograd/runtime_wrapper.h>
 #include <crucible/autograd/synthetic_base_wrapper.h>
-#include <crucible/runtime/timing.h>
 
 #include "compile_record.h"
 #include "compiled_function.h"
@@ -17,7 +16,6 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <chrono>
 
 namespace crucible::autograd {
 
@@ -44,29 +42,25 @@ std::vector<at::Tensor> detached(const std::vector<at::Tensor>& ts) {
 }  // namespace
 
 ir::CompiledFn aot_dispatch_base(AotRequest& request) {
-  const auto start = std::chrono::steady_clock::now();
   if (request.config.keep_inference_input_mutations)
     for (InputAliasInfo& in : request.fw_metadata.input_info)
       in.mutation_in_graph = in.mutates_data && !in.mutates_metadata;
   const ir::Graph g = detail::create_inference_graph(request);
-  auto phase = runtime::default_phase_timer().time("inference_compiler");
-  const auto backend_start = std::chrono::steady_clock::now();
-  AotCache::Compiled compiled = detail::run_backend(request.config.inference_compiler, request.config.cache,
-                                                    request.config.compiler_key, "inference", g,
-                                                    detached(request.flat_args));
-  detail::record_metrics(request.compile_id, "inference", g, detail::elapsed_ms(start),
-                         detail::elapsed_ms(backend_start), request.recompile_reason, std::move(compiled.outcome));
+  AotCache::Compiled compiled = detail::run_backend(
+      request.config.instruments, "inference_compiler", request.config.inference_graph_name,
+      request.config.inference_compiler, request.config.cache, request.config.compiler_key, "inference", g,
+      detached(request.flat_args));
   return wrap_runtime(std::move(compiled.fn), request);
 }
 
 ir::CompiledFn aot_dispatch_autograd(AotRequest& request) {
-  const auto start = std::chrono::steady_clock::now();
   detail::JointGraph joint = detail::create_joint_graph(request);
-  partitioner::PartitionResult parts;
-  {
-    auto phase = runtime::default_phase_timer().time("partition");
-    parts = request.config.partition_fn(joint.graph, joint.num_fwd_outputs);
-  }
+  partitioner::PartitionResult parts = ir::run_stage(
+      request.config.instruments, ir::StageEvent{"partition", {{"joint", &joint.graph}}},
+      [&] { return request.config.partition_fn(joint.graph, joint.num_fwd_outputs); },
+      [](const partitioner::PartitionResult& r) {
+        return std::vector<ir::StageGraph>{{"forward", &r.forward}, {"backward", &r.backward}};
+      });
   auto graphs = c10::make_intrusive<detail::CompiledGraphs>();
   graphs->num_fwd_outputs = joint.num_fwd_outputs;
   graphs->tangent_outputs = std::move(joint.tangent_outputs);
@@ -79,16 +73,11 @@ ir::CompiledFn aot_dispatch_autograd(AotRequest& request) {
   graphs->cache = request.config.cache;
   graphs->compiler_key = request.config.compiler_key;
   graphs->compile_id = request.compile_id;
-  {
-    auto phase = runtime::default_phase_timer().time("fw_compiler");
-    const auto backend_start = std::chrono::steady_clock::now();
-    AotCache::Compiled forward = detail::run_backend(request.config.fw_compiler, request.config.cache,
-                                                     request.config.compiler_key, "forward", parts.forward,
-                                                     detached(request.flat_args));
-    graphs->forward = std::move(forward.fn);
-    detail::record_metrics(request.compile_id, "forward", parts.forward, detail::elapsed_ms(start),
-                           detail::elapsed_ms(backend_start), request.recompile_reason, std::move(forward.outcome));
-  }
+  graphs->instruments = request.config.instruments;
+  graphs->forward = detail::run_backend(request.config.instruments, "fw_compiler", "forward", request.config.fw_compiler,
+                                        request.config.cache, request.config.compiler_key, "forward", parts.forward,
+                                        detached(request.flat_args))
+                        .fn;
   graphs->backward_graph = std::move(parts.backward);
   // Inputs that get no gradient are detached before the call (the seed's
   // indices_of_inps_to_detach): autograd then records no edge to them.
@@ -117,14 +106,13 @@ bool any_requires_grad(const std::vector<at::Tensor>& args) {
 AotCompiled create_aot_dispatcher_function(AotRequest request) {
   bool needs_autograd = any_requires_grad(request.flat_args);
   const std::string compile_id = request.compile_id, reason = request.recompile_reason;
+  const ir::Instruments instruments = request.config.instruments;
+  ir::StageScope compile(instruments, ir::StageEvent{"compile", {}, true, false, false, compile_id, reason});
   try {
-    // Named by the path the arguments choose; a lifted tensor that requires
-    // grad can still move the compilation to the autograd path.
-    auto timed = runtime::default_phase_timer().time(needs_autograd ? "aot_autograd" : "aot_inference");
     runtime::RngStateGuard keep_rng;  // See Note [RNG during compilation].
     if (request.config.pre_grad) request.flat_fn = request.config.pre_grad(request.flat_fn, request.trace, request.flat_args);
     {
-      auto analysis = runtime::default_phase_timer().time("collect_metadata");
+      ir::StageScope analysis(instruments, ir::StageEvent{"collect_metadata"});
       std::vector<tracer::NamedTensor> found;
       request.fw_metadata = collect_metadata(request, needs_autograd, &found);
       if (!found.empty()) {
@@ -134,6 +122,7 @@ AotCompiled create_aot_dispatcher_function(AotRequest request) {
         request.fw_metadata = collect_metadata(request, needs_autograd);
         detail::check_lifted_aliasing(request);
       }
+      analysis.done({});
     }
     request.trace_joint = needs_autograd;
     runtime::LiftedInputs lifted(request.lifted, request.lifted_names);
@@ -143,12 +132,10 @@ AotCompiled create_aot_dispatcher_function(AotRequest request) {
     wrappers.insert(wrappers.end(), request.config.wrappers.begin(), request.config.wrappers.end());
     ir::CompiledFn fn = runtime::compile_with_wrappers<AotRequest>(
         wrappers, std::move(request), needs_autograd ? aot_dispatch_autograd : aot_dispatch_base);
+    compile.done({});
     return AotCompiled{std::move(fn), std::move(lifted)};
-  } catch (const Error& e) {
-    detail::record_failure(compile_id, needs_autograd ? "forward" : "inference", reason, "crucible::Error", e.what());
-    throw;
   } catch (const std::exception& e) {
-    detail::record_failure(compile_id, needs_autograd ? "forward" : "inference", reason, "std::exception", e.what());
+    compile.failed(e.what());
     throw;
   }
 }

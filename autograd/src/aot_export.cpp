@@ -2,11 +2,11 @@
 #include <crucible/autograd/aot_module.h>
 #include <crucible/autograd/collect_metadata.h>
 #include <crucible/autograd/error.h>
+#include <crucible/ir/instrument.h>
+#include <crucible/runtime/rng_state_guard.h>
 
-#include "compile_record.h"
 #include "graph_capture.h"
 #include "module_trace.h"
-#include <crucible/runtime/rng_state_guard.h>
 #include "trace_call.h"
 #include "traced_function_transforms.h"
 
@@ -14,7 +14,6 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/nn/module.h>
 
-#include <chrono>
 #include <optional>
 
 namespace crucible::autograd {
@@ -76,7 +75,8 @@ void check_loss(const ViewAndMutationMeta& meta, size_t loss) {
 
 ir::Graph aot_export_module(torch::nn::Module& module, const tracer::ModuleFn& fn, const std::vector<at::Tensor>& args,
                             const AotExportOptions& options) {
-  const auto start = std::chrono::steady_clock::now();
+  const ir::Instruments& instruments = options.instruments;
+  ir::StageScope compile(instruments, ir::StageEvent{"compile", {}, true, false, false, "export", "aot_export_module"});
   // Non-owning: the caller keeps the module alive for the call.
   std::shared_ptr<torch::nn::Module> m(std::shared_ptr<torch::nn::Module>(), &module);
   std::vector<at::Tensor> state;
@@ -141,6 +141,7 @@ ir::Graph aot_export_module(torch::nn::Module& module, const tracer::ModuleFn& f
     }
     return ret;
   };
+  ir::StageScope stage(instruments, ir::StageEvent{"export"});
   ir::Graph g = detail::trace_functionalized(request, body, request.flat_args, "export").graph;
   const size_t num_outputs = written.size() + meta.output_info.size();
   detail::keep_first_outputs(g, num_outputs + grad_of.size());
@@ -152,8 +153,8 @@ ir::Graph aot_export_module(torch::nn::Module& module, const tracer::ModuleFn& f
         std::nullopt};
   for (size_t k = 0; k < grad_of.size(); ++k)
     specs[num_outputs + k] = ir::OutputSpec{ir::OutputKind::Gradient, grad_of[k]};
-  const double ms = detail::elapsed_ms(start);
-  detail::record_metrics(request.compile_id, "export", g, ms, 0.0, "aot_export_module");
+  stage.done(ir::StageEvent{"export", {{"export", &g}}});
+  compile.done({});
   return g;
 }
 

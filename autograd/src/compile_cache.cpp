@@ -29,6 +29,13 @@ void CompileCache::compile(std::vector<at::Tensor> args, const std::vector<bool>
 std::shared_ptr<const CompileCache::Entry> CompileCache::entry_for(std::vector<at::Tensor>& args,
                                                                     const std::vector<bool>& extra,
                                                                     std::optional<size_t> num_params_buffers) {
+  const size_t first_input = num_params_buffers.value_or(config_.num_params_buffers);
+  for (size_t i = 0; i < args.size(); ++i)
+    if (!args[i].defined())
+      throw AotError(api_ + ": input " + std::to_string(i < first_input ? i : i - first_input) +
+                     (i < first_input ? " of the module's state" : "") +
+                     " is an undefined tensor (at::Tensor()); a compiled function takes defined tensors: pass "
+                     "a tensor, or leave the argument out of the compiled call");
   const bool grad_enabled = at::GradMode::is_enabled();
   const size_t num_args = args.size();
   std::shared_ptr<const Entry> hit;

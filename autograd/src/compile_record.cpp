@@ -1,46 +1,21 @@
 #include "compile_record.h"
 
-#include <crucible/runtime/metrics.h>
-
 namespace crucible::autograd::detail {
 
-double elapsed_ms(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
-}
-
-AotCache::Compiled run_backend(const ir::Backend& backend, const std::shared_ptr<AotCache>& cache,
+AotCache::Compiled run_backend(const ir::Instruments& instruments, const char* stage, std::string_view graph_name,
+                               const ir::Backend& backend, const std::shared_ptr<AotCache>& cache,
                                const std::string& compiler_key, const char* kind, const ir::Graph& graph,
                                const std::vector<at::Tensor>& example_inputs) {
-  if (cache && !compiler_key.empty()) return cache->compile(backend, compiler_key, kind, graph, example_inputs);
-  return {backend(graph, example_inputs), ""};
-}
-
-void record_metrics(const std::string& compile_id, const char* kind, const ir::Graph& graph, double compile_ms,
-                    double backend_ms, std::string reason, std::string graph_cache) {
-  runtime::CompilationMetrics m;
-  m.compile_id = compile_id;
-  m.kind = kind;
-  for (const ir::Node* n : graph.nodes()) {
-    ++m.graph_node_count;
-    m.graph_op_count += n->is_call();
-    m.graph_input_count += n->is_placeholder();
-  }
-  m.compile_time_ms = compile_ms;
-  m.backend_compile_time_ms = backend_ms;
-  m.recompile_reason = std::move(reason);
-  m.graph_cache = std::move(graph_cache);
-  runtime::default_metrics_log().record(std::move(m));
-}
-
-void record_failure(const std::string& compile_id, const char* kind, std::string reason, const char* fail_type,
-                    const std::string& message) {
-  runtime::CompilationMetrics m;
-  m.compile_id = compile_id;
-  m.kind = kind;
-  m.recompile_reason = std::move(reason);
-  m.fail_type = fail_type;
-  m.fail_reason = message;
-  runtime::default_metrics_log().record(std::move(m));
+  ir::StageScope scope(instruments, ir::StageEvent{stage, {{graph_name, &graph}}});
+  AotCache::Compiled compiled = cache && !compiler_key.empty()
+                                    ? cache->compile(backend, compiler_key, kind, graph, example_inputs)
+                                    : AotCache::Compiled{backend(graph, example_inputs), ""};
+  ir::StageEvent after{stage, {{graph_name, &graph}}};
+  after.changed = false;
+  after.cached = compiled.outcome == "hit";
+  after.detail = compiled.outcome;
+  scope.done(std::move(after));
+  return compiled;
 }
 
 }  // namespace crucible::autograd::detail

@@ -4,21 +4,23 @@
 #include <ATen/ATen.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <crucible/autograd/error.h>
-#include <crucible/runtime/timing.h>
 
-#include <chrono>
 
 namespace crucible::autograd::detail {
 
 const ir::CompiledFn& CompiledGraphs::compiled_backward(const std::vector<at::Tensor>& example_inputs) {
   std::call_once(backward_compiled, [&] {
-    auto timed = runtime::default_phase_timer().time("bw_compiler");
-    const auto start = std::chrono::steady_clock::now();
-    AotCache::Compiled compiled =
-        run_backend(bw_compiler, cache, compiler_key, "backward", backward_graph, example_inputs);
-    backward = std::move(compiled.fn);
-    const double ms = elapsed_ms(start);
-    record_metrics(compile_id, "backward", backward_graph, ms, ms, "first backward", std::move(compiled.outcome));
+    // The lazy part of the compilation: a "compile" of its own (Note [Compilation stages]).
+    ir::StageScope compile(instruments, ir::StageEvent{"compile", {}, true, false, false, compile_id, "first backward"});
+    try {
+      backward = run_backend(instruments, "bw_compiler", "backward", bw_compiler, cache, compiler_key, "backward",
+                             backward_graph, example_inputs)
+                     .fn;
+    } catch (const std::exception& e) {
+      compile.failed(e.what());
+      throw;
+    }
+    compile.done({});
   });
   return backward;
 }

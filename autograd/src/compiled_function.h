@@ -5,6 +5,7 @@
 #include <crucible/autograd/aot_cache.h>
 #include <crucible/ir/backend.h>
 #include <crucible/ir/graph.h>
+#include <crucible/ir/instrument.h>
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -32,6 +33,7 @@ struct CompiledGraphs : torch::CustomClassHolder {
   std::vector<size_t> gradient_inputs;  // per backward output: the primal it is the gradient of
   size_t num_primals = 0;
   std::string compile_id;
+  ir::Instruments instruments;
 
   /// Compiles the backward graph at the first call (thread-safe).
   const ir::CompiledFn& compiled_backward(const std::vector<at::Tensor>& example_inputs);

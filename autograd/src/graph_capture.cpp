@@ -2,7 +2,7 @@
 
 #include <crucible/autograd/error.h>
 #include <crucible/autograd/functionalized_rng_wrapper.h>
-#include <crucible/runtime/timing.h>
+#include <crucible/ir/instrument.h>
 
 #include "lift_inputs.h"
 #include "trace_call.h"
@@ -111,10 +111,8 @@ JointGraph create_joint_graph(const AotRequest& request) {
     }
     return ret;
   };
-  {
-    auto phase = runtime::default_phase_timer().time("trace_joint");
-    joint.graph = trace_functionalized(request, body, joint_inputs, "the joint graph").graph;
-  }
+  ir::StageScope trace(request.config.instruments, ir::StageEvent{"trace_joint"});
+  joint.graph = trace_functionalized(request, body, joint_inputs, "the joint graph").graph;
   // Mark the joint graph per Note [Joint graph contract].
   ir::Graph& g = joint.graph;
   joint.num_fwd_outputs = fwd_meta.size();
@@ -127,6 +125,7 @@ JointGraph create_joint_graph(const AotRequest& request) {
     g.signature().outputs[fwd_meta.size() + k] = ir::OutputSpec{ir::OutputKind::Gradient, grad_of[k]};
   mark_inputs(g, request, num_primals);
   if (meta.is_rng_op_functionalized) check_no_unfunctionalized_rng(g);
+  trace.done(ir::StageEvent{"trace_joint", {{"joint", &g}}});
   return joint;
 }
 
@@ -144,11 +143,8 @@ ir::Graph create_inference_graph(const AotRequest& request) {
     return ret;
   };
   at::NoGradGuard no_grad;
-  ir::Graph g;
-  {
-    auto phase = runtime::default_phase_timer().time("trace_inference");
-    g = trace_functionalized(request, body, request.flat_args, "the inference graph").graph;
-  }
+  ir::StageScope trace(request.config.instruments, ir::StageEvent{"trace_inference"});
+  ir::Graph g = trace_functionalized(request, body, request.flat_args, "the inference graph").graph;
   const size_t num_outputs = computed.size() + written.size();
   // Writes kept in the graph and accumulated gradients: the tracer returned
   // the new values and the gradients after ours.
@@ -180,6 +176,7 @@ ir::Graph create_inference_graph(const AotRequest& request) {
   g.signature().outputs = specs;
   mark_inputs(g, request, request.flat_args.size());
   if (meta.is_rng_op_functionalized) check_no_unfunctionalized_rng(g);
+  trace.done(ir::StageEvent{"trace_inference", {{request.config.inference_graph_name, &g}}});
   return g;
 }
 

@@ -10,9 +10,10 @@
 //
 // Exits 0 when the compiled training ends where eager ends, 1 otherwise.
 #include <crucible/ir/graph.h>
+#include <crucible/ir/instrument.h>
 #include <crucible/ir/interpreter.h>
-#include <crucible/pipeline/builder.h>
 #include <crucible/models/zoo.h>
+#include <crucible/pipeline/builder.h>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -74,10 +75,10 @@ ir::Backend timed_interpreter(std::shared_ptr<BackendStats> stats) {
 }
 
 // The instrument: one line per stage.
-class StagePrinter : public pipeline::StageInstrument {
+class StagePrinter : public ir::Instrument {
  public:
-  void after_stage(const pipeline::StageEvent& e) override {
-    for (const pipeline::StageGraph& g : e.graphs)
+  void after_stage(const ir::StageEvent& e) override {
+    for (const ir::StageGraph& g : e.graphs)
       std::printf("  %-18s -> %s: %zu nodes%s\n", std::string(e.stage).c_str(), std::string(g.name).c_str(),
                   g.graph->num_nodes(), e.changed ? "" : " (unchanged)");
   }

@@ -6,8 +6,6 @@
 
 #include "constant_key.h"
 
-#include <algorithm>
-#include <cstdio>
 
 namespace crucible::ir {
 
@@ -70,35 +68,6 @@ size_t fingerprint(const Graph& g) {
 
 }  // namespace
 
-// --- instruments ------------------------------------------------------------------
-
-void TimingInstrument::before_pass(std::string_view, const Graph&) { start_ = std::chrono::steady_clock::now(); }
-
-void TimingInstrument::after_pass(std::string_view pass, const Graph&, bool changed) {
-  const std::chrono::duration<double, std::milli> ms = std::chrono::steady_clock::now() - start_;
-  entries_.push_back({std::string(pass), ms.count(), changed});
-}
-
-std::string TimingInstrument::report() const {
-  size_t width = 5;
-  for (const Entry& e : entries_) width = std::max(width, e.pass.size());
-  std::string out;
-  char line[64];
-  double total = 0;
-  auto row = [&](const std::string& name, double ms, const char* note) {
-    out += name;
-    out.append(width + 2 - name.size(), ' ');
-    std::snprintf(line, sizeof line, "%10.3f ms%s\n", ms, note);
-    out += line;
-  };
-  for (const Entry& e : entries_) {
-    row(e.pass, e.ms, e.changed ? "  changed" : "");
-    total += e.ms;
-  }
-  row("total", total, "");
-  return out;
-}
-
 // --- the manager ------------------------------------------------------------------
 
 PassManager::PassManager(std::vector<Pass> passes, PassManagerOptions options)
@@ -114,19 +83,19 @@ void PassManager::run(Graph& graph) const {
   }
   const auto& instruments = options_.instruments;
   for (const Pass& pass : passes_) {
-    const bool skip = std::any_of(instruments.begin(), instruments.end(),
-                                  [&](const auto& i) { return !i->should_run(pass.name, graph); });
-    if (skip) continue;
+    const StageEvent event{pass.name, {{options_.graph_name, &graph}}};
+    if (!should_run(instruments, event)) continue;
     const size_t before = instruments.empty() ? 0 : fingerprint(graph);
-    for (const auto& i : instruments) i->before_pass(pass.name, graph);
+    StageScope scope(instruments, event);
     try {
       pass.run(graph);
     } catch (const std::exception& e) {
       throw IrError("pass '" + pass.name + "' failed: " + e.what());
     }
     if (!instruments.empty()) {
-      const bool changed = fingerprint(graph) != before;
-      for (const auto& i : instruments) i->after_pass(pass.name, graph, changed);
+      StageEvent after{pass.name, {{options_.graph_name, &graph}}};
+      after.changed = fingerprint(graph) != before;
+      scope.done(std::move(after));
     }
     if (options_.verify) {
       try {

@@ -1,88 +1,25 @@
-// See Note [Compilation stages] in instrument.h.
+// See Note [Compilation stages] in ir/instrument.h.
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/error.h>
 
 #include <crucible/partitioner/default_partition.h>
 #include <crucible/ir/interpreter.h>
+#include <crucible/runtime/instruments.h>
 #include <crucible/runtime/lifted_inputs.h>
 #include <crucible/tracer/functional_call.h>
 
 #include <torch/nn/module.h>
 
 #include <optional>
+#include <utility>
 
 namespace crucible::pipeline {
-namespace {
-
-using Instruments = std::vector<std::shared_ptr<StageInstrument>>;
-
-void notify_before(const Instruments& instruments, const StageEvent& event) {
-  for (const auto& i : instruments) i->before_stage(event);
-}
-
-// In reverse: the first instrument's hooks wrap the others' (a timer added
-// last times the stage alone, not the dumps of instruments added before it).
-void notify_after(const Instruments& instruments, const StageEvent& event) {
-  for (auto it = instruments.rbegin(); it != instruments.rend(); ++it) (*it)->after_stage(event);
-}
-
-void notify_failed(const Instruments& instruments, std::string_view stage) {
-  notify_after(instruments, StageEvent{stage, {}, false, true});
-}
-
-// Runs `body` as stage `stage`: before_stage with `inputs`, after_stage with
-// what `outputs` returns from the body's result, or a failed after_stage.
-template <typename Body, typename Outputs>
-auto run_stage(const Instruments& instruments, std::string_view stage, std::vector<StageGraph> inputs, Body&& body,
-               Outputs&& outputs, bool changed = true) {
-  notify_before(instruments, StageEvent{stage, std::move(inputs)});
-  std::optional<decltype(body())> result;
-  try {
-    result.emplace(body());
-  } catch (...) {
-    notify_failed(instruments, stage);
-    throw;
-  }
-  notify_after(instruments, StageEvent{stage, outputs(*result), changed});
-  return std::move(*result);
-}
-
-// The pass manager's instrument hooks, forwarded as stage events for one graph.
-class PassEvents : public ir::PassInstrument {
- public:
-  PassEvents(const Instruments& instruments, std::string_view graph_name)
-      : instruments_(instruments), graph_name_(graph_name) {}
-  bool should_run(std::string_view pass, const ir::Graph& graph) override {
-    const StageEvent event{pass, {{graph_name_, &graph}}};
-    for (const auto& i : instruments_)
-      if (!i->should_run(event)) return false;
-    return true;
-  }
-  void before_pass(std::string_view pass, const ir::Graph& graph) override {
-    notify_before(instruments_, StageEvent{pass, {{graph_name_, &graph}}});
-    open_ = std::string(pass);
-  }
-  void after_pass(std::string_view pass, const ir::Graph& graph, bool changed) override {
-    open_.reset();
-    notify_after(instruments_, StageEvent{pass, {{graph_name_, &graph}}, changed});
-  }
-  /// The pass that began and did not end (it threw), if any.
-  const std::optional<std::string>& open() const { return open_; }
-
- private:
-  const Instruments& instruments_;
-  std::string_view graph_name_;
-  std::optional<std::string> open_;
-};
-
-}  // namespace
-
 const std::vector<std::string>& Builder::default_passes() {
   static const std::vector<std::string> names = {"dce", "cse"};
   return names;
 }
 
-Builder::Builder() : partition_fn_(partitioner::default_partition) {
+Builder::Builder() : partition_fn_(partitioner::default_partition), instruments_(runtime::default_instruments()) {
   passes(default_passes());
   backend(BackendRegistry::builtin().best().name);
 }
@@ -198,9 +135,16 @@ std::string Builder::compiler_key() const {
   return key;
 }
 
-Builder& Builder::instrument(std::shared_ptr<StageInstrument> instrument) {
+Builder& Builder::instrument(std::shared_ptr<ir::Instrument> instrument) {
   if (!instrument) throw PipelineError("Builder::instrument: the instrument is null");
   instruments_.push_back(std::move(instrument));
+  return *this;
+}
+
+Builder& Builder::instruments(ir::Instruments instruments) {
+  for (const auto& i : instruments)
+    if (!i) throw PipelineError("Builder::instruments: an instrument of the list is null");
+  instruments_ = std::move(instruments);
   return *this;
 }
 
@@ -210,9 +154,9 @@ tracer::TraceResult Builder::trace(std::string_view graph_name,
   for (const auto& [name, weak] : named_modules_)
     if (std::shared_ptr<torch::nn::Module> m = weak.lock())
       for (tracer::NamedTensor& t : tracer::module_state(*m, name).tensors) options.source_names.push_back(std::move(t));
-  return run_stage(
-      instruments_, "trace", {}, [&] { return trace(options); },
-      [&](const tracer::TraceResult& r) { return std::vector<StageGraph>{{graph_name, &r.graph}}; });
+  return ir::run_stage(
+      instruments_, ir::StageEvent{"trace"}, [&] { return trace(options); },
+      [&](const tracer::TraceResult& r) { return std::vector<ir::StageGraph>{{graph_name, &r.graph}}; });
 }
 
 void Builder::run_passes(ir::Graph& graph, std::string_view graph_name) const {
@@ -220,21 +164,14 @@ void Builder::run_passes(ir::Graph& graph, std::string_view graph_name) const {
 }
 
 void Builder::run_passes(const std::vector<ir::Pass>& passes, ir::Graph& graph, std::string_view graph_name) const {
-  auto events = std::make_shared<PassEvents>(instruments_, graph_name);
-  const ir::PassManager manager(passes, ir::PassManagerOptions{verify_passes_, {events}});
-  try {
-    manager.run(graph);
-  } catch (...) {
-    if (events->open()) notify_failed(instruments_, *events->open());
-    throw;
-  }
+  ir::PassManager(passes, ir::PassManagerOptions{verify_passes_, instruments_, std::string(graph_name)}).run(graph);
 }
 
 ir::CompiledFn Builder::run_backend(const ir::Graph& graph, const std::vector<at::Tensor>& example_inputs,
                                     std::string_view graph_name) const {
-  const std::vector<StageGraph> graphs = {{graph_name, &graph}};
-  return run_stage(
-      instruments_, "backend", graphs,
+  const std::vector<ir::StageGraph> graphs = {{graph_name, &graph}};
+  return ir::run_stage(
+      instruments_, ir::StageEvent{"backend", graphs},
       [&] { return wrappers_.empty() ? backend_(graph, example_inputs) : runtime::wrap_backend(wrappers_, backend_)(graph, example_inputs); },
       [&](const ir::CompiledFn&) { return graphs; }, /*changed=*/false);
 }
@@ -259,12 +196,7 @@ autograd::AotConfig Builder::aot_config() const {
       rewritten.emplace(joint.clone());
       self.run_passes(self.joint_passes_, *rewritten, "joint");
     }
-    const ir::Graph& g = rewritten ? *rewritten : joint;
-    return run_stage(
-        self.instruments_, "partition", {{"joint", &g}}, [&] { return self.partition_fn_(g, num_fwd_outputs); },
-        [](const partitioner::PartitionResult& r) {
-          return std::vector<StageGraph>{{"forward", &r.forward}, {"backward", &r.backward}};
-        });
+    return self.partition_fn_(rewritten ? *rewritten : joint, num_fwd_outputs);
   };
   if (!pre_grad_passes_.empty())
     config.pre_grad = [self = *this](const tracer::TensorFn& fn, const autograd::TraceFn& trace,
@@ -275,6 +207,7 @@ autograd::AotConfig Builder::aot_config() const {
   config.freeze = trace_options_.freeze;
   config.trace_mode = trace_options_.mode;
   config.wrappers = aot_wrappers_;
+  config.instruments = instruments_;
   config.named_modules = named_modules_;
   config.compiler_key = compiler_key();
   return config;

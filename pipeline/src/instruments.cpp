@@ -5,7 +5,6 @@
 #include <crucible/ir/graph.h>
 #include <crucible/ir/printer.h>
 #include <crucible/ir/verifier.h>
-#include <crucible/runtime/timing.h>
 
 #include <cerrno>
 #include <chrono>
@@ -21,26 +20,6 @@
 extern char** environ;
 
 namespace crucible::pipeline {
-
-// --- StageTimer -------------------------------------------------------------------
-
-struct StageTimer::Open {
-  std::string stage;
-  runtime::PhaseTimer::Scope scope;
-};
-
-StageTimer::StageTimer(runtime::PhaseTimer& timer) : timer_(timer) {}
-StageTimer::~StageTimer() = default;
-
-void StageTimer::before_stage(const StageEvent& event) {
-  open_.push_back(Open{std::string(event.stage), timer_.time(std::string(event.stage))});
-}
-
-void StageTimer::after_stage(const StageEvent& event) {
-  // Stages close in the reverse order they opened (Note [Compilation stages]);
-  // closing the scope records the phase.
-  if (!open_.empty() && open_.back().stage == event.stage) open_.pop_back();
-}
 
 // --- GraphDumper ------------------------------------------------------------------
 
@@ -83,15 +62,20 @@ GraphDumper::GraphDumper(GraphDumpOptions options) : options_(std::move(options)
   if (ec) throw PipelineError("GraphDumper: cannot create the dump directory " + options_.dir + ": " + ec.message());
 }
 
-void GraphDumper::before_stage(const StageEvent& event) {
-  for (const StageGraph& g : event.graphs)
+void GraphDumper::before_stage(const ir::StageEvent& event) {
+  for (const ir::StageGraph& g : event.graphs)
     if (g.graph && !counters_.contains(g.name)) dump(g.name, "input", *g.graph);
 }
 
-void GraphDumper::after_stage(const StageEvent& event) {
+void GraphDumper::after_stage(const ir::StageEvent& event) {
   if (event.failed) return;
+  if (event.cached) {
+    for (const ir::StageGraph& g : event.graphs)
+      if (g.graph) dump(g.name, std::string(event.stage) + ".cached", *g.graph);
+    return;
+  }
   if (event.stage == "backend" && options_.code) {
-    for (const StageGraph& g : event.graphs) {
+    for (const ir::StageGraph& g : event.graphs) {
       if (!g.graph) continue;
       const std::string base = next_base(g.name, "code");
       for (const GeneratedFile& f : options_.code(*g.graph)) {
@@ -101,7 +85,7 @@ void GraphDumper::after_stage(const StageEvent& event) {
     }
   }
   if (!event.changed) return;
-  for (const StageGraph& g : event.graphs)
+  for (const ir::StageGraph& g : event.graphs)
     if (g.graph) dump(g.name, event.stage, *g.graph);
 }
 
@@ -129,9 +113,9 @@ void GraphDumper::dump(std::string_view graph_name, std::string_view stage, cons
 
 // --- GraphVerifier ----------------------------------------------------------------
 
-void GraphVerifier::after_stage(const StageEvent& event) {
+void GraphVerifier::after_stage(const ir::StageEvent& event) {
   if (event.failed) return;
-  for (const StageGraph& g : event.graphs) {
+  for (const ir::StageGraph& g : event.graphs) {
     if (!g.graph) continue;
     try {
       ir::verify(*g.graph);

@@ -177,18 +177,20 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
   autograd::AotConfig config = builder.aot_config();
   config.keep_inference_input_mutations = true;
   config.cache = nullptr;  // the step keeps its own latest graph, which a cache hit would not give
+  config.inference_graph_name = "train_step";
   const size_t num_module_tensors = autograd::module_state(*module).size();
   config.inference_compiler = [builder, latest = s->latest, num_module_tensors, param_names = std::move(param_names),
                                options = s->options](const ir::Graph& graph, const std::vector<at::Tensor>& examples) {
-    // The traced graph as the builder's trace stage reports it.
-    auto g = std::make_unique<ir::Graph>(std::move(builder.trace("train_step", [&](const tracer::TraceOptions&) {
-      tracer::TraceResult r;
-      r.graph = graph.clone();
-      detail::name_train_step(r.graph, num_module_tensors, param_names, options);
-      return r;
-    }).graph));
+    auto g = std::make_unique<ir::Graph>(graph.clone());
+    // Naming the optimizer state and the batch is the first pass, so that
+    // instruments (a dump) see the names.
+    const ir::Pass name_state{"name_state", [&](ir::Graph& step) {
+                                detail::name_train_step(step, num_module_tensors, param_names, options);
+                              }};
     // The step's graph holds forward, backward and update: the joint passes, then the post-grad ones.
-    if (!builder.joint_passes().empty()) builder.run_passes(builder.joint_passes(), *g, "train_step");
+    std::vector<ir::Pass> joint = {name_state};
+    joint.insert(joint.end(), builder.joint_passes().begin(), builder.joint_passes().end());
+    builder.run_passes(joint, *g, "train_step");
     builder.run_passes(*g, "train_step");
     ir::CompiledFn fn = builder.run_backend(*g, examples, "train_step");
     std::vector<at::Tensor> lifted;

@@ -3,22 +3,34 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <iterator>
 #include <numeric>
 #include <sstream>
+#include <utility>
 
 namespace crucible::runtime {
 
 namespace {
 
-// The phases open on this thread, innermost last (for any timer: a phase of
-// one timer opened inside another timer's phase still nests under it).
-thread_local std::vector<std::string> t_open_phases;
+// The phases open on this thread, innermost last, with their timer: a
+// phase nests under the innermost open phase of its own timer (two timers
+// on the same stages each keep their own tree).
+thread_local std::vector<std::pair<const PhaseTimer*, std::string>> t_open_phases;
+
+std::string innermost_open(const PhaseTimer* timer) {
+  for (auto it = t_open_phases.rbegin(); it != t_open_phases.rend(); ++it)
+    if (it->first == timer) return it->second;
+  return {};
+}
 
 std::string fixed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
   return buf;
 }
+
+// 0 for a phase still open the first time.
+double mean_ms(const PhaseStats& p) { return p.calls() ? p.total_ms() / static_cast<double>(p.calls()) : 0.0; }
 
 }  // namespace
 
@@ -27,9 +39,10 @@ double PhaseStats::total_ms() const { return std::accumulate(times_ms.begin(), t
 PhaseTimer::Scope::Scope(PhaseTimer& timer, std::string phase)
     : timer_(&timer),
       phase_(std::move(phase)),
-      parent_(t_open_phases.empty() ? std::string() : t_open_phases.back()),
+      parent_(innermost_open(&timer)),
       start_(std::chrono::steady_clock::now()) {
-  t_open_phases.push_back(phase_);
+  t_open_phases.emplace_back(&timer, phase_);
+  timer_->entry(phase_, parent_);  // listed from its opening: outer phases before the ones they hold
 }
 
 PhaseTimer::Scope::Scope(Scope&& other) noexcept
@@ -40,19 +53,30 @@ PhaseTimer::Scope::Scope(Scope&& other) noexcept
 PhaseTimer::Scope::~Scope() {
   if (!timer_) return;
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
-  // Scopes close in reverse order of opening on one thread.
-  if (!t_open_phases.empty()) t_open_phases.pop_back();
+  // A timer's scopes close in reverse order of opening on one thread.
+  for (auto it = t_open_phases.rbegin(); it != t_open_phases.rend(); ++it)
+    if (it->first == timer_) {
+      t_open_phases.erase(std::next(it).base());
+      break;
+    }
   timer_->record(phase_, ms, parent_);
+}
+
+PhaseStats& PhaseTimer::entry(std::string_view phase, std::string_view parent) {
+  std::lock_guard lock(mu_);
+  return entry_locked(phase, parent);
+}
+
+PhaseStats& PhaseTimer::entry_locked(std::string_view phase, std::string_view parent) {
+  auto it = std::find_if(phases_.begin(), phases_.end(), [&](const PhaseStats& p) { return p.name == phase; });
+  if (it != phases_.end()) return *it;
+  phases_.push_back(PhaseStats{std::string(phase), std::string(parent), {}});
+  return phases_.back();
 }
 
 void PhaseTimer::record(std::string_view phase, double ms, std::string_view parent) {
   std::lock_guard lock(mu_);
-  auto it = std::find_if(phases_.begin(), phases_.end(), [&](const PhaseStats& p) { return p.name == phase; });
-  if (it == phases_.end()) {
-    phases_.push_back(PhaseStats{std::string(phase), std::string(parent), {}});
-    it = phases_.end() - 1;
-  }
-  it->times_ms.push_back(ms);
+  entry_locked(phase, parent).times_ms.push_back(ms);
 }
 
 std::vector<PhaseStats> PhaseTimer::phases() const {
@@ -79,14 +103,13 @@ std::string PhaseTimer::report() const {
     if (name.size() < 36) name.resize(36, ' ');
     const double total = all[i].total_ms();
     char line[512];
-    std::snprintf(line, sizeof line, "%s %6zu %11.3f %11.3f\n", name.c_str(), all[i].calls(), total,
-                  total / static_cast<double>(all[i].calls()));
+    std::snprintf(line, sizeof line, "%s %6zu %11.3f %11.3f\n", name.c_str(), all[i].calls(), total, mean_ms(all[i]));
     os << line;
     for (size_t j = 0; j < all.size(); ++j)
       if (!printed[j] && all[j].parent == all[i].name) emit(j, depth + 1);
   };
-  // Top level: phases with no parent, or whose parent has no record of its
-  // own yet (it is still open).
+  // Top level: phases with no parent, or whose parent has no entry (it was
+  // opened on another timer).
   auto recorded = [&](const std::string& name) {
     return std::any_of(all.begin(), all.end(), [&](const PhaseStats& p) { return p.name == name; });
   };
@@ -103,8 +126,7 @@ std::string PhaseTimer::csv() const {
   os << "phase,parent,calls,total_ms,mean_ms\n";
   for (const auto& p : phases()) {
     const double total = p.total_ms();
-    os << p.name << ',' << p.parent << ',' << p.calls() << ',' << fixed(total, 6) << ','
-       << fixed(total / static_cast<double>(p.calls()), 6) << '\n';
+    os << p.name << ',' << p.parent << ',' << p.calls() << ',' << fixed(total, 6) << ',' << fixed(mean_ms(p), 6) << '\n';
   }
   return os.str();
 }

@@ -3,6 +3,7 @@
 // recompilation on new shapes.
 #include <crucible/autograd/aot_function.h>
 #include <crucible/autograd/error.h>
+#include <crucible/runtime/instruments.h>
 #include <crucible/runtime/metrics.h>
 #include <crucible/runtime/timing.h>
 
@@ -161,8 +162,28 @@ TEST_CASE("aot_function: compilations are timed and recorded in the metrics log"
   REQUIRE(records[0].graph_input_count == 3);
   REQUIRE(records[1].graph_op_count > 0);
   const std::string report = runtime::default_phase_timer().report();
-  for (const char* phase : {"aot_autograd", "trace_joint", "partition", "fw_compiler", "bw_compiler"})
+  for (const char* phase : {"compile", "collect_metadata", "trace_joint", "partition", "fw_compiler", "bw_compiler"})
     REQUIRE(report.find(phase) != std::string::npos);
+}
+
+TEST_CASE("aot_function: instruments of the caller's replace the process-wide ones", "[autograd]") {
+  runtime::default_metrics_log().clear();
+  runtime::default_counters().clear();
+  runtime::MetricsLog log;
+  runtime::Counters counters;
+  autograd::AotConfig config;
+  config.instruments = {std::make_shared<runtime::MetricsRecorder>(log), std::make_shared<runtime::CounterRecorder>(counters)};
+  auto compiled = autograd::aot_function(mlp_fn, config);
+  const auto x = at::randn({2, 3}), w = at::randn({4, 3}).requires_grad_(), b = at::randn({4});
+  const auto out = compiled({x, w, b});
+  REQUIRE_EQUAL_TENSORS(out[1].detach(), mlp_fn({x, w, b})[1].detach());
+  out[1].backward();
+  CHECK(log.records().size() == 2);  // forward, backward
+  CHECK(counters.get("graphs", "forward") == 1);
+  CHECK(counters.get("graphs", "backward") == 1);
+  CHECK(counters.get("stats", "compilations") == 2);  // the first call, the first backward
+  CHECK(runtime::default_metrics_log().records().empty());
+  CHECK(runtime::default_counters().snapshot().empty());
 }
 
 TEST_CASE("aot_function: a non-contiguous incoming gradient gives eager's gradients", "[autograd]") {
@@ -204,4 +225,10 @@ TEST_CASE("aot_function: a saved input, or a saved view of one, written before t
     REQUIRE_THROWS_WITH(e.backward(), CRUCIBLE_HAS_SUBSTR("modified by an inplace operation"));
     REQUIRE_THROWS_WITH(c.backward(), CRUCIBLE_HAS_SUBSTR("modified by an inplace operation"));
   }
+}
+
+TEST_CASE("aot_function: an undefined input is refused by index before anything runs", "[autograd][errors]") {
+  auto compiled = autograd::aot_function([](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{in[0] + 1}; });
+  REQUIRE_THROWS_WITH(compiled({at::randn({2}), at::Tensor()}), CRUCIBLE_HAS_SUBSTR("input 1 is an undefined tensor"));
+  REQUIRE(compiled.num_compilations() == 0);
 }

@@ -3,11 +3,13 @@
 #include <crucible/autograd/aot_cache.h>
 #include <crucible/autograd/aot_module.h>
 #include <crucible/ir/graph.h>
+#include <crucible/ir/parser.h>
 #include <crucible/pipeline/backend_registry.h>
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/error.h>
 #include <crucible/pipeline/instruments.h>
 #include <crucible/models/zoo.h>
+#include <crucible/runtime/instruments.h>
 #include <crucible/runtime/timing.h>
 
 #include <ATen/ATen.h>
@@ -18,6 +20,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 #include <unistd.h>
@@ -32,21 +36,22 @@ using namespace crucible::data;
 
 namespace {
 
-// Records every event as "before:<stage>:<graph>,..." / "after:<stage>:<graph>".
-class Recorder : public StageInstrument {
+// Records every event as "before:<stage>:<graph>,..." / "after:<stage>:<graph>"
+// (":cached" after a compiler stage the graph cache served).
+class Recorder : public ir::Instrument {
  public:
   explicit Recorder(std::string skip = {}) : skip_(std::move(skip)) {}
-  bool should_run(const StageEvent& e) override { return e.stage != skip_; }
-  void before_stage(const StageEvent& e) override { events.push_back("before:" + describe(e)); }
-  void after_stage(const StageEvent& e) override {
-    events.push_back(std::string(e.failed ? "failed:" : "after:") + describe(e));
+  bool should_run(const ir::StageEvent& e) override { return e.stage != skip_; }
+  void before_stage(const ir::StageEvent& e) override { events.push_back("before:" + describe(e)); }
+  void after_stage(const ir::StageEvent& e) override {
+    events.push_back(std::string(e.failed ? "failed:" : "after:") + describe(e) + (e.cached ? ":cached" : ""));
   }
   std::vector<std::string> events;
 
  private:
-  static std::string describe(const StageEvent& e) {
+  static std::string describe(const ir::StageEvent& e) {
     std::string s(e.stage);
-    for (const StageGraph& g : e.graphs) s += ":" + std::string(g.name);
+    for (const ir::StageGraph& g : e.graphs) s += ":" + std::string(g.name);
     return s;
   }
   std::string skip_;
@@ -90,7 +95,8 @@ TEST_CASE("backend registry: names, lookup, ranks", "[pipeline][builder]") {
   CHECK(Builder().backend("fast", r).backend_name() == "fast");
 }
 
-TEST_CASE("builder: a train step's stages are trace, each pass, backend, in order", "[pipeline][builder]") {
+TEST_CASE("builder: a train step's stages are AOTAutograd's inference path, each pass, backend, in order",
+          "[pipeline][builder]") {
   torch::manual_seed(0);
   SmallMlp s;
   torch::optim::SGD opt(s.model.module->parameters(), torch::optim::SGDOptions(0.1));
@@ -99,10 +105,22 @@ TEST_CASE("builder: a train step's stages are trace, each pass, backend, in orde
   b.instrument(recorder);
   TrainStep step = b.compile_train_step(s.model.module, opt, s.loss());
   step.compile(s.batch);
-  CHECK(recorder->events == std::vector<std::string>{"before:trace", "after:trace:train_step",
-                                                      "before:dce:train_step", "after:dce:train_step",
-                                                      "before:cse:train_step", "after:cse:train_step",
-                                                      "before:backend:train_step", "after:backend:train_step"});
+  CHECK(recorder->events == std::vector<std::string>{"before:compile",
+                                                      "before:collect_metadata",
+                                                      "after:collect_metadata",
+                                                      "before:trace_inference",
+                                                      "after:trace_inference:train_step",
+                                                      "before:inference_compiler:train_step",
+                                                      "before:name_state:train_step",
+                                                      "after:name_state:train_step",
+                                                      "before:dce:train_step",
+                                                      "after:dce:train_step",
+                                                      "before:cse:train_step",
+                                                      "after:cse:train_step",
+                                                      "before:backend:train_step",
+                                                      "after:backend:train_step",
+                                                      "after:inference_compiler:train_step",
+                                                      "after:compile"});
   recorder->events.clear();
   step(s.batch);  // compiled already: no stage runs
   CHECK(recorder->events.empty());
@@ -128,9 +146,11 @@ TEST_CASE("builder: should_run skips a pass; a failing stage still gets its afte
     b.instrument(recorder).add_pass({"explode", [](ir::Graph&) { throw std::runtime_error("boom"); }});
     CHECK_THROWS_WITH(b.compile_train_step(s.model.module, opt, s.loss()).compile(s.batch),
                       CRUCIBLE_HAS_SUBSTR("explode"));
-    REQUIRE(recorder->events.size() >= 2);
-    CHECK(recorder->events[recorder->events.size() - 2] == "before:explode:train_step");
-    CHECK(recorder->events.back() == "failed:explode");
+    // The failing pass, then each stage around it, all failed.
+    const auto explode = std::find(recorder->events.begin(), recorder->events.end(), "before:explode:train_step");
+    REQUIRE(explode != recorder->events.end());
+    CHECK(std::vector<std::string>(explode + 1, recorder->events.end()) ==
+          std::vector<std::string>{"failed:explode", "failed:inference_compiler", "failed:compile"});
   }
 }
 
@@ -168,12 +188,29 @@ TEST_CASE("builder: compile() runs the AOT path through the builder's partitione
   for (size_t i = 1; i < in.size(); ++i) REQUIRE_CLOSE(in[i].grad(), eager_in[i].grad(), crucible::testing::kGradRtol, crucible::testing::kGradAtol);
   CHECK(compiles == 2);
   CHECK(pass_runs == 2);
-  CHECK(recorder->events == std::vector<std::string>{
-                                "before:partition:joint", "after:partition:forward:backward",
-                                "before:count:forward", "after:count:forward",
-                                "before:backend:forward", "after:backend:forward",
-                                "before:count:backward", "after:count:backward",
-                                "before:backend:backward", "after:backend:backward"});
+  // The first call compiles the forward; the first backward, lazily, the backward.
+  CHECK(recorder->events == std::vector<std::string>{"before:compile",
+                                                      "before:collect_metadata",
+                                                      "after:collect_metadata",
+                                                      "before:trace_joint",
+                                                      "after:trace_joint:joint",
+                                                      "before:partition:joint",
+                                                      "after:partition:forward:backward",
+                                                      "before:fw_compiler:forward",
+                                                      "before:count:forward",
+                                                      "after:count:forward",
+                                                      "before:backend:forward",
+                                                      "after:backend:forward",
+                                                      "after:fw_compiler:forward",
+                                                      "after:compile",
+                                                      "before:compile",
+                                                      "before:bw_compiler:backward",
+                                                      "before:count:backward",
+                                                      "after:count:backward",
+                                                      "before:backend:backward",
+                                                      "after:backend:backward",
+                                                      "after:bw_compiler:backward",
+                                                      "after:compile"});
 }
 
 TEST_CASE("builder: compile() shares compiled graphs between callables only when its compilers have a key",
@@ -201,8 +238,17 @@ TEST_CASE("builder: compile() shares compiled graphs between callables only when
       REQUIRE_EQUAL_TENSORS(out.detach(), ref.detach());
       for (size_t i = 1; i < in.size(); ++i) REQUIRE_CLOSE(in[i].grad(), eager_in[i].grad(), crucible::testing::kGradRtol, crucible::testing::kGradAtol);
     }
-    return std::count_if(recorder->events.begin(), recorder->events.end(),
-                         [](const std::string& e) { return e.rfind("before:backend:", 0) == 0; });
+    const auto backend_runs = std::count_if(recorder->events.begin(), recorder->events.end(),
+                                            [](const std::string& e) { return e.rfind("before:backend:", 0) == 0; });
+    // Every compiler stage reports, served from the cache or not.
+    const auto compiler_stages = std::count_if(recorder->events.begin(), recorder->events.end(), [](const std::string& e) {
+      return e.rfind("after:fw_compiler:", 0) == 0 || e.rfind("after:bw_compiler:", 0) == 0;
+    });
+    const auto cached = std::count_if(recorder->events.begin(), recorder->events.end(),
+                                      [](const std::string& e) { return e.ends_with(":cached"); });
+    CHECK(compiler_stages == 2 * callables);
+    CHECK(cached == 2 * callables - backend_runs);
+    return backend_runs;
   };
   autograd::default_aot_cache()->clear();
   const Builder builtin;
@@ -222,10 +268,15 @@ TEST_CASE("builder: compile() shares compiled graphs between callables only when
 
 TEST_CASE("builder: after_stage runs in reverse order, so the first instrument wraps the others",
           "[pipeline][builder]") {
-  struct Named : StageInstrument {
+  // Logs the outermost stage and the innermost one.
+  struct Named : ir::Instrument {
     Named(std::string name, std::vector<std::string>& log) : name(std::move(name)), log(log) {}
-    void before_stage(const StageEvent& e) override { log.push_back(name + ">" + std::string(e.stage)); }
-    void after_stage(const StageEvent& e) override { log.push_back(name + "<" + std::string(e.stage)); }
+    void before_stage(const ir::StageEvent& e) override {
+      if (e.stage == "compile" || e.stage == "backend") log.push_back(name + ">" + std::string(e.stage));
+    }
+    void after_stage(const ir::StageEvent& e) override {
+      if (e.stage == "compile" || e.stage == "backend") log.push_back(name + "<" + std::string(e.stage));
+    }
     std::string name;
     std::vector<std::string>& log;
   };
@@ -236,8 +287,8 @@ TEST_CASE("builder: after_stage runs in reverse order, so the first instrument w
   Builder b;
   b.passes({}).instrument(std::make_shared<Named>("a", log)).instrument(std::make_shared<Named>("b", log));
   b.compile_train_step(s.model.module, opt, s.loss()).compile(s.batch);
-  CHECK(log == std::vector<std::string>{"a>trace", "b>trace", "b<trace", "a<trace", "a>backend", "b>backend",
-                                        "b<backend", "a<backend"});
+  CHECK(log == std::vector<std::string>{"a>compile", "b>compile", "a>backend", "b>backend", "b<backend", "a<backend",
+                                        "b<compile", "a<compile"});
 }
 
 TEST_CASE("builder: compile() over a module gives eager's loss and fills the module's gradients",
@@ -262,10 +313,14 @@ TEST_CASE("builder: compile() over a module gives eager's loss and fills the mod
     REQUIRE(p.value().grad().defined());
     REQUIRE_CLOSE(p.value().grad(), eager_params[p.key()].grad(), crucible::testing::kGradRtol, crucible::testing::kGradAtol);
   }
+  auto has = [&](const std::string& event) {
+    return std::find(recorder->events.begin(), recorder->events.end(), event) != recorder->events.end();
+  };
+  CHECK(has("before:partition:joint"));
+  CHECK(has("after:partition:forward:backward"));
   REQUIRE(recorder->events.size() >= 2);
-  CHECK(recorder->events[0] == "before:partition:joint");
-  CHECK(recorder->events[1] == "after:partition:forward:backward");
-  CHECK(recorder->events.back() == "after:backend:backward");
+  CHECK(recorder->events[recorder->events.size() - 2] == "after:bw_compiler:backward");
+  CHECK(recorder->events.back() == "after:compile");
 }
 
 TEST_CASE("builder: runtime wrappers run around the backend", "[pipeline][builder]") {
@@ -294,35 +349,103 @@ TEST_CASE("instruments: stage timer, graph dumps and verification", "[pipeline][
   SmallMlp s;
   torch::optim::SGD opt(s.model.module->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   runtime::PhaseTimer timer;
-  auto stage_timer = std::make_shared<StageTimer>(timer);
+  auto stage_timer = std::make_shared<runtime::StageTimer>(timer);
   const std::string dir = std::filesystem::temp_directory_path() / ("crucible_dump_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   auto dumper = std::make_shared<GraphDumper>(GraphDumpOptions{
       .dir = dir, .svg = false, .code = [](const ir::Graph& g) {
         return std::vector<GeneratedFile>{{"kernel.txt", std::to_string(g.num_nodes()) + " nodes"}};
       }});
+  // Only these instruments: the process-wide defaults stay untouched.
   Builder b;
-  b.instrument(stage_timer).instrument(dumper).instrument(std::make_shared<GraphVerifier>());
+  b.instruments({stage_timer, dumper, std::make_shared<GraphVerifier>()});
   b.compile_train_step(s.model.module, opt, s.loss()).compile(s.batch);
 
-  // One phase per stage, each run once.
+  // One phase per stage, each run once, nested as the stages ran.
   const std::vector<runtime::PhaseStats> phases = timer.phases();
-  REQUIRE(phases.size() == 4);
-  const char* stages[] = {"trace", "dce", "cse", "backend"};
-  for (size_t i = 0; i < 4; ++i) {
-    CHECK(phases[i].name == stages[i]);
+  const std::vector<std::pair<std::string, std::string>> expected = {
+      {"compile", ""},
+      {"collect_metadata", "compile"},
+      {"trace_inference", "compile"},
+      {"inference_compiler", "compile"},
+      {"name_state", "inference_compiler"},
+      {"dce", "inference_compiler"},
+      {"cse", "inference_compiler"},
+      {"backend", "inference_compiler"}};
+  REQUIRE(phases.size() == expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    CHECK(phases[i].name == expected[i].first);
+    CHECK(phases[i].parent == expected[i].second);
     CHECK(phases[i].calls() == 1);
   }
-  CHECK(timer.total_ms("trace") > 0);
-  // The traced graph, then each pass that changed it.
-  REQUIRE(std::filesystem::exists(dir + "/train_step.00.trace.txt"));
-  REQUIRE(std::filesystem::exists(dir + "/train_step.00.trace.dot"));
+  CHECK(timer.total_ms("trace_inference") > 0);
+  CHECK(timer.total_ms("compile") >= timer.total_ms("inference_compiler"));
+  // The traced graph, then each pass that changed it: the named state first.
+  REQUIRE(std::filesystem::exists(dir + "/train_step.00.trace_inference.txt"));
+  REQUIRE(std::filesystem::exists(dir + "/train_step.00.trace_inference.dot"));
+  REQUIRE(std::filesystem::exists(dir + "/train_step.01.name_state.txt"));
   // The backend stage writes the generated code, after the graphs of the passes.
   const std::string code = dumper->files().back();
   CHECK(code.ends_with(".code.kernel.txt"));
   CHECK(code.find("/train_step.") != std::string::npos);
   for (const std::string& f : dumper->files()) CHECK(std::filesystem::exists(f));
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("instruments: a dump of a compilation the graph cache serves still holds its graphs", "[pipeline][builder]") {
+  const std::string dir = std::filesystem::temp_directory_path() / ("crucible_dump_cached_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  autograd::default_aot_cache()->clear();
+  at::manual_seed(5);
+  const std::vector<at::Tensor> data = {at::randn({4, 6}), at::randn({5, 6}), at::randn({5}), at::randn({3, 5})};
+  auto run = [&](const Builder& b) {
+    std::vector<at::Tensor> in;
+    for (size_t i = 0; i < data.size(); ++i) in.push_back(data[i].clone().requires_grad_(i > 0));
+    const at::Tensor out = b.compile(mlp_fn)(in)[0];
+    REQUIRE_EQUAL_TENSORS(out.detach(), mlp_fn(data)[0]);
+    out.sum().backward();
+  };
+  run(Builder());  // fills the graph cache
+  auto dumper = std::make_shared<GraphDumper>(GraphDumpOptions{.dir = dir, .svg = false});
+  Builder b;
+  b.instrument(dumper);
+  run(b);  // another callable: its forward and backward come from the cache
+  for (const char* file : {"/forward.01.fw_compiler.cached.txt", "/backward.01.bw_compiler.cached.txt"}) {
+    INFO(file);
+    REQUIRE(std::filesystem::exists(dir + file));
+  }
+  std::ifstream cached(dir + "/forward.01.fw_compiler.cached.txt");
+  std::stringstream text;
+  text << cached.rdbuf();
+  CHECK(ir::parse(text.str()).num_nodes() > 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("instruments: counters count compilations, compiled graphs, cache outcomes and recompiles",
+          "[pipeline][builder]") {
+  runtime::Counters counters;
+  Builder b;
+  b.instruments({std::make_shared<runtime::CounterRecorder>(counters)}).compiler_key("");
+  auto compiled = b.compile(mlp_fn);
+  at::manual_seed(6);
+  for (int64_t batch : {4, 4, 7}) {
+    std::vector<at::Tensor> in = {at::randn({batch, 6}), at::randn({5, 6}).requires_grad_(),
+                                  at::randn({5}).requires_grad_(), at::randn({3, 5}).requires_grad_()};
+    const at::Tensor out = compiled(in)[0];
+    REQUIRE_EQUAL_TENSORS(out.detach(), mlp_fn(in)[0].detach());
+    out.sum().backward();
+  }
+  // Batch 4, then 7 (a recompile): each compiles a forward, then a backward lazily.
+  CHECK(counters.get("stats", "compilations") == 4);
+  CHECK(counters.get("graphs", "forward") == 2);
+  CHECK(counters.get("graphs", "backward") == 2);
+  const auto snapshot = counters.snapshot();
+  REQUIRE(snapshot.contains("recompiles"));
+  REQUIRE(snapshot.at("recompiles").size() == 1);
+  INFO(counters.report());
+  CHECK(snapshot.at("recompiles").begin()->first.find("size") != std::string::npos);
+  CHECK(snapshot.at("recompiles").begin()->second == 1);
+  CHECK_FALSE(snapshot.contains("graph_cache"));  // no key: no cache
 }
 
 TEST_CASE("builder: a training step traced in fake mode (meta tensors) trains as eager", "[pipeline][builder]") {

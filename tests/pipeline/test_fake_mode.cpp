@@ -21,11 +21,11 @@ namespace ir = crucible::ir;
 namespace {
 
 // Every graph a builder's stages see, as text, in the order they came.
-struct Recorder : StageInstrument {
+struct Recorder : ir::Instrument {
   std::vector<std::string> graphs;
-  void after_stage(const StageEvent& event) override {
+  void after_stage(const ir::StageEvent& event) override {
     if (event.failed) return;
-    for (const StageGraph& g : event.graphs) graphs.push_back(std::string(g.name) + "\n" + ir::to_text(*g.graph));
+    for (const ir::StageGraph& g : event.graphs) graphs.push_back(std::string(g.name) + "\n" + ir::to_text(*g.graph));
   }
 };
 

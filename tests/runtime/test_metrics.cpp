@@ -39,8 +39,3 @@ TEST_CASE("MetricsLog keeps the newest records up to its capacity", "[runtime][m
   log.record(record_with_id("6"));
   REQUIRE(log.size() == 0);
 }
-
-TEST_CASE("default_metrics_log has the seed's default capacity", "[runtime][metrics]") {
-  REQUIRE(crucible::runtime::default_metrics_log().capacity() == crucible::runtime::kDefaultMetricsCapacity);
-  REQUIRE(&crucible::runtime::default_metrics_log() == &crucible::runtime::default_metrics_log());
-}

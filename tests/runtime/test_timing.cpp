@@ -20,16 +20,16 @@ TEST_CASE("PhaseTimer records nested phases under their parent", "[runtime][timi
   }
   const auto phases = timer.phases();
   REQUIRE(phases.size() == 4);
-  // Order of first record: innermost scopes close first.
-  REQUIRE(phases[0].name == "backend");
-  REQUIRE(phases[0].parent == "partition");
+  // Order of first opening: an outer phase before the ones it holds.
+  REQUIRE(phases[0].name == "compile");
+  REQUIRE(phases[0].parent.empty());
   REQUIRE(phases[1].name == "partition");
   REQUIRE(phases[1].parent == "compile");
   REQUIRE(phases[1].calls() == 2);
-  REQUIRE(phases[2].name == "trace");
-  REQUIRE(phases[2].calls() == 1);
-  REQUIRE(phases[3].name == "compile");
-  REQUIRE(phases[3].parent.empty());
+  REQUIRE(phases[2].name == "backend");
+  REQUIRE(phases[2].parent == "partition");
+  REQUIRE(phases[3].name == "trace");
+  REQUIRE(phases[3].calls() == 1);
   // Nested time is part of the enclosing phase's time.
   REQUIRE(timer.total_ms("compile") >= timer.total_ms("partition") + timer.total_ms("trace"));
   REQUIRE(timer.total_ms("partition") >= timer.total_ms("backend"));

@@ -37,12 +37,13 @@ TEST_CASE("crucible compile writes each stage's graph as text and DOT", "[tools]
   const auto r = run_cli("compile --model mlp --optimizer sgd --dump-dir " + dir);
   INFO(r.out << r.err);
   REQUIRE(r.exit_code == 0);
-  // The traced step, then the passes that changed it.
-  const std::string traced = dir + "/train_step.00.trace.txt";
+  // The traced step, then the passes that changed it: the first names its state.
+  REQUIRE(std::filesystem::exists(dir + "/train_step.00.trace_inference.txt"));
+  const std::string traced = dir + "/train_step.01.name_state.txt";
   REQUIRE(std::filesystem::exists(traced));
-  REQUIRE(std::filesystem::exists(dir + "/train_step.00.trace.dot"));
-  CHECK_THAT(read(dir + "/train_step.00.trace.dot"), CRUCIBLE_HAS_SUBSTR("digraph"));
-  if (graphviz_installed()) CHECK(std::filesystem::exists(dir + "/train_step.00.trace.svg"));
+  REQUIRE(std::filesystem::exists(dir + "/train_step.01.name_state.dot"));
+  CHECK_THAT(read(dir + "/train_step.01.name_state.dot"), CRUCIBLE_HAS_SUBSTR("digraph"));
+  if (graphviz_installed()) CHECK(std::filesystem::exists(dir + "/train_step.01.name_state.svg"));
   // The text form parses back: the training step with its loss and its state.
   const crucible::ir::Graph g = crucible::ir::parse(read(traced));
   const auto& sig = g.signature();
@@ -53,7 +54,7 @@ TEST_CASE("crucible compile writes each stage's graph as text and DOT", "[tools]
   CHECK_THAT(r.out, CRUCIBLE_HAS_SUBSTR("generates no code"));
   CHECK_THAT(r.out, CRUCIBLE_HAS_SUBSTR(traced));
   // The AOT path: the joint graph as traced, then its two parts.
-  const std::string joint = dir + "/joint.00.input.txt";
+  const std::string joint = dir + "/joint.00.trace_joint.txt";
   REQUIRE(std::filesystem::exists(joint));
   REQUIRE(std::filesystem::exists(dir + "/forward.00.partition.txt"));
   REQUIRE(std::filesystem::exists(dir + "/backward.00.partition.txt"));
@@ -63,6 +64,9 @@ TEST_CASE("crucible compile writes each stage's graph as text and DOT", "[tools]
   // are the loss and the values saved for the backward.
   CHECK(backward.signature().outputs_of(crucible::ir::OutputKind::Gradient).size() == 6);
   CHECK(forward.signature().outputs_of(crucible::ir::OutputKind::SavedValue).size() > 0);
+  // The counters of both compilations.
+  CHECK_THAT(r.out, CRUCIBLE_HAS_SUBSTR("graphs.backward: 1, graphs.forward: 1, graphs.inference: 1"));
+  CHECK_THAT(r.out, CRUCIBLE_HAS_SUBSTR("stats.compilations: 3"));
   std::filesystem::remove_all(dir);
 }
 

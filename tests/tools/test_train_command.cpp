@@ -40,12 +40,17 @@ TEST_CASE("crucible train --check-eager --json: every field, and the compiled ru
   CHECK(j["deterministic"] == false);
   CHECK(j["steps"] == 40);
   CHECK(j["samples_per_s"].get<double>() > 0);
-  // Per-stage compile times: the trace, each default pass, the backend.
-  for (const char* stage : {"trace", "dce", "cse", "backend"}) {
+  // Per-stage compile times: the metadata analysis, the trace, each pass, the backend, and the total.
+  for (const char* stage : {"collect_metadata", "trace_inference", "name_state", "dce", "cse", "backend", "total"}) {
     INFO(stage);
     REQUIRE(j["compile_s"].contains(stage));
     CHECK(j["compile_s"][stage].get<double>() >= 0);
   }
+  CHECK_FALSE(j["compile_s"].contains("compile"));  // it holds the others: the total
+  // One compilation, of one graph; the batches keep their sizes, so no recompile.
+  CHECK(j["counters"]["stats"]["compilations"] == 1);
+  CHECK(j["counters"]["graphs"]["inference"] == 1);
+  CHECK_FALSE(j["counters"].contains("recompiles"));
   // The same kernels on the same batches from the same weights (see
   // tests/pipeline/test_train_step.cpp): the two copies end bitwise equal.
   CHECK(j["max_param_diff"].get<double>() == 0.0);
@@ -131,5 +136,16 @@ TEST_CASE("crucible train refuses contradictory options", "[tools][train][errors
     const auto r = run_cli("train --model mlp --backend tpu");
     CHECK(r.exit_code != 0);
     CHECK_THAT(r.err, CRUCIBLE_HAS_SUBSTR("tpu"));
+  }
+  SECTION("counts and rates out of range, said in words") {
+    for (const char* args : {"--epochs -1", "--batch 0", "--steps 0"}) {
+      const auto r = run_cli(std::string("train --model mlp ") + args);
+      CHECK(r.exit_code != 0);
+      CHECK_THAT(r.err, CRUCIBLE_HAS_SUBSTR("must be at least 1"));
+      CHECK(r.err.find("1797693") == std::string::npos);
+    }
+    const auto r = run_cli("train --model mlp --lr -0.5");
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.err, CRUCIBLE_HAS_SUBSTR("--lr: must be greater than 0 (got -0.5)"));
   }
 }

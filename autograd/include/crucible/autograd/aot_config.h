@@ -4,9 +4,11 @@
 
 #include <crucible/autograd/aot_cache.h>
 #include <crucible/ir/backend.h>
+#include <crucible/ir/instrument.h>
 #include <crucible/ir/interpreter.h>
 #include <crucible/partitioner/default_partition.h>
 #include <crucible/runtime/compiler_wrapper.h>
+#include <crucible/runtime/instruments.h>
 #include <crucible/tracer/decomposition.h>
 #include <crucible/tracer/make_fx.h>
 
@@ -94,6 +96,14 @@ struct AotConfig {
   /// the request after the metadata analysis, and wraps the compiled callable
   /// (CUDA graphs, output layouts, instrumentation).
   runtime::WrapperList<AotRequest> wrappers;
+  /// Told of every stage of the compilations (ir/instrument.h, Note
+  /// [Compilation stages]): the process-wide timer, metrics log and counters
+  /// by default (runtime::default_instruments()); a list of the caller's
+  /// replaces them, and then no global is touched.
+  ir::Instruments instruments = runtime::default_instruments();
+  /// The name the inference graph is reported under ("train_step" for a
+  /// compiled training step).
+  std::string inference_graph_name = "inference";
   /// Replaces the function before a compilation analyses it, given the
   /// compilation's arguments and its TraceFn (the hook of the seed's
   /// pre-grad passes, which compile_fx runs on Dynamo's graph before

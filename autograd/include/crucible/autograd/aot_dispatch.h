@@ -105,15 +105,14 @@ struct AotCompiled {
 /// Returns a callable over arguments like request.flat_args followed by the
 /// lifted tensors (same sizes, strides, dtypes, devices, requires_grad and
 /// aliasing; nothing checks that: callers guard, see Note [AOT cache
-/// guards]). Records the phases
-/// (aot_autograd > collect_metadata, trace_joint, partition, fw_compiler;
-/// bw_compiler; aot_inference > collect_metadata, trace_inference,
-/// inference_compiler) in runtime::default_phase_timer() and one
-/// CompilationMetrics per compiled graph, or per failure, in
-/// runtime::default_metrics_log(). With config.compiler_key set, each
-/// backend is called through config.cache, and a graph compiled before under
-/// the same key is reused without calling it (Note [AOT graph cache]; the
-/// metrics' graph_cache says which). Throws AotError for what cannot be
+/// guards]). Emits its stages to config.instruments (a "compile" holding
+/// collect_metadata, trace_joint, partition, fw_compiler, or
+/// collect_metadata, trace_inference, inference_compiler; the backward's
+/// bw_compiler in a "compile" of its own at the first backward: Note
+/// [Compilation stages] in ir/instrument.h). With config.compiler_key set,
+/// each backend is called through config.cache, and a graph compiled before
+/// under the same key is reused without calling it (Note [AOT graph cache];
+/// the compiler stage's event says `cached` and the cache's outcome). Throws AotError for what cannot be
 /// compiled (the message names the input or output and what to do), and
 /// the tracer's TraceError; the caller's tensors are never changed by a
 /// compilation.

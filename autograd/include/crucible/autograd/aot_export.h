@@ -4,6 +4,8 @@
 // aot_export_joint_simple).
 #pragma once
 
+#include <crucible/ir/instrument.h>
+#include <crucible/runtime/instruments.h>
 #include <crucible/tracer/decomposition.h>
 #include <crucible/tracer/functional_call.h>
 
@@ -31,6 +33,10 @@ struct AotExportOptions {
   std::optional<size_t> output_loss_index;
   /// Applied while tracing, as make_fx's decomposition_table.
   tracer::DecompositionTable decompositions;
+  /// Told of the export: a "compile" holding an "export" stage whose after
+  /// event carries the graph (Note [Compilation stages]); the process-wide
+  /// instruments by default.
+  ir::Instruments instruments = runtime::default_instruments();
 };
 
 /// The functional graph of fn(module, args). Placeholders: the parameters

@@ -1,11 +1,12 @@
 // The pass manager: runs a list of named graph passes, verifying the graph
 // between them, with instruments around each pass for timing and dumps
-// (TVM's PassContext instruments, MLIR's verify-each and print-after-change).
+// (TVM's PassContext instruments, MLIR's verify-each and print-after-change;
+// instrument.h).
 #pragma once
 
 #include <crucible/ir/graph.h>
+#include <crucible/ir/instrument.h>
 
-#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -22,43 +23,14 @@ struct Pass {
   std::function<void(Graph&)> run;
 };
 
-/// Hooks around every pass (TVM's PassInstrument): should_run can skip a
-/// pass (it is skipped if any instrument says no), before_pass and
-/// after_pass see the graph around it; `changed` says whether the pass
-/// changed the graph (a structural fingerprint of it differs).
-class PassInstrument {
- public:
-  virtual ~PassInstrument() = default;
-  virtual bool should_run(std::string_view /*pass*/, const Graph& /*graph*/) { return true; }
-  virtual void before_pass(std::string_view /*pass*/, const Graph& /*graph*/) {}
-  virtual void after_pass(std::string_view /*pass*/, const Graph& /*graph*/, bool /*changed*/) {}
-};
-
-/// Wall time of each pass run, in milliseconds (the pass alone, plus the
-/// linear-time change check; not the verification).
-class TimingInstrument : public PassInstrument {
- public:
-  struct Entry {
-    std::string pass;
-    double ms;
-    bool changed;
-  };
-  void before_pass(std::string_view pass, const Graph& graph) override;
-  void after_pass(std::string_view pass, const Graph& graph, bool changed) override;
-  /// One entry per pass run, in order.
-  const std::vector<Entry>& entries() const { return entries_; }
-  /// A table: one line per pass run ("dce  0.012 ms  changed") and a total line.
-  std::string report() const;
-
- private:
-  std::vector<Entry> entries_;
-  std::chrono::steady_clock::time_point start_;
-};
-
 struct PassManagerOptions {
   /// Verify (verifier.h) the graph before the first pass and after each one.
   bool verify = true;
-  std::vector<std::shared_ptr<PassInstrument>> instruments;
+  /// Around each pass: a stage named after the pass, the graph under
+  /// `graph_name` before and after (Note [Compilation stages]); `changed`
+  /// says whether the pass changed it (a structural fingerprint differs).
+  Instruments instruments;
+  std::string graph_name = "graph";
 };
 
 /// Runs passes in order over a graph.

@@ -15,10 +15,10 @@
 #include <crucible/autograd/aot_function.h>
 #include <crucible/autograd/aot_module.h>
 #include <crucible/autograd/aot_request.h>
+#include <crucible/ir/instrument.h>
 #include <crucible/ir/pass_manager.h>
 #include <crucible/partitioner/partition.h>
 #include <crucible/pipeline/backend_registry.h>
-#include <crucible/pipeline/instrument.h>
 #include <crucible/pipeline/train_step.h>
 #include <crucible/runtime/compiler_wrapper.h>
 #include <crucible/tracer/make_fx.h>
@@ -35,7 +35,7 @@ namespace crucible::pipeline {
 
 /// A value type: setters return *this for chaining; copies are independent
 /// (instruments and wrappers are shared pointers, shared by the copies).
-/// See Note [Compilation stages] in instrument.h for what runs when.
+/// See Note [Compilation stages] in ir/instrument.h for what runs when.
 // Note [Builder compiler key]
 // compile() goes through AOTAutograd, whose graph cache lets callables that
 // trace to the same graph share one backend call when their compilers carry
@@ -47,8 +47,9 @@ namespace crucible::pipeline {
 // backend function, a wrapper) the builder cannot vouch for it and the key is
 // empty: no sharing, unless the caller names the compilers with
 // compiler_key(std::string). Instruments are not part of the key: they see,
-// they do not change, and a cache hit skips the pass and backend stages'
-// events (the trace and partition stages still run).
+// they do not change; on a cache hit the compiler stage's after_stage says
+// `cached` and no pass or backend stage runs (the trace and partition
+// stages still do).
 
 // Note [Pass phases]
 // As the seed's compile_fx, the builder runs three pass lists:
@@ -68,8 +69,9 @@ class Builder {
  public:
   /// The defaults: real-mode tracing without decompositions, the passes
   /// "dce" and "cse", the default partition, the best backend of
-  /// BackendRegistry::builtin(), no wrappers, no instruments, and
-  /// verification between passes.
+  /// BackendRegistry::builtin(), no wrappers, runtime::default_instruments()
+  /// (the process-wide timer, metrics log and counters), and verification
+  /// between passes.
   Builder();
   /// The default pass list's names: "dce", "cse".
   static const std::vector<std::string>& default_passes();
@@ -129,9 +131,15 @@ class Builder {
   /// the request after the metadata analysis and wraps the compiled callable.
   /// Throws PipelineError if `wrapper` is null.
   Builder& add_aot_wrapper(std::shared_ptr<autograd::AotWrapper> wrapper);
-  /// Appends an instrument; see instrument.h and instruments.h. Throws
-  /// PipelineError if `instrument` is null.
-  Builder& instrument(std::shared_ptr<StageInstrument> instrument);
+  /// Appends an instrument (ir/instrument.h; the standard ones are in
+  /// runtime/instruments.h and pipeline/instruments.h). It sees every stage
+  /// of the compilations, AOTAutograd's included (Note [Compilation
+  /// stages]). Throws PipelineError if `instrument` is null.
+  Builder& instrument(std::shared_ptr<ir::Instrument> instrument);
+  /// Replaces every instrument, the default ones included: with a list of
+  /// the caller's the compilations touch no process-wide timer, metrics log
+  /// or counters. Throws PipelineError if one is null.
+  Builder& instruments(ir::Instruments instruments);
   /// Names the compilers this builder makes, for the graph cache that
   /// compile() shares between callables (autograd::AotConfig::compiler_key,
   /// Note [AOT graph cache]): builders with one key promise to compile a
@@ -149,8 +157,8 @@ class Builder {
   /// The backend's name: its registry name, or the one given with a user
   /// backend.
   const std::string& backend_name() const { return backend_name_; }
-  /// The instruments, in the order added.
-  const std::vector<std::shared_ptr<StageInstrument>>& instruments() const { return instruments_; }
+  /// The instruments, in the order they are called (the defaults first).
+  const ir::Instruments& instruments() const { return instruments_; }
   /// The key compile() passes to the graph cache: the one set by
   /// compiler_key(std::string), else derived per Note [Builder compiler key].
   std::string compiler_key() const;
@@ -180,9 +188,9 @@ class Builder {
   /// what run_passes and run_backend throw, and the instruments' exceptions.
   ir::Backend graph_compiler(std::string graph_name) const;
   /// The builder's choices as AotConfig: fw/bw/inference compilers =
-  /// graph_compiler("forward" / "backward" / "inference"), the partitioner
-  /// with "partition" stage events, the decompositions, freeze, the modules
-  /// of name_module(), compiler_key().
+  /// graph_compiler("forward" / "backward" / "inference"), the joint passes
+  /// then the partitioner as partition_fn, the decompositions, freeze, the
+  /// modules of name_module(), the instruments, compiler_key().
   autograd::AotConfig aot_config() const;
 
   // --- compiling ---------------------------------------------------------------
@@ -223,7 +231,7 @@ class Builder {
   ir::Backend backend_;
   runtime::WrapperList<runtime::GraphRequest> wrappers_;
   runtime::WrapperList<autograd::AotRequest> aot_wrappers_;
-  std::vector<std::shared_ptr<StageInstrument>> instruments_;
+  ir::Instruments instruments_;
   std::optional<std::string> compiler_key_;  // set by compiler_key(std::string)
   bool user_compilers_ = false;  // a user pass, registry, backend or wrapper is in the chain
 };

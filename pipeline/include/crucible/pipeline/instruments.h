@@ -1,40 +1,17 @@
-// The standard stage instruments: timing into a runtime::PhaseTimer, graph
-// dumps (text, DOT, SVG), and verification after every stage.
+// The builder's instruments (ir/instrument.h): graph dumps (text, DOT, SVG,
+// generated code) and verification after every stage. Timing, metrics and
+// counters are runtime's (runtime/instruments.h).
 #pragma once
 
+#include <crucible/ir/instrument.h>
 #include <crucible/pipeline/backend_registry.h>
-#include <crucible/pipeline/instrument.h>
 
 #include <cstddef>
 #include <map>
 #include <string>
 #include <vector>
 
-namespace crucible::runtime {
-class PhaseTimer;
-}
-
 namespace crucible::pipeline {
-
-/// Times every stage into a PhaseTimer, one phase per stage name ("trace",
-/// "partition", "dce", "backend", ...): a stage run several times (each
-/// pass runs once per graph) adds one measurement each time, so
-/// timer.total_ms(stage) is the stage's compile time. Phases nest
-/// under whatever phase is open on the thread (aot_function's
-/// "fw_compiler", for one), as PhaseTimer scopes do. The timer must outlive
-/// the instrument.
-class StageTimer : public StageInstrument {
- public:
-  explicit StageTimer(runtime::PhaseTimer& timer);
-  ~StageTimer() override;
-  void before_stage(const StageEvent& event) override;
-  void after_stage(const StageEvent& event) override;
-
- private:
-  runtime::PhaseTimer& timer_;
-  struct Open;
-  std::vector<Open> open_;
-};
 
 struct GraphDumpOptions {
   /// Created if missing.
@@ -62,14 +39,16 @@ struct GraphDumpOptions {
 /// in order. A graph first seen as a stage's input (the joint graph, which
 /// aot_function traces) is written as `<graph>.<NN>.input` before that stage.
 /// Passes that leave the graph unchanged write nothing; the backend stage
-/// writes the generated code, when `code` is set.
+/// writes the generated code, when `code` is set. A compiler stage served
+/// from the graph cache (no pass or backend ran) writes its graph as
+/// `<graph>.<NN>.<stage>.cached`, so a dump is never silently empty.
 /// The constructor throws PipelineError when it cannot create `dir`; the
 /// hooks throw PipelineError naming a file they cannot write.
-class GraphDumper : public StageInstrument {
+class GraphDumper : public ir::Instrument {
  public:
   explicit GraphDumper(GraphDumpOptions options);
-  void before_stage(const StageEvent& event) override;
-  void after_stage(const StageEvent& event) override;
+  void before_stage(const ir::StageEvent& event) override;
+  void after_stage(const ir::StageEvent& event) override;
   /// Every file written so far, in order.
   const std::vector<std::string>& files() const { return files_; }
 
@@ -84,9 +63,9 @@ class GraphDumper : public StageInstrument {
 /// Runs ir::verify on every graph a stage produces (the pass manager verifies
 /// between passes already; this adds the trace and partition results).
 /// Throws ir::IrError naming the stage and the graph, with the verifier's message.
-class GraphVerifier : public StageInstrument {
+class GraphVerifier : public ir::Instrument {
  public:
-  void after_stage(const StageEvent& event) override;
+  void after_stage(const ir::StageEvent& event) override;
 };
 
 }  // namespace crucible::pipeline

@@ -28,7 +28,10 @@ struct CompilationMetrics {
   /// was skipped; backend_compile_time_ms is then the lookup's), "miss",
   /// "bypass: <why it could not be cached>"; empty when none was consulted.
   std::string graph_cache;
-  /// Set when the compilation failed: the exception type and its message.
+  /// Set when the compilation failed: the innermost stage that threw
+  /// ("fw_compiler", "dce", ...; Note [Compilation stages] in
+  /// ir/instrument.h; "compile" when no stage inside it did) and the
+  /// exception's message.
   std::optional<std::string> fail_type;
   std::optional<std::string> fail_reason;
 };

@@ -24,9 +24,10 @@ struct PhaseStats {
 };
 
 /// Records wall time per phase name. Phases nest: a scope opened while
-/// another is open on the same thread is reported under it, and the outer
-/// phase's time includes the inner one's (as nested dynamo_timed calls do).
-/// Thread-safe; nesting is tracked per thread.
+/// another scope of the same timer is open on the same thread is reported
+/// under it, and the outer phase's time includes the inner one's (as nested
+/// dynamo_timed calls do). Thread-safe; nesting is tracked per thread and
+/// per timer.
 class PhaseTimer {
  public:
   /// RAII: times from construction to destruction and records it under the
@@ -53,7 +54,9 @@ class PhaseTimer {
   /// Adds one measurement directly (for times measured elsewhere).
   void record(std::string_view phase, double ms, std::string_view parent = {});
 
-  /// Every phase in order of first record.
+  /// Every phase in the order it was first opened (or recorded), so an
+  /// outer phase comes before those it holds; one still open the first
+  /// time has no times yet.
   std::vector<PhaseStats> phases() const;
   /// Total ms of a phase over all its scopes; 0 if it never ran.
   double total_ms(std::string_view phase) const;
@@ -68,6 +71,10 @@ class PhaseTimer {
   void clear();
 
  private:
+  // The phase's entry, made (under `parent`) if it has none.
+  PhaseStats& entry(std::string_view phase, std::string_view parent);
+  PhaseStats& entry_locked(std::string_view phase, std::string_view parent);
+
   mutable std::mutex mu_;
   std::vector<PhaseStats> phases_;
 };
