@@ -2,6 +2,7 @@
 #include <crucible/ir/dce.h>
 #include <crucible/ir/error.h>
 #include <crucible/ir/pass_manager.h>
+#include <crucible/ir/propagate_meta.h>
 #include <crucible/ir/verifier.h>
 
 #include "constant_key.h"
@@ -105,9 +106,11 @@ PassManager::PassManager(std::vector<Pass> passes, PassManagerOptions options)
     : passes_(std::move(passes)), options_(std::move(options)) {}
 
 void PassManager::run(Graph& graph) const {
-  if (options_.verify) {
+  const bool verifying = options_.verify || options_.verify_meta;
+  const VerifyOptions checks{.check_meta = options_.verify_meta};
+  if (verifying) {
     try {
-      verify(graph);
+      verify(graph, checks);
     } catch (const IrError& e) {
       throw IrError(std::string("pass manager: the input graph is invalid, before any pass ran: ") + e.what());
     }
@@ -128,9 +131,9 @@ void PassManager::run(Graph& graph) const {
       const bool changed = fingerprint(graph) != before;
       for (const auto& i : instruments) i->after_pass(pass.name, graph, changed);
     }
-    if (options_.verify) {
+    if (verifying) {
       try {
-        verify(graph);
+        verify(graph, checks);
       } catch (const IrError& e) {
         throw IrError("pass '" + pass.name + "' left an invalid graph: " + e.what());
       }
@@ -144,6 +147,7 @@ PassRegistry PassRegistry::builtin() {
   PassRegistry r;
   r.add({"dce", [](Graph& g) { eliminate_dead_code(g); }});
   r.add({"cse", [](Graph& g) { eliminate_common_subexpressions(g); }});
+  r.add({"propagate_meta", [](Graph& g) { propagate_meta(g); }});
   return r;
 }
 

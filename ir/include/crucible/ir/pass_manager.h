@@ -59,6 +59,11 @@ struct PassManagerOptions {
   /// Verify (verifier.h) the graph before the first pass and after each one.
   bool verify = true;
   std::vector<std::shared_ptr<PassInstrument>> instruments;
+  /// Also check the metadata against the ops (VerifyOptions::check_meta)
+  /// before the first pass and after each one, whatever `verify` says: a
+  /// pass that leaves wrong metadata is named. Off by default: it runs every
+  /// call on meta tensors each time.
+  bool verify_meta = false;
 };
 
 /// Runs passes in order over a graph.
@@ -79,7 +84,8 @@ class PassManager {
 /// Passes by name, so pass lists can be data (a CLI flag, a config file).
 class PassRegistry {
  public:
-  /// A registry holding Crucible's passes: "dce" (dce.h) and "cse" (cse.h).
+  /// A registry holding Crucible's passes: "dce" (dce.h), "cse" (cse.h) and
+  /// "propagate_meta" (propagate_meta.h).
   static PassRegistry builtin();
   /// Adds a pass; throws IrError if its name is taken.
   void add(Pass pass);
