@@ -84,8 +84,9 @@ class PassManager {
 /// Passes by name, so pass lists can be data (a CLI flag, a config file).
 class PassRegistry {
  public:
-  /// A registry holding Crucible's passes: "dce" (dce.h), "cse" (cse.h) and
-  /// "propagate_meta" (propagate_meta.h).
+  /// A registry holding Crucible's passes: "dce" (dce.h), "cse" (cse.h),
+  /// "propagate_meta" (propagate_meta.h), "fuse_addmm" (fuse_addmm.h) and
+  /// "fold_view_chains" (fold_view_chains.h).
   static PassRegistry builtin();
   /// Adds a pass; throws IrError if its name is taken.
   void add(Pass pass);
