@@ -37,8 +37,14 @@ namespace crucible::ir {
 //    are erased again. A check (Rewrite::check) states what the rewrite
 //    needs (dtypes that match, a bias that broadcasts the same way); this
 //    comparison is the net under it.
-// Calls with side effects never match at all (has_side_effects): a rewrite
-// would drop or move them.
+// Calls with side effects do not match (has_side_effects): a rewrite would
+// drop or move them. One exception: a root that writes only results of the
+// match's own inner calls, which nobody else reads (the first rule), as
+// LibTorch's linear adds its bias in place to the product it has just made
+// (`output.add_(bias)`): the write must land on storage an inner call
+// allocated (a result, or a view of one, never a view of a bound input), so
+// that only the match sees it; the root is then a pure function of the
+// match's inputs, and its readers read the replacement instead.
 
 // --- Pattern ---------------------------------------------------------------------
 
@@ -101,6 +107,12 @@ const c10::IValue& Match::constant(std::string_view name) const {
 
 namespace {
 
+// A call whose only effect is writing some of its arguments (no RNG, no
+// collective, a result).
+bool writes_in_place_only(const Node& n) {
+  return n.is_mutating() && !n.is_nondeterministic() && !is_collective(n) && !n.schema().returns().empty();
+}
+
 bool same_argument(const Argument& a, const Argument& b) {
   if (a.is_value() != b.is_value() || a.is_value_list() != b.is_value_list()) return false;
   if (a.is_value()) return a.value() == b.value();
@@ -115,8 +127,10 @@ class Matcher {
  public:
   explicit Matcher(Match& m) : m_(m) {}
 
-  bool call(const Pattern& p, Node* n) {
-    if (!n->is_call() || n->num_results() != 1 || n->op() != p.op() || has_side_effects(*n)) return false;
+  // `root`: see Note [Rewriting safely] for the in-place root.
+  bool call(const Pattern& p, Node* n, bool root = false) {
+    if (!n->is_call() || n->num_results() != 1 || n->op() != p.op()) return false;
+    if (has_side_effects(*n) && !(root && writes_in_place_only(*n))) return false;
     // A tree pattern may meet one call twice (add(mm(a, b), mm(a, b)) over one mm).
     if (std::find(m_.nodes_.begin(), m_.nodes_.end(), n) == m_.nodes_.end()) m_.nodes_.push_back(n);
     if (!p.name().empty() && !bind(p.name(), n->result())) return false;
@@ -193,6 +207,38 @@ bool reads_stay_inside(const Match& m, const std::unordered_set<const Node*>& ma
   return true;
 }
 
+// True when `v` lives on storage an inner call of the match allocated: a
+// result the schema does not mark as an alias, or a view (a marked alias, or
+// an _unsafe_view, which aliases though its schema does not say so) of such
+// a result. A view of anything bound from outside the match is not.
+bool fresh_inside(const Value* v, const Node* root, const std::unordered_set<const Node*>& matched) {
+  const Node* n = v->node();
+  if (n == root || !matched.count(n)) return false;
+  static const c10::OperatorHandle unsafe_view = resolve_operator("aten::_unsafe_view");
+  if (n->op() == unsafe_view) return fresh_inside(n->arg(0).value(), root, matched);
+  const c10::AliasInfo* alias = n->schema().returns()[0].alias_info();
+  if (!alias) return true;
+  const auto& formals = n->schema().arguments();
+  for (size_t i = 0; i < formals.size(); ++i)
+    if (formals[i].alias_info() && detail::sets_overlap(*alias, *formals[i].alias_info()))
+      for (const Value* a : n->arg(i).values())
+        if (!fresh_inside(a, root, matched)) return false;
+  return true;
+}
+
+// See Note [Rewriting safely]: a root that writes may write only storage the
+// match's inner calls allocated.
+bool root_writes_inside(const Match& m, const std::unordered_set<const Node*>& matched) {
+  const Node* root = m.root();
+  if (!root->is_mutating()) return true;
+  const auto& formals = root->schema().arguments();
+  for (size_t i = 0; i < formals.size(); ++i)
+    if (formals[i].alias_info() && formals[i].alias_info()->isWrite())
+      for (const Value* v : root->arg(i).values())
+        if (!fresh_inside(v, root, matched)) return false;
+  return true;
+}
+
 // See Note [Rewriting safely]: no write between the first matched call and the root.
 bool no_write_within(const Match& m, const std::unordered_set<const Node*>& matched) {
   size_t remaining = m.nodes().size() - 1;
@@ -234,9 +280,9 @@ void erase_created(Graph& graph, std::vector<Node*>& created) {
 
 bool try_rewrite(Graph& graph, const Rewrite& r, Node* root) {
   Match m;
-  if (!Matcher(m).call(r.pattern, root)) return false;
+  if (!Matcher(m).call(r.pattern, root, /*root=*/true)) return false;
   const std::unordered_set<const Node*> matched(m.nodes().begin(), m.nodes().end());
-  if (!reads_stay_inside(m, matched) || !no_write_within(m, matched)) return false;
+  if (!reads_stay_inside(m, matched) || !root_writes_inside(m, matched) || !no_write_within(m, matched)) return false;
   if (r.check && !r.check(m)) return false;
 
   Value* old = root->result();

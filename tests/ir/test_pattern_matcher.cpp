@@ -102,6 +102,41 @@ TEST_CASE("a match whose inner calls are read elsewhere, or with a write in betw
     REQUIRE(apply_rewrites(g, {double_neg()}) == 0);  // neg(neg(c)) is c before the add_, not after
     REQUIRE_EQUAL_TENSORS(Interpreter(g)({x})[0], x);
   }
+  SECTION("an in-place root matches only where it writes storage the match allocated") {
+    // add_(neg(x), y) writes the fresh result of neg, which only the match
+    // reads; add_(view(x), y) and add_(_unsafe_view(x), y) would write x.
+    auto in_place = [](const std::string& inner, std::vector<Pattern> inner_args) {
+      return Rewrite{"add_ on " + inner,
+                     P::call("aten::add_.Tensor", {P::call(inner, std::move(inner_args)).named("w"), P::bind("y")}),
+                     P::call("aten::add.Tensor", {P::bind("w"), P::bind("y")}), {}};
+    };
+    Graph g = parse(R"(
+      %x : f32[2, 3] = placeholder()
+      %y : f32[6] = placeholder()
+      %c : f32[2, 3] = aten::clone(%x)
+      %n : f32[2, 3] = aten::neg(%c)
+      %nv : f32[6] = aten::view(%n, [6])
+      %a : f32[6] = aten::add_.Tensor(%nv, %y)
+      %v : f32[6] = aten::view(%c, [6])
+      %b : f32[6] = aten::add_.Tensor(%v, %y)
+      %u : f32[6] = aten::_unsafe_view(%c, [6])
+      %d : f32[6] = aten::add_.Tensor(%u, %y)
+      return (%a, %b, %d, %c)
+    )");
+    const std::vector<at::Tensor> in{at::randn({2, 3}), at::randn({6})};
+    const auto before = Interpreter(g)(in);
+    const std::vector<Rewrite> rewrites = {
+        in_place("aten::view", {P::call("aten::neg", {P::bind("x")}), P::bind("s")}),
+        in_place("aten::view", {P::bind("x"), P::bind("s")}),
+        in_place("aten::_unsafe_view", {P::bind("x"), P::bind("s")})};
+    REQUIRE(apply_rewrites(g, rewrites) == 1);  // %a only: %nv views %n, which the match computed
+    REQUIRE(g.outputs()[0]->node()->target() == "aten::add.Tensor");
+    REQUIRE(g.outputs()[1]->node()->target() == "aten::add_.Tensor");
+    REQUIRE(g.outputs()[2]->node()->target() == "aten::add_.Tensor");
+    require_meta_right(g);
+    const auto after = Interpreter(g)(in);
+    for (size_t i = 0; i < after.size(); ++i) REQUIRE_EQUAL_TENSORS(after[i], before[i]);  // %c saw both writes
+  }
   SECTION("calls with side effects never match") {
     const Rewrite relu_{"relu_(x)", P::call("aten::relu_", {P::bind("x")}), P::call("aten::relu", {P::bind("x")}), {}};
     Graph g = parse(R"(

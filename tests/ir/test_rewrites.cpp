@@ -100,6 +100,34 @@ TEST_CASE("fuse_addmm: a Linear on 3-D input, view -> mm -> _unsafe_view -> add,
   REQUIRE_EQUAL_TENSORS(after[0], at::relu(at::linear(in[0], in[1], in[2])));
 }
 
+TEST_CASE("fuse_addmm: LibTorch's linear outside its fused path adds the bias in place, and fuses the same",
+          "[ir][rewrite][addmm]") {
+  // at::linear on a non-contiguous 3-D input: matmul, then output.add_(bias).
+  Graph g = parse(R"(
+    %x : f32[5, 2, 16] = placeholder()
+    %w : f32[4, 16] = placeholder()
+    %b : f32[4] = placeholder()
+    %xt : f32[2, 5, 16] stride=[16, 32, 1] = aten::transpose.int(%x, 0, 1)
+    %t : f32[16, 4] stride=[1, 16] = aten::t(%w)
+    %c : f32[2, 5, 16] = aten::clone(%xt, memory_format=contiguous_format)
+    %view : f32[10, 16] = aten::_unsafe_view(%c, [10, 16])
+    %mm : f32[10, 4] = aten::mm(%view, %t)
+    %_unsafe_view : f32[2, 5, 4] = aten::_unsafe_view(%mm, [2, 5, 4])
+    %add_ : f32[2, 5, 4] = aten::add_.Tensor(%_unsafe_view, %b)
+    return (%add_)
+  )");
+  const std::vector<at::Tensor> in{at::randn({5, 2, 16}), at::randn({4, 16}), at::randn({4})};
+  const auto before = Interpreter(g)(in);
+  REQUIRE(fuse_addmm(g) == 1);
+  REQUIRE(to_text(g).find("%addmm : f32[10, 4] = aten::addmm(%b, %view, %t, beta=1, alpha=1)\n"
+                          "%_unsafe_view_1 : f32[2, 5, 4] = aten::_unsafe_view(%addmm, [2, 5, 4])\n"
+                          "return (%_unsafe_view_1)\n") != std::string::npos);
+  require_meta_right(g);
+  const auto after = Interpreter(g)(in);
+  REQUIRE_CLOSE(after[0], before[0], kAddmmRtol, kAddmmAtol);
+  REQUIRE_CLOSE(after[0], at::linear(in[0].transpose(0, 1), in[1], in[2]), kAddmmRtol, kAddmmAtol);
+}
+
 TEST_CASE("fuse_addmm applies only where addmm computes what the add did", "[ir][rewrite][addmm]") {
   auto fused = [](const std::string& text) {
     Graph g = parse(text);

@@ -27,6 +27,9 @@ namespace crucible::ir {
 /// and the same through a view of the product, for v in {_unsafe_view, view}:
 ///   add.Tensor(v(mm(a, b), size), bias, alpha) -> v(addmm(bias, a, b, beta=alpha, alpha=1), size)
 ///   add.Tensor(bias, v(mm(a, b), size), alpha) -> v(addmm(bias, a, b, beta=1, alpha=alpha), size)
+/// and add_.Tensor in place of add.Tensor with the product first (what
+/// LibTorch's linear does outside its fused path: `output.add_(bias)` on the
+/// product it has just made; see apply_rewrites for in-place roots).
 /// Each applies only where addmm computes what the add did: bias of the
 /// product's dtype and device, broadcasting to the product [M, N] (at most 2
 /// dimensions, each 1 or the product's) — through a view, at most 1

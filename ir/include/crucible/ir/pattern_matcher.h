@@ -43,8 +43,9 @@ class Pattern {
   /// Pattern: matches a Value that is the only result of a call to `op`
   /// ("aten::mm", "aten::add.Tensor") whose arguments match `args` in schema
   /// order; arguments left out at the end must hold the schema's defaults.
-  /// Calls with side effects (effects.h) never match: a rewrite would drop
-  /// or move them. Replacement: a new call to `op` with those arguments
+  /// Calls with side effects (effects.h) do not match (a rewrite would drop
+  /// or move them), but for a root that only writes in place storage the
+  /// match's inner calls allocated (see apply_rewrites). Replacement: a new call to `op` with those arguments
   /// (left out: the defaults). Throws IrError for an unknown operator, an
   /// operator with other than one result, or more arguments than its schema
   /// takes.
@@ -119,6 +120,9 @@ struct Rewrite {
 ///    inside the replacement);
 ///  * no call between the first matched call and the root writes an input
 ///    (the replacement reads its inputs where the root stood);
+///  * a root that writes an argument in place (add_) writes only storage an
+///    inner call of the match allocated (its result, or a view of it), so
+///    that nothing outside the match sees the write;
 ///  * `check` agrees;
 ///  * the replacement gives the root's metadata (meta_equivalent; every new
 ///    call's metadata is derived by infer_meta, propagate_meta.h), else it
