@@ -1,5 +1,7 @@
 #include <crucible/ir/meta_call.h>
 
+#include "meta_functions.h"
+
 #include <ATen/core/enum_tag.h>
 #include <ATen/core/Generator.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -32,18 +34,25 @@ namespace crucible::ir {
 // afterwards, so deriving metadata never shifts the random stream of the
 // program.
 
-void call_on_meta(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+MetaPath call_on_meta(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
   const size_t nargs = op.schema().arguments().size();
   const size_t base = stack.size() - nargs;
   // The kernel may leave the stack in any state when it throws.
   std::vector<c10::IValue> args(stack.begin() + static_cast<std::ptrdiff_t>(base), stack.end());
   try {
     op.callBoxed(stack);
+    return MetaPath::Kernel;
   } catch (const c10::NotImplementedError&) {
     stack.resize(base);
     for (c10::IValue& a : args) stack.push_back(std::move(a));
-    call_on_cpu_stand_ins(op, stack);
+    return call_without_meta_kernel(op, stack);
   }
+}
+
+MetaPath call_without_meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+  if (detail::call_meta_function(op, stack)) return MetaPath::Function;
+  call_on_cpu_stand_ins(op, stack);
+  return MetaPath::StandIns;
 }
 
 namespace {

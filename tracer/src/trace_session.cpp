@@ -402,9 +402,10 @@ ir::Argument TraceSession::argument(const c10::IValue& iv, const c10::Argument& 
 // In fake mode the inputs are meta tensors and ops run on their Meta kernels,
 // which compute output metadata only. Where LibTorch has no Meta kernel for an
 // op in C++ (the dispatcher throws NotImplementedError; aten::relu, for one),
-// the op runs once on zero-filled CPU stand-ins of its meta inputs instead,
-// which is exact for every op a graph can hold: see Note [CPU stand-ins] in
-// ir/meta_call.cpp.
+// a meta function of the ir library computes it (convolution, batch norm:
+// Note [Meta functions] in ir/meta_functions.cpp), or else the op runs once
+// on zero-filled CPU stand-ins of its meta inputs, which is exact for every
+// op a graph can hold: see Note [CPU stand-ins] in ir/meta_call.cpp.
 void TraceSession::run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack, size_t base) {
   const auto after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake);
   if (options_.mode != TraceMode::Fake) {
@@ -418,7 +419,7 @@ void TraceSession::run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, to
     stack.resize(base);
     for (c10::IValue& a : args) stack.push_back(std::move(a));
     try {
-      ir::call_on_cpu_stand_ins(op, stack);
+      ir::call_without_meta_kernel(op, stack);
     } catch (const c10::Error& e) {
       throw TraceError("fake mode: " + ir::operator_name(op) +
                        " has no Meta kernel and failed on zero-filled CPU stand-ins (" + e.what_without_backtrace() +
