@@ -20,8 +20,8 @@ namespace crucible::ir {
 /// graph in order on meta tensors made from the placeholders' and tensor
 /// constants' metadata (which stay as they are), each call on its Meta
 /// kernel, or, where LibTorch has none, on zero-filled CPU stand-ins (see
-/// Note [CPU stand-ins] in meta_call.cpp and Note [Deriving metadata] for
-/// devices). Sizes, strides, storage offset, dtype and device are replaced;
+/// Note [CPU stand-ins] in meta_call.cpp, and Note [Deriving metadata] in
+/// meta_run.cpp for views, in-place ops and devices). Sizes, strides, storage offset, dtype and device are replaced;
 /// requires_grad is kept (false for a result that had no metadata). A result
 /// the op leaves undefined (a gradient a backward op was told not to
 /// compute) loses its metadata. Returns the number of tensor results whose
