@@ -13,6 +13,7 @@
 //                  interpreter keeps none of its own)
 //   StepCompiled / StepEager  one SGD training step, compiled vs eager
 #include "bench_pipeline.h"
+#include "zoo_setup.h"
 
 #include <crucible/ir/error.h>
 #include <crucible/ir/interpreter.h>
@@ -20,13 +21,11 @@
 #include <crucible/partitioner/default_partition.h>
 #include <crucible/pipeline/builder.h>
 #include <crucible/models/zoo.h>
-#include <crucible/tracer/functional_call.h>
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 #include <torch/nn/module.h>
 #include <torch/optim/sgd.h>
-#include <torch/utils.h>
 
 #include <functional>
 #include <string>
@@ -35,54 +34,7 @@ namespace {
 
 using namespace crucible;
 
-// Small enough for a 2-core machine, large enough that the models do real work.
-int64_t bench_batch(const std::string& model) { return model == "mlp" || model == "convnet" ? 32 : 8; }
-
-struct Setup {
-  explicit Setup(const std::string& name) : model((torch::manual_seed(0), models::make_model(name))) {
-    model.module->train();
-    const data::Batch b = model.example_batch(bench_batch(name), /*seed=*/0);
-    batch = {b.inputs, b.targets};
-    optimizer = std::make_unique<torch::optim::SGD>(model.module->parameters(),
-                                                    torch::optim::SGDOptions(0.01).momentum(0.9));
-  }
-  pipeline::LossFn loss() const { return models::loss_of(model); }
-  tracer::TraceResult trace_forward(bool functionalize) const {
-    tracer::ModuleTraceOptions options;
-    options.trace.functionalize = functionalize;
-    return tracer::functional_call(
-        *model.module,
-        [this](torch::nn::Module&, const std::vector<at::Tensor>& in) {
-          return std::vector<at::Tensor>{model.forward(in[0])};
-        },
-        {batch[0]}, options);
-  }
-  tracer::TraceResult trace_joint() const {
-    tracer::ModuleTraceOptions options;
-    options.trace.functionalize = true;
-    options.gradients_as_outputs = true;
-    return tracer::functional_call(
-        *model.module,
-        [this](torch::nn::Module&, const std::vector<at::Tensor>& in) {
-          at::Tensor loss = model.loss(model.forward(in[0]), in[1]);
-          loss.backward();
-          return std::vector<at::Tensor>{loss.detach()};
-        },
-        batch, options);
-  }
-  // A compiled training step whose graph has been through no pass.
-  pipeline::TrainStep unoptimized_step() const {
-    pipeline::Builder b;
-    b.passes({});
-    pipeline::TrainStep step = b.compile_train_step(model.module, *optimizer, loss());
-    step.compile(batch);
-    return step;
-  }
-
-  models::Model model;
-  std::vector<at::Tensor> batch;
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-};
+using Setup = bench::ZooSetup;
 
 // Runs `trace` once; if it throws (functionalization refuses BatchNorm's
 // in-place buffer updates in train mode, see Note [Functionalization]), the

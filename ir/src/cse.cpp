@@ -1,6 +1,7 @@
 #include <crucible/ir/cse.h>
 #include <crucible/ir/effects.h>
 
+#include "alias_annotations.h"
 #include "constant_key.h"
 
 #include <unordered_map>
@@ -8,6 +9,9 @@
 #include <vector>
 
 namespace crucible::ir {
+
+using detail::is_tensor_list;
+using detail::sets_overlap;
 
 // Note [CSE and mutation]
 // In a functional graph equal calls on equal Values give equal results. A
@@ -50,17 +54,6 @@ class AliasClasses {
  private:
   std::unordered_map<const Value*, const Value*> parent_;
 };
-
-bool is_tensor_list(const c10::TypePtr& t) {
-  auto l = t->cast<c10::ListType>();
-  return l && l->getElementType()->kind() == c10::TypeKind::TensorType;
-}
-
-bool sets_overlap(const c10::AliasInfo& a, const c10::AliasInfo& b) {
-  for (const auto& s : a.beforeSets())
-    if (b.beforeSets().count(s) || b.afterSets().count(s)) return true;
-  return false;
-}
 
 // Unites the results of `n` with the arguments they may alias (see the Note).
 void record_aliases(const Node* n, AliasClasses& classes) {

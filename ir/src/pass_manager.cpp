@@ -1,7 +1,10 @@
 #include <crucible/ir/cse.h>
 #include <crucible/ir/dce.h>
 #include <crucible/ir/error.h>
+#include <crucible/ir/fold_view_chains.h>
+#include <crucible/ir/fuse_addmm.h>
 #include <crucible/ir/pass_manager.h>
+#include <crucible/ir/propagate_meta.h>
 #include <crucible/ir/verifier.h>
 
 #include "constant_key.h"
@@ -74,9 +77,11 @@ PassManager::PassManager(std::vector<Pass> passes, PassManagerOptions options)
     : passes_(std::move(passes)), options_(std::move(options)) {}
 
 void PassManager::run(Graph& graph) const {
-  if (options_.verify) {
+  const bool verifying = options_.verify || options_.verify_meta;
+  const VerifyOptions checks{.check_meta = options_.verify_meta};
+  if (verifying) {
     try {
-      verify(graph);
+      verify(graph, checks);
     } catch (const IrError& e) {
       throw IrError(std::string("pass manager: the input graph is invalid, before any pass ran: ") + e.what());
     }
@@ -97,9 +102,9 @@ void PassManager::run(Graph& graph) const {
       after.changed = fingerprint(graph) != before;
       scope.done(std::move(after));
     }
-    if (options_.verify) {
+    if (verifying) {
       try {
-        verify(graph);
+        verify(graph, checks);
       } catch (const IrError& e) {
         throw IrError("pass '" + pass.name + "' left an invalid graph: " + e.what());
       }
@@ -113,6 +118,9 @@ PassRegistry PassRegistry::builtin() {
   PassRegistry r;
   r.add({"dce", [](Graph& g) { eliminate_dead_code(g); }});
   r.add({"cse", [](Graph& g) { eliminate_common_subexpressions(g); }});
+  r.add({"propagate_meta", [](Graph& g) { propagate_meta(g); }});
+  r.add({"fuse_addmm", [](Graph& g) { fuse_addmm(g); }});
+  r.add({"fold_view_chains", [](Graph& g) { fold_view_chains(g); }});
   return r;
 }
 

@@ -50,6 +50,16 @@ bool TensorMeta::is_contiguous() const {
 
 int64_t TensorMeta::nbytes() const { return numel() * static_cast<int64_t>(c10::elementSize(dtype)); }
 
+bool meta_equivalent(const TensorMeta& a, const TensorMeta& b) {
+  if (a.sizes != b.sizes || a.dtype != b.dtype || a.device != b.device || a.storage_offset != b.storage_offset ||
+      a.strides.size() != b.strides.size())
+    return false;
+  if (a.numel() == 0) return true;
+  for (size_t d = 0; d < a.sizes.size(); ++d)
+    if (a.sizes[d] > 1 && a.strides[d] != b.strides[d]) return false;
+  return true;
+}
+
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
   std::vector<int64_t> strides(sizes.size());
   int64_t s = 1;

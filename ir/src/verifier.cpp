@@ -2,6 +2,7 @@
 #include <crucible/ir/verifier.h>
 
 #include "describe.h"
+#include "meta_run.h"
 
 #include <algorithm>
 #include <unordered_map>
@@ -129,7 +130,33 @@ void check_signature(const Graph& g, size_t num_placeholders, size_t num_outputs
   }
 }
 
+// See VerifyOptions::check_meta.
+void check_meta(const Graph& graph) {
+  detail::run_on_meta(graph, [](const Node& n, const detail::DerivedMetas& derived) {
+    for (size_t i = 0; i < n.num_results(); ++i) {
+      const Value* r = n.result(i);
+      if (!r->is_tensor() || !r->has_meta()) continue;
+      if (!derived[i])
+        fail(&n, "result %" + r->name() + " is recorded as " + to_string(r->meta()) + ", but " + n.target() +
+                     " leaves it undefined on meta tensors of its inputs; drop its metadata (propagate_meta does)");
+      if (meta_equivalent(r->meta(), *derived[i])) continue;
+      TensorMeta expected = *derived[i];
+      expected.requires_grad = r->meta().requires_grad;  // not compared: keep it out of the message
+      fail(&n, "result %" + r->name() + " is recorded as " + to_string(r->meta()) + ", but " + n.target() +
+                   " gives " + to_string(expected) +
+                   " from its inputs (run on meta tensors); the pass that made or changed it set wrong "
+                   "metadata: run propagate_meta after it, or fix it");
+    }
+    return true;
+  });
+}
+
 }  // namespace
+
+void verify(const Graph& graph, const VerifyOptions& options) {
+  verify(graph);
+  if (options.check_meta) check_meta(graph);
+}
 
 void verify(const Graph& graph) {
   std::unordered_set<const Value*> defined;

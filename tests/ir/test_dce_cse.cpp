@@ -5,6 +5,7 @@
 #include <crucible/ir/dce.h>
 #include <crucible/ir/effects.h>
 #include <crucible/ir/interpreter.h>
+#include <crucible/ir/propagate_meta.h>
 #include <crucible/ir/verifier.h>
 
 #include <ATen/ATen.h>
@@ -45,22 +46,6 @@ std::vector<std::string> listing(const Graph& g) {
     lines.push_back(os.str());
   }
   return lines;
-}
-
-// Sets each tensor result's meta from a run of the graph (the passes and the
-// verifier need it; the values themselves are checked against eager below).
-void set_metas(Graph& g, const std::vector<at::Tensor>& inputs) {
-  std::vector<Value*> all;
-  for (Node* n : g.nodes())
-    if (n->is_call())
-      for (const auto& r : n->results())
-        if (r->is_tensor()) all.push_back(r.get());
-  Graph probe = g.clone();
-  std::vector<Value*> outs;
-  for (Value* v : all) outs.push_back(probe.find_value(v->name()));
-  probe.set_output(outs);
-  auto results = Interpreter(probe)(inputs);
-  for (size_t i = 0; i < all.size(); ++i) all[i]->set_meta(TensorMeta::of(results[i]));
 }
 
 std::vector<at::Tensor> clones(const std::vector<at::Tensor>& ts) {
@@ -133,7 +118,7 @@ TEST_CASE("DCE leaves the interpreted result unchanged", "[ir][dce]") {
   g.add_call("aten::relu_", {cl});  // the output %clone sees it
   g.set_output({out, cl});
   const std::vector<at::Tensor> inputs{at::randn({4, 4}), at::randn({4, 4})};
-  set_metas(g, inputs);
+  propagate_meta(g);
   REQUIRE_NOTHROW(verify(g));
 
   at::manual_seed(7);
@@ -170,7 +155,7 @@ TEST_CASE("CSE merges repeated calls, constants by value, lists and multi-result
   Value* b2 = g.add_call("aten::rand_like", {a1})->result();  // RNG: never merged
   g.set_output({a1, a2, a3, a4, r1, r2, c1, c2, c3, ln1->result(0), ln2->result(1), ln2->result(2), ln3->result(0), b1, b2});
   const std::vector<at::Tensor> inputs{at::randn({4, 6}), at::randn({4, 6})};
-  set_metas(g, inputs);
+  propagate_meta(g);
   REQUIRE_NOTHROW(verify(g));
   at::manual_seed(3);
   const auto before = Interpreter(g)(inputs);
@@ -225,7 +210,7 @@ TEST_CASE("CSE never merges across a mutation of an input or of an alias", "[ir]
   g.add_call("aten::mul_.Scalar", {s1, 2.0});
   g.set_output({a, b, n1, n2, e1, e2, s1, s2, cl});
   const std::vector<at::Tensor> inputs{at::randn({6}), at::randn({6})};
-  set_metas(g, clones(inputs));
+  propagate_meta(g);
   REQUIRE_NOTHROW(verify(g));
   const auto before = Interpreter(g)(clones(inputs));
 
@@ -271,7 +256,7 @@ TEST_CASE("CSE assumes graph inputs may alias each other", "[ir][cse]") {
   Value* n2 = g.add_call("aten::neg", {y})->result();
   g.set_output({n1, n2});
   const auto t = at::randn({5});
-  set_metas(g, {t.clone(), t.clone()});
+  propagate_meta(g);
   REQUIRE(eliminate_common_subexpressions(g) == 0);
   const auto shared = t.clone();
   const auto out = Interpreter(g)({shared, shared});
@@ -293,7 +278,7 @@ TEST_CASE("DCE and CSE keep every side effect, in its order", "[ir][dce][cse]") 
   (void)unused;
   g.set_output({g.add_call("aten::add.Tensor", {d1->result(0), d2->result(0)})->result()});
   const std::vector<at::Tensor> in = {at::randn({8})};
-  set_metas(g, clones(in));
+  propagate_meta(g);
   const std::vector<const Node*> before = side_effect_order(g);
   REQUIRE(before == std::vector<const Node*>{d1, d2, w, check});
   REQUIRE(eliminate_dead_code(g) == 1);  // the exp

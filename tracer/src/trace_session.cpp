@@ -1,5 +1,6 @@
 #include "trace_session.h"
 
+#include <crucible/ir/meta_call.h>
 #include <crucible/tracer/error.h>
 
 #include <ATen/ATen.h>
@@ -447,15 +448,12 @@ ir::Argument TraceSession::argument(const c10::IValue& iv, const c10::Argument& 
 
 // Note [Fake mode]
 // In fake mode the inputs are meta tensors and ops run on their Meta kernels,
-// which compute output metadata only. C++ has fewer Meta kernels than Python
-// (which registers many in torch/_meta_registrations.py): aten::relu, for one,
-// has none in LibTorch 2.11. When an op has none (the dispatcher throws
-// NotImplementedError), the tracer runs it once on zero-filled CPU tensors of
-// the same sizes, strides, offsets and dtypes and turns its outputs back into
-// meta tensors: outputs that are inputs (in-place ops) or views of inputs
-// stay aliases of the meta inputs, others become fresh meta tensors. This
-// costs the op's CPU time and memory for that op, and is exact for every op
-// whose output metadata does not depend on values (the ops a graph can hold).
+// which compute output metadata only. Where LibTorch has no Meta kernel for an
+// op in C++ (the dispatcher throws NotImplementedError; aten::relu, for one),
+// a meta function of the ir library computes it (convolution, batch norm:
+// Note [Meta functions] in ir/meta_functions.cpp), or else the op runs once
+// on zero-filled CPU stand-ins of its meta inputs, which is exact for every
+// op a graph can hold: see Note [CPU stand-ins] in ir/meta_call.cpp.
 void TraceSession::run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack, size_t base) {
   const auto after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake);
   if (options_.mode != TraceMode::Fake) {
@@ -467,66 +465,18 @@ void TraceSession::run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, to
     op.redispatchBoxed(after, &stack);
   } catch (const c10::NotImplementedError&) {
     stack.resize(base);
-    run_on_cpu(op, std::move(args), stack);
-    const std::string name = ir::operator_name(op);
-    if (std::find(stand_ins_.begin(), stand_ins_.end(), name) == stand_ins_.end()) stand_ins_.push_back(name);
-  }
-}
-
-void TraceSession::run_on_cpu(const c10::OperatorHandle& op, std::vector<c10::IValue> args, torch::jit::Stack& stack) {
-  // See Note [Fake mode].
-  std::vector<std::pair<at::Tensor, at::Tensor>> stand_ins;  // meta, cpu
-  auto to_cpu = [&](const at::Tensor& t) -> at::Tensor {
-    if (!t.defined() || !t.is_meta()) return t;
-    const int64_t storage_numel = static_cast<int64_t>(t.storage().nbytes()) / static_cast<int64_t>(t.element_size());
-    at::Tensor cpu = at::zeros({storage_numel}, t.options().device(at::kCPU).requires_grad(false))
-                         .as_strided(t.sizes(), t.strides(), t.storage_offset());
-    stand_ins.emplace_back(t, cpu);
-    return cpu;
-  };
-  const size_t base = stack.size();
-  for (c10::IValue& a : args) {
-    if (a.isTensor()) {
-      stack.emplace_back(to_cpu(a.toTensor()));
-    } else if (a.isTensorList()) {
-      std::vector<at::Tensor> ts;
-      for (const at::Tensor& t : a.toTensorVector()) ts.push_back(to_cpu(t));
-      stack.emplace_back(ts);
-    } else if (a.isList() && a.toListRef().size() > 0 && a.toListRef()[0].isTensor()) {
-      c10::List<std::optional<at::Tensor>> ts;
-      for (const c10::IValue& e : a.toListRef())
-        ts.push_back(e.isTensor() ? std::optional<at::Tensor>(to_cpu(e.toTensor())) : std::nullopt);
-      stack.emplace_back(ts);
-    } else {
-      stack.push_back(std::move(a));
+    for (c10::IValue& a : args) stack.push_back(std::move(a));
+    ir::MetaPath path;
+    try {
+      path = ir::call_without_meta_kernel(op, stack);
+    } catch (const c10::Error& e) {
+      throw TraceError("fake mode: " + ir::operator_name(op) +
+                       " has no Meta kernel and failed on zero-filled CPU stand-ins (" + e.what_without_backtrace() +
+                       "); trace in TraceMode::Real instead");
     }
-  }
-  try {
-    op.callBoxed(stack);
-  } catch (const c10::Error& e) {
-    throw TraceError("fake mode: " + ir::operator_name(op) +
-                     " has no Meta kernel and failed on zero-filled CPU stand-ins (" + e.what_without_backtrace() +
-                     "); trace in TraceMode::Real instead");
-  }
-  auto to_meta = [&](const at::Tensor& r) -> at::Tensor {
-    if (!r.defined() || !r.device().is_cpu()) return r;
-    for (auto& [meta, cpu] : stand_ins) {
-      if (r.unsafeGetTensorImpl() == cpu.unsafeGetTensorImpl()) {
-        if (meta.sizes() != r.sizes() || meta.strides() != r.strides() || meta.storage_offset() != r.storage_offset())
-          meta.as_strided_(r.sizes(), r.strides(), r.storage_offset());
-        return meta;
-      }
-      if (r.storage().is_alias_of(cpu.storage())) return meta.as_strided(r.sizes(), r.strides(), r.storage_offset());
-    }
-    return at::empty_strided(r.sizes(), r.strides(), r.options().device(at::kMeta));
-  };
-  for (size_t i = base; i < stack.size(); ++i) {
-    if (stack[i].isTensor()) {
-      stack[i] = to_meta(stack[i].toTensor());
-    } else if (stack[i].isTensorList()) {
-      std::vector<at::Tensor> ts;
-      for (const at::Tensor& t : stack[i].toTensorVector()) ts.push_back(to_meta(t));
-      stack[i] = ts;
+    if (path == ir::MetaPath::StandIns) {
+      const std::string name = ir::operator_name(op);
+      if (std::find(stand_ins_.begin(), stand_ins_.end(), name) == stand_ins_.end()) stand_ins_.push_back(name);
     }
   }
 }

@@ -159,7 +159,6 @@ class TraceSession {
   ir::Argument argument(const c10::IValue& iv, const c10::Argument& formal, const std::string& user);
   bool is_shape_check(const torch::jit::Stack& stack, size_t base);
   void run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack, size_t base);
-  void run_on_cpu(const c10::OperatorHandle& op, std::vector<c10::IValue> args, torch::jit::Stack& stack);
 
   ir::Graph& graph_;
   const TraceOptions& options_;

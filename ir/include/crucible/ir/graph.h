@@ -56,6 +56,8 @@ class Value {
   /// tensor, or a tensor whose meta was never set).
   const TensorMeta& meta() const;
   void set_meta(TensorMeta meta) { meta_ = std::move(meta); }
+  /// Drops the metadata (a result that is no longer computed).
+  void clear_meta() { meta_.reset(); }
 
   /// Nodes whose arguments mention this Value, once per mention, in no
   /// particular order.

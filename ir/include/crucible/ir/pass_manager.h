@@ -31,6 +31,11 @@ struct PassManagerOptions {
   /// says whether the pass changed it (a structural fingerprint differs).
   Instruments instruments;
   std::string graph_name = "graph";
+  /// Also check the metadata against the ops (VerifyOptions::check_meta)
+  /// before the first pass and after each one, whatever `verify` says: a
+  /// pass that leaves wrong metadata is named. Off by default: it runs every
+  /// call on meta tensors each time.
+  bool verify_meta = false;
 };
 
 /// Runs passes in order over a graph.
@@ -51,7 +56,9 @@ class PassManager {
 /// Passes by name, so pass lists can be data (a CLI flag, a config file).
 class PassRegistry {
  public:
-  /// A registry holding Crucible's passes: "dce" (dce.h) and "cse" (cse.h).
+  /// A registry holding Crucible's passes: "dce" (dce.h), "cse" (cse.h),
+  /// "propagate_meta" (propagate_meta.h), "fuse_addmm" (fuse_addmm.h) and
+  /// "fold_view_chains" (fold_view_chains.h).
   static PassRegistry builtin();
   /// Adds a pass; throws IrError if its name is taken.
   void add(Pass pass);

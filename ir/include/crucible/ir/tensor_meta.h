@@ -43,6 +43,15 @@ struct TensorMeta {
   bool operator==(const TensorMeta&) const = default;
 };
 
+/// True when `a` and `b` describe the same tensor as far as any kernel can
+/// tell: equal sizes, dtype, device and storage offset, and equal strides in
+/// every dimension of size above 1 (for a tensor with elements). The stride
+/// of a size-1 dimension, or any stride of an empty tensor, never moves to
+/// another element, and kernels differ on what they write there (c10's
+/// is_contiguous ignores them too; torch._prims_common's
+/// check_significant_strides compares the same). requires_grad is ignored.
+bool meta_equivalent(const TensorMeta& a, const TensorMeta& b);
+
 /// Row-major strides of `sizes`, in elements.
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes);
 

@@ -30,4 +30,20 @@ namespace crucible::ir {
 ///  * names: Value names are unique and Graph::find_value finds each Value.
 void verify(const Graph& graph);
 
+struct VerifyOptions {
+  /// Also check the metadata against the ops: re-derive every call result's
+  /// TensorMeta from the placeholders' and constants' as propagate_meta
+  /// does (propagate_meta.h; it runs every call on meta tensors, so it costs
+  /// a dispatcher call per node) and throw IrError at the first result, in
+  /// graph order, whose recorded metadata is not meta_equivalent to the
+  /// derived one (sizes, strides where they matter, storage offset, dtype,
+  /// device), naming the node, its op and both metadata. An unread result
+  /// without metadata (see above) is not compared. The IrError of
+  /// propagate_meta is thrown when the graph cannot be run on meta tensors.
+  bool check_meta = false;
+};
+
+/// verify(graph), then the checks `options` adds.
+void verify(const Graph& graph, const VerifyOptions& options);
+
 }  // namespace crucible::ir

@@ -1,0 +1,144 @@
+// Crucible's meta functions (convolution, its backward, batch norm and its
+// backward, which have no Meta kernel in LibTorch's C++) give what the ops
+// themselves give on CPU stand-ins, over a grid of shapes, strides, groups,
+// transposition and output masks; outside what they cover they decline and
+// the stand-ins serve.
+#include <crucible/ir/graph.h>
+#include <crucible/ir/meta_call.h>
+
+#include <ATen/ATen.h>
+
+#include "catch.h"
+
+using namespace crucible::ir;
+
+namespace {
+
+at::Tensor meta(std::vector<int64_t> sizes, at::ScalarType dtype = at::kFloat,
+                at::MemoryFormat format = at::MemoryFormat::Contiguous) {
+  return at::empty(sizes, at::TensorOptions().dtype(dtype).device(at::kMeta).memory_format(format));
+}
+
+std::string describe(const c10::IValue& v) {
+  if (!v.isTensor() || !v.toTensor().defined()) return "undefined";
+  return to_string(TensorMeta::of(v.toTensor()));
+}
+
+// Runs `op` on `args` through call_on_meta and on CPU stand-ins; requires the
+// same results and returns the path call_on_meta took.
+MetaPath compare(const std::string& op_name, const std::vector<c10::IValue>& args) {
+  const c10::OperatorHandle op = resolve_operator(op_name);
+  torch::jit::Stack derived(args.begin(), args.end()), reference(args.begin(), args.end());
+  const MetaPath path = call_on_meta(op, derived);
+  call_on_cpu_stand_ins(op, reference);
+  REQUIRE(derived.size() == reference.size());
+  for (size_t i = 0; i < derived.size(); ++i) {
+    INFO(op_name << " result " << i << ": derived " << describe(derived[i]) << ", stand-ins " << describe(reference[i]));
+    const bool defined = derived[i].isTensor() && derived[i].toTensor().defined();
+    REQUIRE(defined == (reference[i].isTensor() && reference[i].toTensor().defined()));
+    if (defined) REQUIRE(meta_equivalent(TensorMeta::of(derived[i].toTensor()), TensorMeta::of(reference[i].toTensor())));
+  }
+  return path;
+}
+
+using Ints = std::vector<int64_t>;
+
+c10::List<bool> bools(const std::vector<bool>& mask) {
+  c10::List<bool> l;
+  for (bool b : mask) l.push_back(b);
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("meta functions: convolution and its backward, 1-D to 3-D, grouped, strided, dilated, transposed",
+          "[ir][meta][meta_functions]") {
+  struct Case {
+    Ints input, weight;
+    Ints stride, padding, dilation, output_padding;
+    bool transposed;
+    int64_t groups;
+  };
+  const std::vector<Case> cases = {
+      {{2, 3, 9}, {4, 3, 3}, {1}, {0}, {1}, {0}, false, 1},
+      {{2, 4, 9}, {6, 2, 3}, {2}, {1}, {2}, {0}, false, 2},
+      {{2, 3, 8, 7}, {5, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0, 0}, false, 1},
+      {{1, 4, 10, 9}, {4, 1, 3, 2}, {2, 1}, {0, 1}, {1, 2}, {0, 0}, false, 4},  // depthwise
+      {{2, 3, 8, 8}, {4, 3, 1, 1}, {2}, {0}, {1}, {0}, false, 1},            // one value for every dimension
+      {{2, 2, 5, 6, 4}, {3, 2, 2, 3, 1}, {1, 2, 1}, {1, 0, 0}, {1, 1, 1}, {0, 0, 0}, false, 1},
+      {{2, 3, 5, 5}, {3, 4, 3, 3}, {2, 2}, {1, 1}, {1, 1}, {1, 0}, true, 1},  // transposed: weight [C_in, C_out/g, ...]
+      {{2, 4, 6}, {4, 3, 2}, {3}, {0}, {2}, {1}, true, 2},
+      {{0, 3, 8, 8}, {4, 3, 3, 3}, {1, 1}, {0, 0}, {1, 1}, {0, 0}, false, 1},  // an empty batch
+  };
+  for (const Case& c : cases) {
+    INFO("input " << c10::IntArrayRef(c.input) << " weight " << c10::IntArrayRef(c.weight) << (c.transposed ? " transposed" : ""));
+    const at::Tensor input = meta(c.input), weight = meta(c.weight);
+    // LibTorch's convolution and its backward run on meta tensors for an
+    // empty batch (the Empty backend); the rest needs the meta functions.
+    const MetaPath expected = c.input[0] == 0 ? MetaPath::Kernel : MetaPath::Function;
+    for (const bool with_bias : {false, true}) {
+      const int64_t out_channels = c.transposed ? c.weight[1] * c.groups : c.weight[0];
+      const c10::IValue bias = with_bias ? c10::IValue(meta({out_channels})) : c10::IValue();
+      REQUIRE(compare("aten::convolution", {input, weight, bias, c.stride, c.padding, c.dilation, c.transposed,
+                                            c.output_padding, c.groups}) == expected);
+    }
+    // The backward, from a gradient of the forward's output shape.
+    torch::jit::Stack fwd{input, weight, c10::IValue(), c.stride, c.padding, c.dilation, c.transposed, c.output_padding, c.groups};
+    call_on_meta(resolve_operator("aten::convolution"), fwd);
+    const at::Tensor grad = meta(fwd[0].toTensor().sizes().vec());
+    for (const std::vector<bool>& mask : std::vector<std::vector<bool>>{{true, true, true}, {false, true, true}, {true, false, false}}) {
+      INFO("output_mask " << mask[0] << mask[1] << mask[2]);
+      const int64_t out_channels = grad.size(1);
+      REQUIRE(compare("aten::convolution_backward",
+                      {grad, input, weight, c10::IValue(Ints{out_channels}), c.stride, c.padding, c.dilation, c.transposed,
+                       c.output_padding, c.groups, bools(mask)}) == expected);
+    }
+  }
+  // Channels-last: the backend picks the layout; the stand-ins say which.
+  const at::Tensor cl = meta({2, 3, 8, 8}, at::kFloat, at::MemoryFormat::ChannelsLast);
+  REQUIRE(compare("aten::convolution", {cl, meta({4, 3, 3, 3}), c10::IValue(), Ints{1, 1}, Ints{1, 1}, Ints{1, 1}, false,
+                                        Ints{0, 0}, int64_t{1}}) == MetaPath::StandIns);
+}
+
+TEST_CASE("meta functions: batch norm and its backward, training and eval, with and without affine parameters",
+          "[ir][meta][meta_functions]") {
+  for (const at::ScalarType dtype : {at::kFloat, at::kDouble})
+    for (const Ints& sizes : std::vector<Ints>{{4, 3}, {2, 3, 5}, {2, 3, 4, 5}, {2, 3, 2, 3, 4}})
+      for (const bool training : {true, false})
+        for (const bool affine : {true, false}) {
+          INFO(c10::toString(dtype) << " " << c10::IntArrayRef(sizes) << (training ? " training" : " eval")
+                                    << (affine ? " affine" : ""));
+          const at::Tensor input = meta(sizes, dtype);
+          const int64_t c = sizes[1];
+          const c10::IValue weight = affine ? c10::IValue(meta({c}, dtype)) : c10::IValue();
+          const c10::IValue bias = affine ? c10::IValue(meta({c}, dtype)) : c10::IValue();
+          const at::Tensor running_mean = meta({c}, dtype), running_var = meta({c}, dtype);
+          REQUIRE(compare("aten::native_batch_norm", {input, weight, bias, running_mean, running_var, training, 0.1, 1e-5}) ==
+                  MetaPath::Function);
+          const at::Tensor save = meta({c}, dtype);
+          for (const std::vector<bool>& mask :
+               std::vector<std::vector<bool>>{{true, true, true}, {true, false, false}, {false, true, true}}) {
+            INFO("output_mask " << mask[0] << mask[1] << mask[2]);
+            REQUIRE(compare("aten::native_batch_norm_backward",
+                            {meta(sizes, dtype), input, weight, running_mean, running_var, save, save, training, 1e-5,
+                             bools(mask)}) == MetaPath::Function);
+          }
+        }
+  // bfloat16: the statistics' dtype is the kernel's choice; the stand-ins say which.
+  const at::Tensor bf = meta({2, 3, 4}, at::kBFloat16);
+  REQUIRE(compare("aten::native_batch_norm", {bf, c10::IValue(), c10::IValue(), c10::IValue(), c10::IValue(), true, 0.1,
+                                              1e-5}) == MetaPath::StandIns);
+}
+
+TEST_CASE("meta: an op that returns nothing and writes nothing (an assertion) is not run on stand-ins",
+          "[ir][meta]") {
+  // On zero-filled stand-ins _assert_async would see `false` and throw; it has
+  // no metadata to compute, so nothing runs and its argument is popped.
+  torch::jit::Stack stack{meta({}, at::kBool)};
+  REQUIRE(call_on_meta(resolve_operator("aten::_assert_async"), stack) == MetaPath::Nothing);
+  REQUIRE(stack.empty());
+  // An op that writes its argument still runs: its result is that argument.
+  torch::jit::Stack write{meta({3}), 1.0, 1};
+  REQUIRE(call_on_meta(resolve_operator("aten::add_.Scalar"), write) != MetaPath::Nothing);
+  REQUIRE(write.size() == 1);
+}
