@@ -3,6 +3,7 @@
 #include <crucible/pipeline/builder.h>
 #include <crucible/runtime/instruments.h>
 #include <crucible/runtime/timing.h>
+#include <crucible/tracer/decomposition.h>
 
 #include <CLI/CLI.hpp>
 #include <torch/nn/module.h>
@@ -52,12 +53,18 @@ void CompileFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--trace-mode", trace_mode, "trace on copies of the tensors (real) or on meta tensors (fake)")
       ->check(CLI::IsMember({"real", "fake"}))
       ->capture_default_str();
+  cmd.add_option("--decompositions", decompositions,
+                 "core: trace softmax, gelu, layer norm and nll_loss as the math they compute (for a fusing "
+                 "backend; not bitwise eager)")
+      ->check(CLI::IsMember({"none", "core"}))
+      ->capture_default_str();
 }
 
 void CompileFlags::apply(pipeline::Builder& builder) const {
   builder.passes(passes).pre_grad_passes(pre_grad_passes).joint_passes(joint_passes);
   tracer::TraceOptions options = builder.trace_options();
   options.mode = trace_mode == "fake" ? tracer::TraceMode::Fake : tracer::TraceMode::Real;
+  if (decompositions == "core") options.decompositions = tracer::core_aten_decompositions();
   builder.trace_options(options);
 }
 

@@ -33,20 +33,22 @@ struct OptimizerFlags {
   /// 0.002 for adam and adamw, 0.02 for sgd.
   double default_lr() const;
   double effective_lr() const { return lr.value_or(default_lr()); }
-  /// Adds the four flags to `cmd`.
+  /// Adds the five flags to `cmd`.
   void add_to(CLI::App& cmd);
   /// A torch::optim optimizer of this kind over `params`.
   std::unique_ptr<torch::optim::Optimizer> make(const std::vector<at::Tensor>& params) const;
 };
 
-/// --passes, --pre-grad-passes, --joint-passes, --trace-mode: how the
-/// builder compiles (Note [Pass phases], AotConfig::trace_mode).
+/// --passes, --pre-grad-passes, --joint-passes, --trace-mode,
+/// --decompositions: how the builder compiles (Note [Pass phases],
+/// AotConfig::trace_mode, tracer::core_aten_decompositions).
 struct CompileFlags {
   std::vector<std::string> passes;  ///< post-grad; default: the builder's
   std::vector<std::string> pre_grad_passes;
   std::vector<std::string> joint_passes;
   std::string trace_mode = "real";  ///< real or fake
-  /// Adds the four flags to `cmd`.
+  std::string decompositions = "none";  ///< none or core (tracer::core_aten_decompositions)
+  /// Adds the five flags to `cmd`.
   void add_to(CLI::App& cmd);
   /// Sets the builder's pass lists and trace mode. Throws ir::IrError for an
   /// unknown pass.

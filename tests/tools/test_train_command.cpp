@@ -149,3 +149,14 @@ TEST_CASE("crucible train refuses contradictory options", "[tools][train][errors
     CHECK_THAT(r.err, CRUCIBLE_HAS_SUBSTR("--lr: must be greater than 0 (got -0.5)"));
   }
 }
+
+TEST_CASE("crucible train --decompositions core trains as eager within rounding", "[tools][train]") {
+  // Adam on the decomposed softmax, layer norm and nll_loss: sums in another
+  // order than the fused kernels, compounded over 10 steps.
+  const auto r = run_cli("train --model gpt --steps 10 --batch 4 --check-eager --decompositions core --tolerance 1e-3 --json");
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  const nlohmann::json j = last_line_json(r.out);
+  CHECK(j["max_param_diff"].get<double>() <= 1e-3);
+  CHECK(j["max_param_diff"].get<double>() > 0);  // not the fused kernels: not bitwise
+}

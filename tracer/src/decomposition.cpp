@@ -3,6 +3,7 @@
 #include <crucible/ir/graph.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/Reduction.h>
 
 namespace crucible::tracer {
 namespace {
@@ -80,6 +81,171 @@ void native_layer_norm_backward(const c10::OperatorHandle&, std::vector<c10::IVa
   stack.emplace_back(d_bias);
 }
 
+// --- core ATen decompositions ---------------------------------------------------
+//
+// Note [Core ATen decompositions]
+// Each entry rewrites a fused ATen op into the pointwise ops and reductions
+// it computes, with the formula torch._decomp uses for it, so a code
+// generator sees math it can fuse instead of an opaque kernel. The results
+// are eager's up to the order of floating-point sums (a fused kernel and a
+// decomposed reduction add in different orders), never bitwise. Half and
+// bfloat16 inputs are computed in float and rounded once at the end, as the
+// fused kernels do.
+
+// The dtype a reduction over `t` computes in.
+at::ScalarType compute_dtype(const at::Tensor& t) {
+  return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16 ? at::kFloat : t.scalar_type();
+}
+
+at::Tensor upcast(const at::Tensor& t) { return t.to(compute_dtype(t)); }
+
+void push_results(std::vector<c10::IValue>& stack, std::initializer_list<at::Tensor> results) {
+  stack.clear();
+  for (const at::Tensor& r : results) stack.emplace_back(r);
+}
+
+// _softmax(x, dim, half_to_float): exp(x - max) / sum(exp(x - max)).
+void softmax(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
+  const at::Tensor x = stack[0].toTensor();
+  const int64_t dim = stack[1].toInt();
+  const at::ScalarType out = stack[2].toBool() ? at::kFloat : x.scalar_type();
+  const at::Tensor xc = upcast(x);
+  const at::Tensor e = at::exp(xc - at::amax(xc, {dim}, /*keepdim=*/true));
+  push_results(stack, {(e / at::sum(e, {dim}, /*keepdim=*/true)).to(out)});
+}
+
+// _log_softmax(x, dim, half_to_float): (x - max) - log(sum(exp(x - max))).
+void log_softmax(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
+  const at::Tensor x = stack[0].toTensor();
+  const int64_t dim = stack[1].toInt();
+  const at::ScalarType out = stack[2].toBool() ? at::kFloat : x.scalar_type();
+  const at::Tensor xc = upcast(x);
+  const at::Tensor shifted = xc - at::amax(xc, {dim}, /*keepdim=*/true);
+  push_results(stack, {(shifted - at::log(at::sum(at::exp(shifted), {dim}, /*keepdim=*/true))).to(out)});
+}
+
+// _softmax_backward_data(grad, y, dim, input_dtype): y * (grad - sum(grad * y)).
+void softmax_backward(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
+  const at::Tensor grad = upcast(stack[0].toTensor()), y = upcast(stack[1].toTensor());
+  const int64_t dim = stack[2].toInt();
+  const at::ScalarType input_dtype = stack[3].toScalarType();
+  const at::Tensor gy = grad * y;
+  push_results(stack, {(gy - y * at::sum(gy, {dim}, /*keepdim=*/true)).to(input_dtype)});
+}
+
+// _log_softmax_backward_data(grad, y, dim, input_dtype): grad - exp(y) * sum(grad).
+void log_softmax_backward(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
+  const at::Tensor grad = upcast(stack[0].toTensor()), y = upcast(stack[1].toTensor());
+  const int64_t dim = stack[2].toInt();
+  const at::ScalarType input_dtype = stack[3].toScalarType();
+  push_results(stack, {(grad - at::exp(y) * at::sum(grad, {dim}, /*keepdim=*/true)).to(input_dtype)});
+}
+
+constexpr double kSqrt1_2 = 0.70710678118654752440;       // 1/sqrt(2)
+constexpr double kSqrt2OverPi = 0.79788456080286535588;   // sqrt(2/pi)
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;    // 1/sqrt(2 pi)
+constexpr double kKappa = 0.044715;
+
+// gelu(x, approximate): x * Phi(x), Phi the normal CDF ("none"), or its tanh
+// approximation ("tanh").
+void gelu(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
+  const at::Tensor x = stack[0].toTensor();
+  const bool tanh = stack[1].toStringRef() == "tanh";
+  const at::Tensor xc = upcast(x);
+  const at::Tensor y = tanh ? 0.5 * xc * (1 + at::tanh(kSqrt2OverPi * (xc + kKappa * xc * xc * xc)))
+                            : 0.5 * xc * (1 + at::erf(xc * kSqrt1_2));
+  push_results(stack, {y.to(x.scalar_type())});
+}
+
+// gelu_backward(grad, x, approximate): grad * d/dx gelu(x).
+void gelu_backward(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
+  const at::Tensor grad = stack[0].toTensor(), x = stack[1].toTensor();
+  const bool tanh = stack[2].toStringRef() == "tanh";
+  const at::Tensor g = upcast(grad), xc = upcast(x);
+  at::Tensor d;
+  if (tanh) {
+    const at::Tensor inner = kSqrt2OverPi * (xc + kKappa * xc * xc * xc);
+    const at::Tensor t = at::tanh(inner);
+    d = 0.5 * (1 + t) + 0.5 * xc * (1 - t * t) * kSqrt2OverPi * (1 + 3 * kKappa * xc * xc);
+  } else {
+    d = 0.5 * (1 + at::erf(xc * kSqrt1_2)) + xc * kInvSqrt2Pi * at::exp(-0.5 * xc * xc);
+  }
+  push_results(stack, {(g * d).to(x.scalar_type())});
+}
+
+// native_layer_norm(x, normalized_shape, weight?, bias?, eps) -> (y, mean, rstd):
+// mean and rstd over the normalized (inner) dims, kept as size-1 dims.
+void native_layer_norm(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
+  const at::Tensor x = stack[0].toTensor();
+  const auto normalized_ndim = static_cast<int64_t>(stack[1].toIntVector().size());
+  const auto weight = stack[2].toOptional<at::Tensor>();
+  const auto bias = stack[3].toOptional<at::Tensor>();
+  const double eps = stack[4].toDouble();
+  std::vector<int64_t> inner;
+  for (int64_t d = x.dim() - normalized_ndim; d < x.dim(); ++d) inner.push_back(d);
+  const at::Tensor xc = upcast(x);
+  const auto [var, mean] = at::var_mean(xc, inner, /*correction=*/0, /*keepdim=*/true);
+  const at::Tensor rstd = at::rsqrt(var + eps);
+  at::Tensor y = (xc - mean) * rstd;
+  if (weight && weight->defined()) y = y * *weight;
+  if (bias && bias->defined()) y = y + *bias;
+  push_results(stack, {y.to(x.scalar_type()), mean, rstd});
+}
+
+// nll_loss_forward(x, target, weight?, reduction, ignore_index) -> (loss,
+// total_weight), x of [N, C] or [C]: minus the target class's entry, weighted,
+// zero where target == ignore_index; summed, or divided by the total weight
+// for the mean.
+void nll_loss_forward(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
+  const at::Tensor x = stack[0].toTensor(), target = stack[1].toTensor();
+  const auto weight = stack[2].toOptional<at::Tensor>();
+  const int64_t reduction = stack[3].toInt(), ignore_index = stack[4].toInt();
+  const int64_t channel_dim = x.dim() < 2 ? 0 : 1;
+  const at::Tensor keep = target != ignore_index;
+  const at::Tensor safe_target = at::where(keep, target, 0).unsqueeze(channel_dim);
+  at::Tensor loss = -at::gather(x, channel_dim, safe_target).squeeze(channel_dim);
+  at::Tensor w;
+  if (weight && weight->defined()) {
+    std::vector<int64_t> shape(static_cast<size_t>(x.dim()), 1);
+    shape[static_cast<size_t>(channel_dim)] = x.size(channel_dim);
+    w = at::gather(weight->reshape(shape).expand(x.sizes()), channel_dim, safe_target).squeeze(channel_dim);
+    loss = loss * w;
+  }
+  loss = at::where(keep, loss, 0);
+  if (reduction == at::Reduction::None && x.dim() > 1) {
+    push_results(stack, {loss, at::zeros({}, x.options())});
+    return;
+  }
+  const at::Tensor total_weight = w.defined() ? at::where(keep, w, 0).sum() : keep.sum().to(x.scalar_type());
+  if (reduction == at::Reduction::Sum) loss = loss.sum();
+  if (reduction == at::Reduction::Mean) loss = loss.sum() / total_weight;
+  push_results(stack, {loss, total_weight});
+}
+
+// nll_loss_backward(grad, x, target, weight?, reduction, ignore_index,
+// total_weight): -grad (weighted, over the total weight for the mean) at each
+// target class, zero elsewhere and where target == ignore_index.
+void nll_loss_backward(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
+  at::Tensor grad = stack[0].toTensor();
+  const at::Tensor x = stack[1].toTensor(), target = stack[2].toTensor();
+  const auto weight = stack[3].toOptional<at::Tensor>();
+  const int64_t reduction = stack[4].toInt(), ignore_index = stack[5].toInt();
+  const at::Tensor total_weight = stack[6].toTensor();
+  const int64_t channel_dim = x.dim() < 2 ? 0 : 1;
+  if (reduction == at::Reduction::Mean) grad = grad / total_weight;
+  const at::Tensor t = target.unsqueeze(channel_dim);
+  const at::Tensor keep = t != ignore_index;
+  const at::Tensor safe_target = at::where(keep, t, 0);
+  at::Tensor g = at::scatter(at::zeros_like(x), channel_dim, safe_target, -1.0);
+  if (weight && weight->defined()) {
+    std::vector<int64_t> shape(static_cast<size_t>(x.dim()), 1);
+    shape[static_cast<size_t>(channel_dim)] = x.size(channel_dim);
+    g = g * weight->reshape(shape);
+  }
+  if (reduction == at::Reduction::None && x.dim() > 1) grad = grad.unsqueeze(channel_dim);
+  push_results(stack, {at::where(keep, g * grad, 0)});
+}
+
 }  // namespace
 
 DecompositionTable spmd_decomposition_table() {
@@ -105,6 +271,26 @@ DecompositionTable spmd_decomposition_table() {
   }
   if (find_op("aten::native_layer_norm_backward", ""))
     table["aten::native_layer_norm_backward"] = native_layer_norm_backward;
+  return table;
+}
+
+DecompositionTable core_aten_decompositions() {
+  // See Note [Core ATen decompositions].
+  const std::vector<std::pair<std::string, Decomposition>> entries = {
+      {"aten::_softmax", softmax},
+      {"aten::_log_softmax", log_softmax},
+      {"aten::_softmax_backward_data", softmax_backward},
+      {"aten::_log_softmax_backward_data", log_softmax_backward},
+      {"aten::gelu", gelu},
+      {"aten::gelu_backward", gelu_backward},
+      {"aten::native_layer_norm", native_layer_norm},
+      {"aten::native_layer_norm_backward", native_layer_norm_backward},
+      {"aten::nll_loss_forward", nll_loss_forward},
+      {"aten::nll_loss_backward", nll_loss_backward},
+  };
+  DecompositionTable table;
+  for (const auto& [name, decomposition] : entries)
+    if (find_op(name, "")) table[name] = decomposition;
   return table;
 }
 

@@ -33,4 +33,17 @@ using DecompositionTable = std::unordered_map<std::string, Decomposition>;
 /// `auto t = spmd_decomposition_table(); t["aten::foo"] = ...;`.
 DecompositionTable spmd_decomposition_table();
 
+/// Fused ATen ops rewritten into the pointwise ops and reductions they
+/// compute, so that a code generator fuses them with their neighbours (the
+/// part of torch._decomp's core_aten_decompositions, and of inductor's
+/// select_decomp_table, that the zoo's graphs reach): _softmax, _log_softmax
+/// and their backwards, gelu and gelu_backward (exact and tanh), the
+/// native_layer_norm forward and backward, nll_loss_forward and
+/// nll_loss_backward. Values agree with the fused kernels up to the order
+/// of floating-point sums, not bitwise (Note [Core ATen decompositions] in
+/// decomposition.cpp): use it for a fusing backend, not where bitwise
+/// equality with eager is wanted. Give it to Builder::decompositions or
+/// TraceOptions::decompositions; extend it as spmd_decomposition_table.
+DecompositionTable core_aten_decompositions();
+
 }  // namespace crucible::tracer

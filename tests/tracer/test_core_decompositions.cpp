@@ -1,0 +1,170 @@
+// core_aten_decompositions: each fused op traced into pointwise ops and
+// reductions, the graph run by the interpreter against the fused eager kernel
+// on several shapes and dtypes.
+//
+// Tolerances: the decomposed reductions add in another order than the fused
+// kernels (and softmax divides where the kernel may multiply by a
+// reciprocal), so results differ by a few ulps of the reduced magnitudes:
+// rtol 1e-5 / atol 1e-6 in float, 1e-12 in double. In bfloat16 the
+// decompositions compute in float and round once, while the fused CPU
+// kernels also round intermediates: two bf16 ulps of the result (2^-6
+// relative), and log_softmax's kernel rounds max + log(sum) to bfloat16, an
+// absolute error of half an ulp of the largest input (inputs below 16 in
+// magnitude here: 2^-5).
+#include <crucible/tracer/decomposition.h>
+#include <crucible/tracer/make_fx.h>
+
+#include <ATen/ATen.h>
+#include <ATen/core/Reduction.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "catch.h"
+#include "testing.h"
+#include "tracer_testing.h"
+
+using namespace crucible;
+using namespace crucible::testing;
+using Tensors = std::vector<at::Tensor>;
+
+namespace {
+
+struct Tolerance {
+  double rtol, atol;
+};
+
+Tolerance tolerance(at::ScalarType dtype) {
+  if (dtype == at::kDouble) return {1e-12, 1e-12};
+  if (dtype == at::kBFloat16) return {1.0 / 64, 1.0 / 32};
+  return {1e-5, 1e-6};
+}
+
+// Traces `fn` with the core table; `op` is gone from the graph, and the graph
+// gives fn's values within the dtype's tolerance.
+void check(const std::string& op, const std::function<Tensors(const Tensors&)>& fn, const Tensors& inputs,
+           at::ScalarType dtype) {
+  INFO(op << " " << c10::toString(dtype));
+  tracer::TraceOptions options;
+  options.decompositions = tracer::core_aten_decompositions();
+  REQUIRE(options.decompositions.count(op));
+  const tracer::TraceResult r = tracer::make_fx(fn, clones(inputs), options);
+  CHECK(count_calls(r.graph, op) == 0);
+  const Tensors expected = fn(clones(inputs));
+  const Tensors actual = run_traced(r, clones(inputs));
+  REQUIRE(actual.size() == expected.size());
+  const Tolerance tol = tolerance(dtype);
+  for (size_t i = 0; i < expected.size(); ++i) {
+    INFO("output " << i);
+    REQUIRE(actual[i].scalar_type() == expected[i].scalar_type());
+    REQUIRE(actual[i].sizes() == expected[i].sizes());
+    REQUIRE_CLOSE(actual[i], expected[i], tol.rtol, tol.atol);
+  }
+}
+
+const std::vector<std::vector<int64_t>> kShapes = {{7}, {3, 5}, {2, 3, 4}, {2, 1, 6}};
+
+}  // namespace
+
+TEST_CASE("core decompositions: softmax and log_softmax, forward and backward, over every dim", "[tracer][decomp]") {
+  at::manual_seed(0);
+  for (const at::ScalarType dtype : {at::kFloat, at::kDouble, at::kBFloat16})
+    for (const auto& shape : kShapes)
+      for (int64_t dim = -1; dim < static_cast<int64_t>(shape.size()); ++dim) {
+        INFO("shape " << c10::IntArrayRef(shape) << " dim " << dim);
+        const Tensors in = {at::clamp(4 * at::randn(shape), -15, 15).to(dtype), at::randn(shape).to(dtype)};
+        check("aten::_softmax", [dim](const Tensors& t) { return Tensors{at::_softmax(t[0], dim, false)}; }, in, dtype);
+        check("aten::_log_softmax", [dim](const Tensors& t) { return Tensors{at::_log_softmax(t[0], dim, false)}; }, in,
+              dtype);
+        check("aten::_softmax_backward_data",
+              [dim, dtype](const Tensors& t) {
+                return Tensors{at::_softmax_backward_data(t[1], at::_softmax(t[0], dim, false), dim, dtype)};
+              },
+              in, dtype);
+        check("aten::_log_softmax_backward_data",
+              [dim, dtype](const Tensors& t) {
+                return Tensors{at::_log_softmax_backward_data(t[1], at::_log_softmax(t[0], dim, false), dim, dtype)};
+              },
+              in, dtype);
+      }
+}
+
+TEST_CASE("core decompositions: gelu and its backward, exact and tanh", "[tracer][decomp]") {
+  at::manual_seed(1);
+  for (const at::ScalarType dtype : {at::kFloat, at::kDouble, at::kBFloat16})
+    for (const auto& shape : kShapes)
+      for (const std::string approximate : {"none", "tanh"}) {
+        INFO("shape " << c10::IntArrayRef(shape) << " " << approximate);
+        const Tensors in = {3 * at::randn(shape).to(dtype), at::randn(shape).to(dtype)};
+        check("aten::gelu", [approximate](const Tensors& t) { return Tensors{at::gelu(t[0], approximate)}; }, in, dtype);
+        check("aten::gelu_backward",
+              [approximate](const Tensors& t) { return Tensors{at::gelu_backward(t[1], t[0], approximate)}; }, in, dtype);
+      }
+}
+
+TEST_CASE("core decompositions: native_layer_norm and its backward, with and without affine parameters",
+          "[tracer][decomp]") {
+  at::manual_seed(2);
+  for (const at::ScalarType dtype : {at::kFloat, at::kDouble})
+    for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{4, 6}, {2, 3, 8}, {2, 3, 4, 5}})
+      for (const size_t normalized : {size_t{1}, size_t{2}})
+        for (const bool affine : {true, false}) {
+          INFO("shape " << c10::IntArrayRef(shape) << " normalized dims " << normalized << (affine ? " affine" : ""));
+          const std::vector<int64_t> norm(shape.end() - static_cast<std::ptrdiff_t>(normalized), shape.end());
+          const auto opt = at::TensorOptions().dtype(dtype);
+          const Tensors in = {at::randn(shape, opt), at::randn(shape, opt), at::randn(norm, opt), at::randn(norm, opt)};
+          auto forward = [norm, affine](const Tensors& t) {
+            auto [y, mean, rstd] = at::native_layer_norm(t[0], norm, affine ? std::optional<at::Tensor>(t[2]) : std::nullopt,
+                                                         affine ? std::optional<at::Tensor>(t[3]) : std::nullopt, 1e-5);
+            return Tensors{y, mean, rstd};
+          };
+          check("aten::native_layer_norm", forward, in, dtype);
+          check("aten::native_layer_norm_backward",
+                [norm, affine, forward](const Tensors& t) {
+                  const Tensors f = forward(t);
+                  auto [dx, dw, db] = at::native_layer_norm_backward(
+                      t[1], t[0], norm, f[1], f[2], affine ? std::optional<at::Tensor>(t[2]) : std::nullopt,
+                      affine ? std::optional<at::Tensor>(t[3]) : std::nullopt, {true, affine, affine});
+                  return affine ? Tensors{dx, dw, db} : Tensors{dx};
+                },
+                in, dtype);
+        }
+}
+
+TEST_CASE("core decompositions: nll_loss forward and backward, every reduction, weights and ignore_index",
+          "[tracer][decomp]") {
+  at::manual_seed(3);
+  for (const at::ScalarType dtype : {at::kFloat, at::kDouble})
+    for (const int64_t reduction : {at::Reduction::None, at::Reduction::Mean, at::Reduction::Sum})
+      for (const bool weighted : {false, true})
+        for (const bool batched : {true, false}) {
+          INFO("reduction " << reduction << (weighted ? " weighted" : "") << (batched ? " [N, C]" : " [C]"));
+          const auto opt = at::TensorOptions().dtype(dtype);
+          const at::Tensor x = batched ? at::log_softmax(at::randn({6, 5}, opt), 1) : at::log_softmax(at::randn({5}, opt), 0);
+          // Class 2 is ignored; the batch holds it twice.
+          const at::Tensor target = batched ? at::tensor({0, 2, 4, 1, 2, 3}, at::kLong) : at::scalar_tensor(3, at::kLong);
+          const Tensors in = {x, target, at::rand({5}, opt) + 0.5};
+          auto forward = [reduction, weighted](const Tensors& t) {
+            auto [loss, total] = at::nll_loss_forward(t[0], t[1], weighted ? std::optional<at::Tensor>(t[2]) : std::nullopt,
+                                                      reduction, /*ignore_index=*/2);
+            return Tensors{loss, total};
+          };
+          // With reduction none, ATen's total_weight is not a value anyone reads.
+          check("aten::nll_loss_forward",
+                [forward, reduction, batched](const Tensors& t) {
+                  const Tensors f = forward(t);
+                  return reduction == at::Reduction::None && batched ? Tensors{f[0]} : f;
+                },
+                in, dtype);
+          check("aten::nll_loss_backward",
+                [forward, reduction, weighted](const Tensors& t) {
+                  const Tensors f = forward(t);
+                  const at::Tensor grad = at::ones_like(f[0]) * 0.75;
+                  return Tensors{at::nll_loss_backward(grad, t[0], t[1],
+                                                       weighted ? std::optional<at::Tensor>(t[2]) : std::nullopt,
+                                                       reduction, 2, f[1])};
+                },
+                in, dtype);
+        }
+}
