@@ -14,6 +14,7 @@ if [ -f "$work/build/build.ninja" ]; then
 else
   meson setup "$work/build" "$work/project" "${args[@]}"
 fi
-# Only the consumer and what it links (crucible_ir), not all of Crucible.
+# Only the consumer and what it links (the builder and the libraries under
+# it), not the zoo, the data sets or the CLI.
 ninja -C "$work/build" consumer
 "$work/build/consumer"

@@ -168,3 +168,90 @@ TEST_CASE("core decompositions: nll_loss forward and backward, every reduction, 
                 in, dtype);
         }
 }
+
+TEST_CASE("core decompositions: silu, threshold_backward, addcmul and addcdiv, broadcast and not contiguous",
+          "[tracer][decomp]") {
+  at::manual_seed(4);
+  for (const at::ScalarType dtype : {at::kFloat, at::kDouble, at::kBFloat16})
+    for (const auto& shape : kShapes) {
+      INFO("shape " << c10::IntArrayRef(shape));
+      const at::Tensor x = (3 * at::randn(shape)).to(dtype);
+      // A transposed (non-contiguous) gradient where the shape allows it, and
+      // a broadcast row for the pointwise ops' second operand.
+      const at::Tensor g = shape.size() > 1 ? at::randn(shape).to(dtype).transpose(0, 1).contiguous().transpose(0, 1)
+                                            : at::randn(shape).to(dtype);
+      const at::Tensor row = at::randn({shape.back()}).to(dtype);
+      const at::Tensor away_from_zero = at::rand({shape.back()}).to(dtype) + 0.5;
+      const Tensors in = {x, g, row, away_from_zero};
+      check("aten::silu", [](const Tensors& t) { return Tensors{at::silu(t[0])}; }, in, dtype);
+      check("aten::silu_backward", [](const Tensors& t) { return Tensors{at::silu_backward(t[1], t[0])}; }, in, dtype);
+      check("aten::threshold_backward", [](const Tensors& t) { return Tensors{at::threshold_backward(t[1], t[0], 0)}; },
+            in, dtype);
+      check("aten::addcmul", [](const Tensors& t) { return Tensors{at::addcmul(t[0], t[1], t[2], 0.5)}; }, in, dtype);
+      check("aten::addcdiv", [](const Tensors& t) { return Tensors{at::addcdiv(t[0], t[1], t[3], -0.25)}; }, in, dtype);
+    }
+  // 0-size tensors go through as 0-size results.
+  const Tensors empty = {at::randn({0, 3}), at::randn({0, 3}), at::randn({3}), at::rand({3}) + 0.5};
+  check("aten::silu", [](const Tensors& t) { return Tensors{at::silu(t[0])}; }, empty, at::kFloat);
+  check("aten::addcdiv", [](const Tensors& t) { return Tensors{at::addcdiv(t[0], t[1], t[3], 2)}; }, empty, at::kFloat);
+}
+
+TEST_CASE("core decompositions: mse_loss and its backward, every reduction", "[tracer][decomp]") {
+  at::manual_seed(5);
+  for (const at::ScalarType dtype : {at::kFloat, at::kDouble})
+    for (const int64_t reduction : {at::Reduction::None, at::Reduction::Mean, at::Reduction::Sum}) {
+      INFO("reduction " << reduction);
+      const auto opt = at::TensorOptions().dtype(dtype);
+      const Tensors in = {at::randn({4, 6}, opt), at::randn({4, 6}, opt)};
+      check("aten::mse_loss", [reduction](const Tensors& t) { return Tensors{at::mse_loss(t[0], t[1], reduction)}; }, in,
+            dtype);
+      check("aten::mse_loss_backward",
+            [reduction](const Tensors& t) {
+              const at::Tensor grad = at::ones_like(at::mse_loss(t[0], t[1], reduction)) * 0.5;
+              return Tensors{at::mse_loss_backward(grad, t[0], t[1], reduction)};
+            },
+            in, dtype);
+    }
+}
+
+TEST_CASE("core decompositions: embedding_dense_backward with repeated indices, padding and frequency scaling",
+          "[tracer][decomp]") {
+  at::manual_seed(6);
+  for (const at::ScalarType dtype : {at::kFloat, at::kDouble})
+    for (const int64_t padding_idx : {int64_t{-1}, int64_t{2}})
+      for (const bool scale : {false, true}) {
+        INFO("padding_idx " << padding_idx << (scale ? " scale_grad_by_freq" : ""));
+        const at::Tensor indices = at::tensor({0, 2, 5, 2, 2, 7}, at::kLong).reshape({2, 3});
+        const Tensors in = {at::randn({2, 3, 4}, at::TensorOptions().dtype(dtype)), indices};
+        check("aten::embedding_dense_backward",
+              [padding_idx, scale](const Tensors& t) {
+                return Tensors{at::embedding_dense_backward(t[0], t[1], 9, padding_idx, scale)};
+              },
+              in, dtype);
+      }
+}
+
+TEST_CASE("core decompositions: native_batch_norm_backward, training and eval, with and without weight",
+          "[tracer][decomp]") {
+  at::manual_seed(7);
+  for (const at::ScalarType dtype : {at::kFloat, at::kDouble})
+    for (const auto& shape : std::vector<std::vector<int64_t>>{{6, 3}, {2, 3, 5}, {2, 3, 4, 4}})
+      for (const bool train : {true, false})
+        for (const bool affine : {true, false}) {
+          INFO("shape " << c10::IntArrayRef(shape) << (train ? " training" : " eval") << (affine ? " affine" : ""));
+          const auto opt = at::TensorOptions().dtype(dtype);
+          const Tensors in = {at::randn(shape, opt), at::randn(shape, opt), at::rand({3}, opt) + 0.5,
+                              at::randn({3}, opt), at::rand({3}, opt) + 0.5};
+          check("aten::native_batch_norm_backward",
+                [train, affine](const Tensors& t) {
+                  const std::optional<at::Tensor> weight = affine ? std::optional<at::Tensor>(t[2]) : std::nullopt;
+                  at::Tensor running_mean = t[3].clone(), running_var = t[4].clone();
+                  auto [y, save_mean, save_invstd] =
+                      at::native_batch_norm(t[0], weight, std::nullopt, running_mean, running_var, train, 0.1, 1e-5);
+                  auto [dx, dw, db] = at::native_batch_norm_backward(t[1], t[0], weight, t[3], t[4], save_mean,
+                                                                     save_invstd, train, 1e-5, {true, affine, affine});
+                  return affine ? Tensors{dx, dw, db} : Tensors{dx};
+                },
+                in, dtype);
+        }
+}

@@ -246,6 +246,120 @@ void nll_loss_backward(const c10::OperatorHandle&, std::vector<c10::IValue>& sta
   push_results(stack, {at::where(keep, g * grad, 0)});
 }
 
+// silu(x) = x * sigmoid(x).
+void silu(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
+  const at::Tensor x = stack[0].toTensor();
+  const at::Tensor xc = upcast(x);
+  push_results(stack, {(xc * at::sigmoid(xc)).to(x.scalar_type())});
+}
+
+// silu_backward(grad, x): grad * s * (1 + x * (1 - s)), s = sigmoid(x).
+void silu_backward(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
+  const at::Tensor grad = stack[0].toTensor(), x = stack[1].toTensor();
+  const at::Tensor xc = upcast(x), s = at::sigmoid(xc);
+  push_results(stack, {(upcast(grad) * s * (1 + xc * (1 - s))).to(x.scalar_type())});
+}
+
+// threshold_backward(grad, x, threshold): grad where x > threshold, else 0
+// (relu's backward).
+void threshold_backward(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
+  const at::Tensor grad = stack[0].toTensor(), x = stack[1].toTensor();
+  const c10::Scalar threshold = stack[2].toScalar();
+  push_results(stack, {at::where(x <= threshold, at::zeros({}, grad.options()), grad)});
+}
+
+// addcmul(self, a, b, value) = self + value * a * b; addcdiv with a / b.
+void addcmul(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
+  const at::Tensor self = stack[0].toTensor(), a = stack[1].toTensor(), b = stack[2].toTensor();
+  const c10::Scalar value = stack[3].toScalar();
+  push_results(stack, {self + value * (a * b)});
+}
+
+void addcdiv(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
+  const at::Tensor self = stack[0].toTensor(), a = stack[1].toTensor(), b = stack[2].toTensor();
+  const c10::Scalar value = stack[3].toScalar();
+  push_results(stack, {self + value * (a / b)});
+}
+
+// mse_loss(x, target, reduction): (x - target)^2, reduced.
+void mse_loss(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
+  const at::Tensor x = stack[0].toTensor(), target = stack[1].toTensor();
+  const int64_t reduction = stack[2].toInt();
+  const at::Tensor d = x - target;
+  at::Tensor loss = d * d;
+  if (reduction == at::Reduction::Mean) loss = loss.mean();
+  if (reduction == at::Reduction::Sum) loss = loss.sum();
+  push_results(stack, {loss});
+}
+
+// mse_loss_backward(grad, x, target, reduction): 2 (x - target) grad, over
+// the element count for the mean.
+void mse_loss_backward(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
+  const at::Tensor grad = stack[0].toTensor(), x = stack[1].toTensor(), target = stack[2].toTensor();
+  const int64_t reduction = stack[3].toInt();
+  const double norm = reduction == at::Reduction::Mean ? 2.0 / static_cast<double>(x.numel()) : 2.0;
+  push_results(stack, {norm * (x - target) * grad});
+}
+
+// embedding_dense_backward(grad, indices, num_weights, padding_idx,
+// scale_grad_by_freq): each row of grad added into its index's row
+// (index_put with accumulate), none into padding_idx; with
+// scale_grad_by_freq each divided by how often its index occurs.
+void embedding_dense_backward(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
+  const at::Tensor grad = stack[0].toTensor(), indices = stack[1].toTensor();
+  const int64_t num_weights = stack[2].toInt(), padding_idx = stack[3].toInt();
+  const bool scale_grad_by_freq = stack[4].toBool();
+  const int64_t dim = grad.size(-1);
+  const at::Tensor idx = indices.reshape({-1});
+  at::Tensor rows = grad.reshape({-1, dim});
+  if (scale_grad_by_freq) {
+    const at::Tensor counts =
+        at::index_put(at::zeros({num_weights}, grad.options()), {idx}, at::ones_like(idx, grad.options()), true);
+    rows = rows / at::index_select(counts, 0, idx).unsqueeze(1);
+  }
+  if (padding_idx >= 0) rows = at::where((idx != padding_idx).unsqueeze(1), rows, at::zeros({}, rows.options()));
+  push_results(stack, {at::index_put(at::zeros({num_weights, dim}, grad.options()), {idx}, rows, true)});
+}
+
+// native_batch_norm_backward(grad, x, weight?, running_mean?, running_var?,
+// save_mean?, save_invstd?, train, eps, output_mask): with the per-channel
+// sums over every dim but 1 (N values each), in training
+//   dx = (grad - (x - mean) * invstd^2 * sum(grad (x - mean)) / N - sum(grad) / N) * invstd * weight,
+// in eval dx = grad * invstd * weight with the running statistics;
+// dweight = sum(grad (x - mean)) * invstd, dbias = sum(grad).
+void native_batch_norm_backward(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
+  const at::Tensor grad = stack[0].toTensor(), x = stack[1].toTensor();
+  const auto weight = stack[2].toOptional<at::Tensor>();
+  const auto running_mean = stack[3].toOptional<at::Tensor>(), running_var = stack[4].toOptional<at::Tensor>();
+  const auto save_mean = stack[5].toOptional<at::Tensor>(), save_invstd = stack[6].toOptional<at::Tensor>();
+  const bool train = stack[7].toBool();
+  const double eps = stack[8].toDouble();
+  const auto mask = stack[9].toBoolList();
+  std::vector<int64_t> axes, shape(static_cast<size_t>(x.dim()), 1);
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (d != 1) axes.push_back(d);
+  shape[1] = x.size(1);
+  const double n = static_cast<double>(x.numel()) / static_cast<double>(x.size(1));
+  const at::Tensor xc = upcast(x), g = upcast(grad);
+  const at::Tensor mean = train ? *save_mean : upcast(*running_mean);
+  const at::Tensor invstd = train ? *save_invstd : at::rsqrt(upcast(*running_var) + eps);
+  const at::Tensor centered = xc - mean.reshape(shape);
+  const at::Tensor grad_sum = g.sum(axes);
+  const at::Tensor dot = (g * centered).sum(axes);
+  const bool has_weight = weight && weight->defined();
+  const at::Tensor scale = has_weight ? invstd * upcast(*weight) : invstd;
+  at::Tensor dx, dw, db;
+  if (mask.get(0)) {
+    dx = train ? (g - centered * (invstd * invstd * dot / n).reshape(shape) - (grad_sum / n).reshape(shape)) *
+                     scale.reshape(shape)
+               : g * scale.reshape(shape);
+    dx = dx.to(x.scalar_type());
+  }
+  if (mask.get(1) && has_weight) dw = (dot * invstd).to(weight->scalar_type());
+  if (mask.get(2) && has_weight) db = grad_sum.to(weight->scalar_type());
+  push_results(stack, {dx, dw, db});
+}
+
 }  // namespace
 
 DecompositionTable spmd_decomposition_table() {
@@ -287,6 +401,15 @@ DecompositionTable core_aten_decompositions() {
       {"aten::native_layer_norm_backward", native_layer_norm_backward},
       {"aten::nll_loss_forward", nll_loss_forward},
       {"aten::nll_loss_backward", nll_loss_backward},
+      {"aten::silu", silu},
+      {"aten::silu_backward", silu_backward},
+      {"aten::threshold_backward", threshold_backward},
+      {"aten::addcmul", addcmul},
+      {"aten::addcdiv", addcdiv},
+      {"aten::mse_loss", mse_loss},
+      {"aten::mse_loss_backward", mse_loss_backward},
+      {"aten::embedding_dense_backward", embedding_dense_backward},
+      {"aten::native_batch_norm_backward", native_batch_norm_backward},
   };
   DecompositionTable table;
   for (const auto& [name, decomposition] : entries)

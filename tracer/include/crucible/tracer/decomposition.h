@@ -37,9 +37,11 @@ DecompositionTable spmd_decomposition_table();
 /// compute, so that a code generator fuses them with their neighbours (the
 /// part of torch._decomp's core_aten_decompositions, and of inductor's
 /// select_decomp_table, that the zoo's graphs reach): _softmax, _log_softmax
-/// and their backwards, gelu and gelu_backward (exact and tanh), the
-/// native_layer_norm forward and backward, nll_loss_forward and
-/// nll_loss_backward. Values agree with the fused kernels up to the order
+/// and their backwards, gelu and gelu_backward (exact and tanh), silu and
+/// its backward, threshold_backward (relu's backward), addcmul, addcdiv,
+/// mse_loss and its backward, the native_layer_norm forward and backward,
+/// native_batch_norm_backward, embedding_dense_backward, nll_loss_forward
+/// and nll_loss_backward (cross_entropy is log_softmax then nll_loss). Values agree with the fused kernels up to the order
 /// of floating-point sums, not bitwise (Note [Core ATen decompositions] in
 /// decomposition.cpp): use it for a fusing backend, not where bitwise
 /// equality with eager is wanted. Give it to Builder::decompositions or
