@@ -255,3 +255,34 @@ TEST_CASE("core decompositions: native_batch_norm_backward, training and eval, w
                 in, dtype);
         }
 }
+
+TEST_CASE("core decompositions: an in-place op is its out-of-place variant's decomposition, then copy_",
+          "[tracer][decomp]") {
+  // Note [Decomposing in-place ops]: on a plain input (make_fx keeps the
+  // write), and functionalized (the write becomes an output).
+  at::manual_seed(8);
+  auto fn = [](const Tensors& t) {
+    t[0].addcmul_(t[1], t[2], 0.5);
+    return Tensors{t[0] * 2};
+  };
+  const Tensors in = {at::randn({3}), at::randn({3}), at::randn({3})};
+  for (const bool functionalize : {false, true}) {
+    INFO((functionalize ? "functionalized" : "in place"));
+    tracer::TraceOptions options;
+    options.decompositions = tracer::core_aten_decompositions();
+    options.functionalize = functionalize;
+    const tracer::TraceResult r = tracer::make_fx(fn, clones(in), options);
+    CHECK(count_calls(r.graph, "aten::addcmul_") == 0);
+    CHECK(count_calls(r.graph, "aten::addcmul") == 0);
+    Tensors eager_in = clones(in), graph_in = clones(in);
+    const Tensors expected = fn(eager_in);
+    const Tensors actual = run_traced(r, graph_in);
+    REQUIRE_CLOSE(actual[0], expected[0], 1e-6, 1e-6);
+    // The write: into the input in place, or the new value as an output.
+    if (functionalize) {
+      REQUIRE_CLOSE(actual.back(), eager_in[0], 1e-6, 1e-6);
+    } else {
+      REQUIRE_CLOSE(graph_in[0], eager_in[0], 1e-6, 1e-6);
+    }
+  }
+}

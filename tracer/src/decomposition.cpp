@@ -268,17 +268,20 @@ void threshold_backward(const c10::OperatorHandle&, std::vector<c10::IValue>& st
   push_results(stack, {at::where(x <= threshold, at::zeros({}, grad.options()), grad)});
 }
 
-// addcmul(self, a, b, value) = self + value * a * b; addcdiv with a / b.
+// addcmul(self, a, b, value) = self + value * a * b; addcdiv with a / b (no
+// multiplication when value is 1).
 void addcmul(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
   const at::Tensor self = stack[0].toTensor(), a = stack[1].toTensor(), b = stack[2].toTensor();
   const c10::Scalar value = stack[3].toScalar();
-  push_results(stack, {self + value * (a * b)});
+  const at::Tensor prod = a * b;
+  push_results(stack, {value.equal(1) ? self + prod : self + value * prod});
 }
 
 void addcdiv(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
   const at::Tensor self = stack[0].toTensor(), a = stack[1].toTensor(), b = stack[2].toTensor();
   const c10::Scalar value = stack[3].toScalar();
-  push_results(stack, {self + value * (a / b)});
+  const at::Tensor quot = a / b;
+  push_results(stack, {value.equal(1) ? self + quot : self + value * quot});
 }
 
 // mse_loss(x, target, reduction): (x - target)^2, reduced.

@@ -89,7 +89,36 @@ const TraceSession::OpInfo& TraceSession::info(const c10::OperatorHandle& op) {
   i.data_dependent = data_dependent_reason(op);
   i.hidden_writes = has_hidden_writes(i.name);
   if (auto d = options_.decompositions.find(i.name); d != options_.decompositions.end()) i.decomposition = &d->second;
+  if (!i.decomposition && !options_.decompositions.empty()) find_out_of_place_decomposition(op, i);
   return ops_.emplace(key, std::move(i)).first->second;
+}
+
+// Note [Decomposing in-place ops]
+// A decomposition table names functional ops (aten::addcmul), but a program
+// also calls their in-place variants (Tensor::addcmul_), and writes into
+// module state reach the tracer as in-place ops even under functionalization
+// (Note [Functionalizing module state]). As torch._decomp does for the
+// in-place variants it registers, an in-place op `f_` (first argument
+// written, the only one) whose out-of-place variant `f` (same arguments, one
+// result) has a decomposition is traced as that decomposition followed by
+// `self.copy_(result)`: the write stays explicit, and functionalization
+// handles it as any other copy_.
+void TraceSession::find_out_of_place_decomposition(const c10::OperatorHandle& op, OpInfo& i) {
+  const c10::FunctionSchema& schema = op.schema();
+  const std::string& name = schema.name();
+  if (name.size() < 2 || name.back() != '_' || schema.arguments().empty()) return;
+  size_t written = 0;
+  for (const c10::Argument& a : schema.arguments()) written += a.alias_info() && a.alias_info()->isWrite();
+  const auto* self = schema.arguments()[0].alias_info();
+  if (written != 1 || !self || !self->isWrite()) return;
+  auto functional = c10::Dispatcher::singleton().findSchema({name.substr(0, name.size() - 1), schema.overload_name()});
+  if (!functional || functional->schema().arguments().size() != schema.arguments().size() ||
+      functional->schema().returns().size() != 1 || functional->schema().is_mutable())
+    return;
+  auto d = options_.decompositions.find(ir::operator_name(*functional));
+  if (d == options_.decompositions.end()) return;
+  i.out_of_place = *functional;
+  i.out_of_place_decomposition = &d->second;
 }
 
 // Note [Devices in fake mode]
@@ -504,6 +533,23 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
                      "outside the traced function and pass it in, or keep the decision in tensors "
                      "(at::where instead of if, masks instead of nonzero)");
   if (i.hidden_writes && options_.functionalize && trace_functional_variant(op, stack, base)) return;
+  if (i.out_of_place_decomposition) {
+    // See Note [Decomposing in-place ops].
+    std::vector<c10::IValue> local(stack.begin() + static_cast<std::ptrdiff_t>(base), stack.end());
+    at::Tensor self = local[0].toTensor();
+    stack.resize(base);
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      c10::impl::ExcludeDispatchKeyGuard no_functionalize(c10::DispatchKey::Functionalize);
+      (*i.out_of_place_decomposition)(*i.out_of_place, local);
+      if (local.size() != 1 || !local[0].isTensor())
+        throw TraceError("the decomposition of " + ir::operator_name(*i.out_of_place) + " (for " + i.name +
+                         ") did not leave one tensor on the stack");
+      self.copy_(local[0].toTensor());
+    }
+    stack.emplace_back(self);
+    return;
+  }
   if (i.decomposition) {
     std::vector<c10::IValue> local(stack.begin() + static_cast<std::ptrdiff_t>(base), stack.end());
     stack.resize(base);

@@ -112,6 +112,10 @@ class TraceSession {
   struct OpInfo {
     const char* data_dependent = nullptr;  // why, when the op is data-dependent
     const Decomposition* decomposition = nullptr;
+    // An in-place op whose out-of-place variant has a decomposition: that
+    // variant and its decomposition (Note [Decomposing in-place ops]).
+    std::optional<c10::OperatorHandle> out_of_place;
+    const Decomposition* out_of_place_decomposition = nullptr;
     bool hidden_writes = false;  // Note [Ops with hidden writes]
     std::string name;
   };
@@ -147,6 +151,7 @@ class TraceSession {
   };
 
   const OpInfo& info(const c10::OperatorHandle& op);
+  void find_out_of_place_decomposition(const c10::OperatorHandle& op, OpInfo& i);
   ir::Value* lookup(const at::Tensor& t);
   bool is_reached(const at::Tensor& t) const;
   bool trace_functional_variant(const c10::OperatorHandle& op, torch::jit::Stack& stack, size_t base);
