@@ -1,15 +1,16 @@
 #include "training.h"
 
+#include <crucible/partitioner/min_cut_partition.h>
 #include <crucible/pipeline/builder.h>
 #include <crucible/runtime/instruments.h>
 #include <crucible/runtime/timing.h>
 #include <crucible/tracer/decomposition.h>
 
-#include <CLI/CLI.hpp>
 #include <torch/nn/module.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <set>
@@ -25,7 +26,8 @@ void OptimizerFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--optimizer", kind, "torch::optim optimizer")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
       ->capture_default_str();
-  cmd.add_option("--lr", lr, "learning rate (default 0.002 for adam and adamw, 0.02 for sgd)")->check(greater_than_zero());
+  cmd.add_option("--lr", lr, "learning rate (default 0.002 for adam and adamw, 0.02 for sgd)")
+      ->check(greater_than_zero());
   cmd.add_option("--momentum", momentum, "SGD's momentum")->capture_default_str();
   cmd.add_option("--weight-decay", weight_decay, "weight decay")->capture_default_str();
 }
@@ -58,6 +60,11 @@ void CompileFlags::add_to(CLI::App& cmd) {
                  "backend; not bitwise eager)")
       ->check(CLI::IsMember({"none", "core"}))
       ->capture_default_str();
+  cmd.add_option("--partitioner", partitioner,
+                 "how a joint graph is split: default (save what the backward reads) or min-cut (recompute "
+                 "cheap ops instead of saving them)")
+      ->check(CLI::IsMember({"default", "min-cut"}))
+      ->capture_default_str();
 }
 
 void CompileFlags::apply(pipeline::Builder& builder) const {
@@ -65,6 +72,10 @@ void CompileFlags::apply(pipeline::Builder& builder) const {
   tracer::TraceOptions options = builder.trace_options();
   options.mode = trace_mode == "fake" ? tracer::TraceMode::Fake : tracer::TraceMode::Real;
   if (decompositions == "core") options.decompositions = tracer::core_aten_decompositions();
+  if (partitioner == "min-cut")
+    builder.partitioner([](const ir::Graph& joint, size_t num_fwd_outputs) {
+      return partitioner::min_cut_rematerialization_partition(joint, num_fwd_outputs);
+    });
   builder.trace_options(options);
 }
 
@@ -119,14 +130,16 @@ double total_stage_s(const runtime::PhaseTimer& timer) {
 
 std::string describe_stages(const runtime::PhaseTimer& timer) {
   std::string out;
-  for (const auto& [stage, s] : ordered_stages(timer)) out += (out.empty() ? "" : ", ") + stage + " " + fixed(1e3 * s, 1) + " ms";
+  for (const auto& [stage, s] : ordered_stages(timer))
+    out += (out.empty() ? "" : ", ") + stage + " " + fixed(1e3 * s, 1) + " ms";
   return out + "; total " + fixed(1e3 * total_stage_s(timer), 1) + " ms";
 }
 
 std::string describe_counters(const runtime::Counters& counters) {
   std::string out;
   for (const auto& [group, keys] : counters.snapshot())
-    for (const auto& [key, count] : keys) out += (out.empty() ? "" : ", ") + group + "." + key + ": " + std::to_string(count);
+    for (const auto& [key, count] : keys)
+      out += (out.empty() ? "" : ", ") + group + "." + key + ": " + std::to_string(count);
   return out.empty() ? "none" : out;
 }
 

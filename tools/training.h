@@ -3,11 +3,11 @@
 // per-stage compile times in stage order.
 #pragma once
 
-#include <crucible/pipeline/train_step.h>
 #include <crucible/models/zoo.h>
+#include <crucible/pipeline/train_step.h>
 
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,11 +15,11 @@
 namespace CLI {
 class App;
 class Validator;
-}
+}  // namespace CLI
 namespace crucible::runtime {
 class Counters;
 class PhaseTimer;
-}
+}  // namespace crucible::runtime
 
 namespace crucible::tools {
 
@@ -33,22 +33,24 @@ struct OptimizerFlags {
   /// 0.002 for adam and adamw, 0.02 for sgd.
   double default_lr() const;
   double effective_lr() const { return lr.value_or(default_lr()); }
-  /// Adds the five flags to `cmd`.
+  /// Adds the six flags to `cmd`.
   void add_to(CLI::App& cmd);
   /// A torch::optim optimizer of this kind over `params`.
   std::unique_ptr<torch::optim::Optimizer> make(const std::vector<at::Tensor>& params) const;
 };
 
 /// --passes, --pre-grad-passes, --joint-passes, --trace-mode,
-/// --decompositions: how the builder compiles (Note [Pass phases],
-/// AotConfig::trace_mode, tracer::core_aten_decompositions).
+/// --decompositions, --partitioner: how the builder compiles (Note [Pass
+/// phases], AotConfig::trace_mode, tracer::core_aten_decompositions, Note
+/// [Min-cut partition]).
 struct CompileFlags {
   std::vector<std::string> passes;  ///< post-grad; default: the builder's
   std::vector<std::string> pre_grad_passes;
   std::vector<std::string> joint_passes;
-  std::string trace_mode = "real";  ///< real or fake
+  std::string trace_mode = "real";      ///< real or fake
   std::string decompositions = "none";  ///< none or core (tracer::core_aten_decompositions)
-  /// Adds the five flags to `cmd`.
+  std::string partitioner = "default";  ///< default or min-cut (partitioner/min_cut_partition.h)
+  /// Adds the six flags to `cmd`.
   void add_to(CLI::App& cmd);
   /// Sets the builder's pass lists and trace mode. Throws ir::IrError for an
   /// unknown pass.

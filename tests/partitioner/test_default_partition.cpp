@@ -21,7 +21,9 @@ namespace {
 
 struct Builder {
   ir::Graph g;
-  ir::Value* primal(std::string_view name, const at::Tensor& t) { return g.add_placeholder(name, ir::TensorMeta::of(t)); }
+  ir::Value* primal(std::string_view name, const at::Tensor& t) {
+    return g.add_placeholder(name, ir::TensorMeta::of(t));
+  }
   ir::Value* tangent(std::string_view name, const at::Tensor& t) {
     return g.add_placeholder(name, ir::TensorMeta::of(t), ir::InputSpec{ir::InputKind::Tangent, {}, {}});
   }

@@ -7,10 +7,10 @@
 #include <crucible/ir/graph.h>
 #include <crucible/ir/parser.h>
 
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <unistd.h>
 
 using crucible::testing::run_cli;
 
@@ -74,4 +74,26 @@ TEST_CASE("crucible compile needs --dump-dir", "[tools][compile][errors]") {
   const auto r = run_cli("compile --model mlp");
   CHECK(r.exit_code != 0);
   CHECK_THAT(r.err, CRUCIBLE_HAS_SUBSTR("--dump-dir"));
+}
+
+TEST_CASE("crucible compile --partitioner min-cut saves no more than the default partition", "[tools][compile]") {
+  auto saved_bytes = [](const std::string& partitioner) {
+    const std::string dir = "/tmp/crucible_compile_" + partitioner + "_" + std::to_string(::getpid());
+    std::filesystem::remove_all(dir);
+    const auto r = run_cli("compile --model convnet --no-svg --partitioner " + partitioner + " --dump-dir " + dir);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    const crucible::ir::Graph forward = crucible::ir::parse(read(dir + "/forward.00.partition.txt"));
+    int64_t bytes = 0;
+    const auto outputs = forward.outputs();
+    for (size_t i = 0; i < outputs.size(); ++i)
+      if (forward.signature().outputs[i].kind == crucible::ir::OutputKind::SavedValue)
+        bytes += outputs[i]->meta().nbytes();
+    std::filesystem::remove_all(dir);
+    return bytes;
+  };
+  const int64_t by_default = saved_bytes("default"), min_cut = saved_bytes("min-cut");
+  INFO("saved bytes: default " << by_default << ", min-cut " << min_cut);
+  CHECK(min_cut > 0);
+  CHECK(min_cut <= by_default);
 }

@@ -1,0 +1,75 @@
+// The min-cut rematerialization partition: what the forward saves for the
+// backward chosen by a minimum cut over the joint graph, cheap ops recomputed
+// in the backward instead of saved (torch/_functorch/partitioners.py's
+// min_cut_rematerialization_partition, which compile_fx passes as its
+// partition_fn).
+#pragma once
+
+#include <crucible/partitioner/partition.h>
+
+#include <cstddef>
+#include <string>
+#include <unordered_set>
+
+namespace crucible::partitioner {
+
+// Note [Min-cut partition]
+// The joint graph becomes a flow network with two vertices per value, v_in
+// and v_out, joined by an edge whose capacity is what saving v costs: its
+// bytes (TensorMeta::nbytes) for a tensor, infinite for a value that cannot
+// cross to the backward (a non-tensor). Every use u -> v adds an infinite
+// edge u_out -> v_in. The source feeds, with infinite capacity, every
+// primal and every value whose node may not be recomputed (the heuristics
+// below): those exist only in the forward. Every value that depends on a
+// tangent feeds the sink: it exists only in the backward. A minimum s-t cut
+// (Boost.Graph's boykov_kolmogorov_max_flow) then cuts v_in -> v_out edges
+// only, and their values are the cheapest set to save such that everything
+// else the backward needs can be recomputed from them; the backward
+// recomputes it (Note [Default partition] for how the graphs are built).
+// Heuristics, each a MinCutOptions switch, as the seed's:
+//  - ban_compute_intensive: matrix products and convolutions (mm, addmm,
+//    bmm, baddbmm, matmul, convolution and its backward, attention) are
+//    never recomputed: their FLOPs cost more than their bytes.
+//  - side effects are never recomputed (Note [Order of side effects]):
+//    random ops (recomputing one draws new numbers; with functionalized RNG,
+//    crucible::philox_rand takes its seed and offset as inputs and is an
+//    ordinary op), writes, collectives.
+//  - only_recompute_cheap_ops: only what a fusing backend recomputes for
+//    free is recomputed: pointwise ops (ATen's `pointwise` tag), views,
+//    small reductions (sum, mean, amax, amin), and a few layout and factory
+//    ops (cat, expand, clone, _to_copy, where, full, zeros, ones, ...).
+//    Anything else (softmax, layer norm, batch norm, embedding) is saved.
+//  - max_recompute_distance: a forward value more than this many uses away
+//    from the first backward use is not recomputed (long chains cost time
+//    for little memory).
+
+struct MinCutOptions {
+  bool ban_compute_intensive = true;
+  bool only_recompute_cheap_ops = true;
+  size_t max_recompute_distance = 1000;
+};
+
+/// What the cut chose, for inspection (crucible compile --dump-dir).
+struct MinCutReport {
+  /// Joint-graph names of the saved values, and of the values both parts
+  /// compute (the forward for its outputs, the backward again instead of
+  /// saving them).
+  std::unordered_set<std::string> saved, recomputed;
+  /// Bytes of the saved tensors (the cut's capacity).
+  double saved_bytes = 0;
+};
+
+/// Splits `joint` per Note [Joint graph contract], saving what Note
+/// [Min-cut partition] chooses. Same results and errors as
+/// default_partition (PartitionError), with saved bytes never above its.
+/// Throws PartitionError naming the value when a value the backward needs
+/// has no metadata (its bytes are unknown). `report`, if given, receives
+/// what was saved and recomputed.
+PartitionResult min_cut_rematerialization_partition(const ir::Graph& joint, size_t num_fwd_outputs,
+                                                    const MinCutOptions& options = {}, MinCutReport* report = nullptr);
+
+/// Bytes of the saved values of a partition's forward (its SavedValue
+/// outputs), by their metadata.
+double saved_bytes(const PartitionResult& partition);
+
+}  // namespace crucible::partitioner

@@ -1,0 +1,182 @@
+// min_cut_rematerialization_partition through AOTAutograd against eager
+// LibTorch: every zoo model's loss and gradients, saved bytes never above
+// the default partition's, and each heuristic of Note [Min-cut partition]
+// on a small function whose best cut is known.
+#include <crucible/autograd/aot_function.h>
+#include <crucible/autograd/aot_module.h>
+#include <crucible/models/zoo.h>
+#include <crucible/partitioner/default_partition.h>
+#include <crucible/partitioner/min_cut_partition.h>
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/utils.h>
+
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "catch.h"
+#include "graph_testing.h"
+#include "testing.h"
+
+using namespace crucible;
+using Tensors = std::vector<at::Tensor>;
+
+namespace {
+
+// What a partition made: its saved values, their bytes, the backward graph.
+struct Record {
+  std::vector<std::string> saved_values;
+  double bytes = 0;
+  ir::Graph backward;
+};
+
+// A partition function that keeps a Record of what it made.
+struct Recorded {
+  partitioner::MinCutOptions options;
+  bool min_cut = true;
+  std::shared_ptr<Record> result = std::make_shared<Record>();
+  std::shared_ptr<partitioner::MinCutReport> report = std::make_shared<partitioner::MinCutReport>();
+  partitioner::PartitionFn fn() const {
+    return [*this](const ir::Graph& joint, size_t n) {
+      partitioner::PartitionResult r =
+          min_cut ? partitioner::min_cut_rematerialization_partition(joint, n, options, report.get())
+                  : partitioner::default_partition(joint, n);
+      result->saved_values = r.saved_values;
+      result->bytes = partitioner::saved_bytes(r);
+      result->backward = r.backward.clone();
+      return r;
+    };
+  }
+};
+
+// fn's value and input gradients, compiled with `partition` and eagerly, on
+// copies of `inputs`; checked equal within the gradient tolerance (the
+// backward recomputes with the forward's own kernels, so values agree; sums
+// of gradients may run in another order).
+void check_against_eager(const tracer::TensorFn& fn, const Tensors& inputs, const Recorded& partition) {
+  autograd::AotConfig config;
+  config.partition_fn = partition.fn();
+  config.cache = nullptr;
+  const autograd::AotFunction compiled = autograd::aot_function(fn, config);
+  Tensors c_in, e_in;
+  for (const at::Tensor& t : inputs) {
+    c_in.push_back(t.detach().clone().requires_grad_(t.is_floating_point()));
+    e_in.push_back(t.detach().clone().requires_grad_(t.is_floating_point()));
+  }
+  at::manual_seed(7);
+  const at::Tensor got = compiled(c_in).at(0);
+  got.backward();
+  at::manual_seed(7);
+  const at::Tensor expected = fn(e_in).at(0);
+  expected.backward();
+  REQUIRE_EQUAL_TENSORS(got.detach(), expected.detach());
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (e_in[i].grad().defined()) REQUIRE_CLOSE(c_in[i].grad(), e_in[i].grad(), testing::kGradRtol, testing::kGradAtol);
+}
+
+}  // namespace
+
+TEST_CASE("min-cut: a pointwise chain is recomputed from its input instead of saved", "[partitioner][min_cut]") {
+  // exp(sin(x)).sum(): the backward reads exp's result and x; sin(x) and
+  // exp(sin(x)) are pointwise, so saving x alone suffices.
+  auto fn = [](const Tensors& in) { return Tensors{at::exp(at::sin(in[0])).sum()}; };
+  const Tensors in = {at::randn({64})};
+  Recorded min_cut, by_default;
+  by_default.min_cut = false;
+  check_against_eager(fn, in, min_cut);
+  check_against_eager(fn, in, by_default);
+  CHECK(min_cut.result->saved_values.size() == 1);
+  CHECK(by_default.result->saved_values.size() == 2);
+  CHECK(min_cut.result->bytes == 64 * 4);
+  CHECK(testing::count_calls(min_cut.result->backward, "aten::sin") == 1);
+  CHECK(testing::count_calls(min_cut.result->backward, "aten::exp") == 1);
+  CHECK(min_cut.report->recomputed == std::unordered_set<std::string>{"sin", "exp"});
+
+  SECTION("max_recompute_distance bounds how far from the backward a value is recomputed") {
+    // sin(x) is one use away from the backward (exp reads it, the backward
+    // reads exp's result): with a bound of 0 it is not recomputed.
+    Recorded bounded;
+    bounded.options.max_recompute_distance = 0;
+    check_against_eager(fn, in, bounded);
+    CHECK(bounded.report->recomputed.count(min_cut.result->saved_values[0]) == 0);
+    CHECK(testing::count_calls(bounded.result->backward, "aten::sin") == 0);
+  }
+}
+
+TEST_CASE("min-cut: compute-intensive ops are saved, not recomputed (ban_compute_intensive)",
+          "[partitioner][min_cut]") {
+  // sin(x @ w).sum(): cos(x @ w) needs the product. x and w are saved for
+  // their gradients anyway, so without the ban the cheapest cut recomputes
+  // the mm; with it, the product is saved.
+  auto fn = [](const Tensors& in) { return Tensors{at::sin(at::mm(in[0], in[1])).sum()}; };
+  const Tensors in = {at::randn({8, 16}), at::randn({16, 4})};
+  Recorded banned, free;
+  free.options.ban_compute_intensive = false;
+  free.options.only_recompute_cheap_ops = false;
+  check_against_eager(fn, in, banned);
+  check_against_eager(fn, in, free);
+  CHECK(testing::count_calls(banned.result->backward, "aten::mm") == 2);  // the two gradients
+  CHECK(testing::count_calls(free.result->backward, "aten::mm") == 3);    // and the product again
+  CHECK(banned.result->bytes == (8 * 16 + 16 * 4 + 8 * 4) * 4);
+  CHECK(free.result->bytes == (8 * 16 + 16 * 4) * 4);
+}
+
+TEST_CASE("min-cut: a random op is never recomputed: the backward reads the forward's mask", "[partitioner][min_cut]") {
+  auto fn = [](const Tensors& in) {
+    auto [y, mask] = at::native_dropout(in[0], 0.5, true);
+    return Tensors{at::sin(y).sum()};
+  };
+  Recorded min_cut;
+  check_against_eager(fn, {at::randn({256})}, min_cut);
+  CHECK(testing::count_calls(min_cut.result->backward, "aten::native_dropout") == 0);
+}
+
+TEST_CASE("min-cut: only cheap ops are recomputed (only_recompute_cheap_ops)", "[partitioner][min_cut]") {
+  // softmax is no pointwise op: its result is saved however cheap in bytes.
+  auto fn = [](const Tensors& in) { return Tensors{at::sin(at::_softmax(in[0], 1, false)).sum()}; };
+  Recorded min_cut;
+  check_against_eager(fn, {at::randn({4, 8})}, min_cut);
+  CHECK(testing::count_calls(min_cut.result->backward, "aten::_softmax") == 0);
+}
+
+TEST_CASE("min-cut: every zoo model's loss and gradients equal eager, saving no more than the default partition",
+          "[partitioner][min_cut][zoo]") {
+  for (const std::string& name : models::model_names()) {
+    INFO(name);
+    double bytes[2] = {0, 0};
+    for (const bool min_cut : {false, true}) {
+      torch::manual_seed(0);
+      models::Model compiled = models::make_model(name), eager = models::make_model(name);
+      models::copy_state(*compiled.module, *eager.module);
+      compiled.module->train();
+      eager.module->train();
+      const data::Batch batch = compiled.example_batch(4, 0);
+      Recorded partition;
+      partition.min_cut = min_cut;
+      autograd::AotConfig config;
+      config.partition_fn = partition.fn();
+      config.cache = nullptr;
+      const autograd::AotModule f = autograd::aot_module(
+          compiled.module,
+          [loss = models::loss_of(compiled)](torch::nn::Module& m, const Tensors& in) { return Tensors{loss(m, in)}; },
+          config);
+      const at::Tensor loss = f({batch.inputs, batch.targets}).at(0);
+      loss.backward();
+      const at::Tensor eager_loss = models::loss_of(eager)(*eager.module, {batch.inputs, batch.targets});
+      eager_loss.backward();
+      REQUIRE_EQUAL_TENSORS(loss.detach(), eager_loss.detach());
+      auto eager_params = eager.module->named_parameters();
+      for (const auto& p : compiled.module->named_parameters()) {
+        INFO(p.key());
+        REQUIRE_CLOSE(p.value().grad(), eager_params[p.key()].grad(), testing::kGradRtol, testing::kGradAtol);
+      }
+      bytes[min_cut] = partition.result->bytes;
+    }
+    INFO("saved bytes: default " << bytes[0] << ", min-cut " << bytes[1]);
+    CHECK(bytes[1] <= bytes[0]);
+    CHECK(bytes[1] > 0);
+  }
+}
