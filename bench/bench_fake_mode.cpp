@@ -4,8 +4,8 @@
 // The peak is the growth of the process's high-water mark (VmHWM, reset
 // through /proc/self/clear_refs before each compile) in MiB.
 #include <crucible/ir/graph.h>
-#include <crucible/pipeline/builder.h>
 #include <crucible/models/zoo.h>
+#include <crucible/pipeline/builder.h>
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
@@ -63,7 +63,8 @@ void compile_train_step(benchmark::State& state, const std::string& model, const
   };
   // GPT-2 small at batch 1 is what a real trace of it fits in on a 24 GiB machine.
   for (const Case& c : {Case{"gpt", "small", 8}, Case{"resnet18", "small", 8}, Case{"gpt", "full", 1}})
-    for (auto [mode, mode_name] : {std::pair{tracer::TraceMode::Real, "real"}, std::pair{tracer::TraceMode::Fake, "fake"}})
+    for (auto [mode, mode_name] :
+         {std::pair{tracer::TraceMode::Real, "real"}, std::pair{tracer::TraceMode::Fake, "fake"}})
       benchmark::RegisterBenchmark(
           ("BM_CompileTrainStep/" + std::string(c.model) + "/" + c.size + "/" + mode_name).c_str(),
           [c, mode = mode](benchmark::State& state) { compile_train_step(state, c.model, c.size, mode); })

@@ -27,8 +27,8 @@ Graph add_chain(int64_t n) {
 }
 
 void set_per_node(benchmark::State& state) {
-  state.counters["per_node"] = benchmark::Counter(static_cast<double>(state.range(0)),
-                                                  benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  state.counters["per_node"] = benchmark::Counter(
+      static_cast<double>(state.range(0)), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
 void BM_InterpreterAddChain(benchmark::State& state) {

@@ -128,16 +128,35 @@ void interpret_rewritten(benchmark::State& state, const std::string& model, cons
 std::string linear_3d(int64_t bt, int64_t k, int64_t n) {
   const std::string b = "2", t = std::to_string(bt / 2), K = std::to_string(k), N = std::to_string(n),
                     BT = std::to_string(bt);
-  return "%x : f32[" + b + ", " + t + ", " + K + "] = placeholder()\n"
-         "%w : f32[" + N + ", " + K + "] = placeholder()\n"
-         "%b : f32[" + N + "] = placeholder()\n"
-         "%t : f32[" + K + ", " + N + "] stride=[1, " + K + "] = aten::t(%w)\n"
-         "%view : f32[" + BT + ", " + K + "] = aten::view(%x, [" + BT + ", " + K + "])\n"
-         "%mm : f32[" + BT + ", " + N + "] = aten::mm(%view, %t)\n"
-         "%uv : f32[" + b + ", " + t + ", " + N + "] = aten::_unsafe_view(%mm, [" + b + ", " + t + ", " + N + "])\n"
-         "%add : f32[" + b + ", " + t + ", " + N + "] = aten::add.Tensor(%uv, %b)\n"
-         "%flat : f32[" + BT + ", " + N + "] = aten::_unsafe_view(%add, [" + BT + ", " + N + "])\n"
-         "%out : f32[" + std::to_string(bt * n) + "] = aten::_unsafe_view(%flat, [" + std::to_string(bt * n) + "])\n"
+  return "%x : f32[" + b + ", " + t + ", " + K +
+         "] = placeholder()\n"
+         "%w : f32[" +
+         N + ", " + K +
+         "] = placeholder()\n"
+         "%b : f32[" +
+         N +
+         "] = placeholder()\n"
+         "%t : f32[" +
+         K + ", " + N + "] stride=[1, " + K +
+         "] = aten::t(%w)\n"
+         "%view : f32[" +
+         BT + ", " + K + "] = aten::view(%x, [" + BT + ", " + K +
+         "])\n"
+         "%mm : f32[" +
+         BT + ", " + N +
+         "] = aten::mm(%view, %t)\n"
+         "%uv : f32[" +
+         b + ", " + t + ", " + N + "] = aten::_unsafe_view(%mm, [" + b + ", " + t + ", " + N +
+         "])\n"
+         "%add : f32[" +
+         b + ", " + t + ", " + N +
+         "] = aten::add.Tensor(%uv, %b)\n"
+         "%flat : f32[" +
+         BT + ", " + N + "] = aten::_unsafe_view(%add, [" + BT + ", " + N +
+         "])\n"
+         "%out : f32[" +
+         std::to_string(bt * n) + "] = aten::_unsafe_view(%flat, [" + std::to_string(bt * n) +
+         "])\n"
          "return (%out)\n";
 }
 

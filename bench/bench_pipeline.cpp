@@ -18,9 +18,9 @@
 #include <crucible/ir/error.h>
 #include <crucible/ir/interpreter.h>
 #include <crucible/ir/pass_manager.h>
+#include <crucible/models/zoo.h>
 #include <crucible/partitioner/default_partition.h>
 #include <crucible/pipeline/builder.h>
-#include <crucible/models/zoo.h>
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>

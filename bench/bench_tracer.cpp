@@ -32,8 +32,8 @@ Tensors deep_mlp(const Tensors& in) {
 
 void set_per_node(benchmark::State& state, int64_t nodes) {
   state.counters["nodes"] = static_cast<double>(nodes);
-  state.counters["per_node"] = benchmark::Counter(static_cast<double>(nodes),
-                                                  benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  state.counters["per_node"] = benchmark::Counter(
+      static_cast<double>(nodes), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
 void BM_TraceDeepMlp(benchmark::State& state) {

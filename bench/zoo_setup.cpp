@@ -11,13 +11,15 @@ namespace crucible::bench {
 
 int64_t bench_batch(const std::string& model) { return model == "mlp" || model == "convnet" ? 32 : 8; }
 
-ZooSetup::ZooSetup(const std::string& name) : ZooSetup((torch::manual_seed(0), models::make_model(name)), bench_batch(name)) {}
+ZooSetup::ZooSetup(const std::string& name)
+    : ZooSetup((torch::manual_seed(0), models::make_model(name)), bench_batch(name)) {}
 
 ZooSetup::ZooSetup(models::Model m, int64_t batch_size) : model(std::move(m)) {
   model.module->train();
   const data::Batch b = model.example_batch(batch_size, /*seed=*/0);
   batch = {b.inputs, b.targets};
-  optimizer = std::make_unique<torch::optim::SGD>(model.module->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  optimizer =
+      std::make_unique<torch::optim::SGD>(model.module->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
 }
 
 ZooSetup::~ZooSetup() = default;
@@ -29,7 +31,9 @@ tracer::TraceResult ZooSetup::trace_forward(bool functionalize) const {
   options.trace.functionalize = functionalize;
   return tracer::functional_call(
       *model.module,
-      [this](torch::nn::Module&, const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{model.forward(in[0])}; },
+      [this](torch::nn::Module&, const std::vector<at::Tensor>& in) {
+        return std::vector<at::Tensor>{model.forward(in[0])};
+      },
       {batch[0]}, options);
 }
 

@@ -2,8 +2,8 @@
 // benchmarks time: its forward and joint traces and an unoptimized train step.
 #pragma once
 
-#include <crucible/pipeline/train_step.h>
 #include <crucible/models/zoo.h>
+#include <crucible/pipeline/train_step.h>
 #include <crucible/tracer/make_fx.h>
 
 #include <ATen/core/Tensor.h>

@@ -4,12 +4,12 @@
 // as they are (--benchmark_repetitions=3, ...).
 #include "commands.h"
 
-#include <crucible/pipeline/error.h>
 #include <crucible/models/zoo.h>
+#include <crucible/pipeline/error.h>
 
-#include <CLI/CLI.hpp>
-#include <benchmark/benchmark.h>
 #include <bench_pipeline.h>
+#include <benchmark/benchmark.h>
+#include <CLI/CLI.hpp>
 
 #include <memory>
 
@@ -34,9 +34,8 @@ void run_bench_command(const BenchCommandOptions& o, const std::vector<std::stri
   if (stages.empty())
     for (const auto& [stage, fn] : bench::pipeline_stages()) stages.push_back(stage);
   const std::vector<std::string>& models = o.models.empty() ? models::model_names() : o.models;
-  std::vector<std::string> args = {"crucible bench",
-                                   "--benchmark_filter=^BM_Pipeline" + alternatives(stages) + "/" +
-                                       alternatives(models) + "$"};
+  std::vector<std::string> args = {
+      "crucible bench", "--benchmark_filter=^BM_Pipeline" + alternatives(stages) + "/" + alternatives(models) + "$"};
   if (o.list) args.push_back("--benchmark_list_tests=true");
   if (!o.json.empty()) {
     args.push_back("--benchmark_out=" + o.json);
@@ -58,9 +57,10 @@ void run_bench_command(const BenchCommandOptions& o, const std::vector<std::stri
 
 void add_bench_command(CLI::App& app) {
   auto o = std::make_shared<BenchCommandOptions>();
-  CLI::App* cmd = app.add_subcommand(
-      "bench", "per-stage compile times and a training step, compiled vs eager, for the zoo's models "
-               "(Google Benchmark; flags after -- go to it)");
+  CLI::App* cmd =
+      app.add_subcommand("bench",
+                         "per-stage compile times and a training step, compiled vs eager, for the zoo's models "
+                         "(Google Benchmark; flags after -- go to it)");
   std::vector<std::string> stages;
   for (const auto& [stage, fn] : bench::pipeline_stages()) stages.push_back(stage);
   cmd->add_option("--model", o->models, "models to run (default: all)")

@@ -8,16 +8,16 @@
 #include "training.h"
 
 #include <crucible/autograd/aot_module.h>
+#include <crucible/models/zoo.h>
 #include <crucible/pipeline/backend_registry.h>
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/instruments.h>
-#include <crucible/models/zoo.h>
 #include <crucible/runtime/instruments.h>
 #include <crucible/runtime/timing.h>
 
-#include <CLI/CLI.hpp>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
+#include <CLI/CLI.hpp>
 
 #include <iostream>
 #include <memory>
@@ -69,8 +69,8 @@ void run_compile_command(const CompileCommandOptions& o) {
   timed = builder;
   timed.instrument(std::make_shared<runtime::CounterRecorder>(counters))
       .instrument(std::make_shared<runtime::StageTimer>(aot_timer));
-  const autograd::AotModule aot =
-      timed.compile(model.module, [loss = models::loss_of(model)](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+  const autograd::AotModule aot = timed.compile(
+      model.module, [loss = models::loss_of(model)](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
         return std::vector<at::Tensor>{loss(m, in)};
       });
   aot(inputs).at(0).backward();

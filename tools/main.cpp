@@ -4,8 +4,8 @@
 
 #include <crucible/ir/error.h>
 
-#include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
+#include <CLI/CLI.hpp>
 
 #include <exception>
 #include <iostream>

@@ -1,8 +1,8 @@
 #include "progress.h"
 
+#include <unistd.h>
 #include <algorithm>
 #include <iostream>
-#include <unistd.h>
 
 namespace crucible::tools {
 

@@ -10,8 +10,8 @@
 #include <crucible/models/zoo.h>
 #include <crucible/tracer/functional_call.h>
 
-#include <CLI/CLI.hpp>
 #include <torch/nn/module.h>
+#include <CLI/CLI.hpp>
 
 #include <iostream>
 #include <memory>

@@ -10,23 +10,23 @@
 #include "training.h"
 
 #include <crucible/autograd/aot_module.h>
-#include <crucible/pipeline/backend_registry.h>
 #include <crucible/data/batcher.h>
-#include <crucible/pipeline/builder.h>
-#include <crucible/pipeline/error.h>
 #include <crucible/data/fashion_mnist.h>
-#include <crucible/pipeline/instruments.h>
 #include <crucible/data/synthetic_tokens.h>
 #include <crucible/models/zoo.h>
+#include <crucible/pipeline/backend_registry.h>
+#include <crucible/pipeline/builder.h>
+#include <crucible/pipeline/error.h>
+#include <crucible/pipeline/instruments.h>
 #include <crucible/runtime/instruments.h>
 #include <crucible/runtime/timing.h>
 
 #include <ATen/ATen.h>
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 #include <torch/utils.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -135,9 +135,7 @@ double test_accuracy(torch::nn::Module& module, const std::function<at::Tensor(c
   return total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
 }
 
-data::Batch on(const data::Batch& b, const at::Device& device) {
-  return {b.inputs.to(device), b.targets.to(device)};
-}
+data::Batch on(const data::Batch& b, const at::Device& device) { return {b.inputs.to(device), b.targets.to(device)}; }
 
 void run_train_command(const TrainCommandOptions& o) {
   const bool gpt = o.model == "gpt";
@@ -150,8 +148,9 @@ void run_train_command(const TrainCommandOptions& o) {
   const bool compiled = o.backend != "eager";
   const at::Device device(o.device);
   if (device.is_cuda() && !at::hasCUDA())
-    throw pipeline::PipelineError("--device cuda: no CUDA device is usable here (no GPU, or a LibTorch without "
-                                  "CUDA); train with --device cpu");
+    throw pipeline::PipelineError(
+        "--device cuda: no CUDA device is usable here (no GPU, or a LibTorch without "
+        "CUDA); train with --device cpu");
 
   // Eager CUDA training does not repeat itself bit for bit: cuDNN's default
   // weight-gradient kernels accumulate with atomics in no fixed order, and two
@@ -232,8 +231,8 @@ void run_train_command(const TrainCommandOptions& o) {
       eager_loss = models::eager_train_step(*eager, *eager_optimizer, b).item<double>();
       eager_s += std::chrono::duration<double>(clock::now() - start).count();
     }
-    bar.update(i + 1, "loss " + fixed(loss, 4) + "  " +
-                          fixed(static_cast<double>((i + 1) * o.batch) / train_s, 0) + " samples/s");
+    bar.update(i + 1, "loss " + fixed(loss, 4) + "  " + fixed(static_cast<double>((i + 1) * o.batch) / train_s, 0) +
+                          " samples/s");
   }
   const double samples_per_s = static_cast<double>(steps * o.batch) / train_s;
   bar.finish("loss " + fixed(loss, 4) + "  " + fixed(samples_per_s, 0) + " samples/s");
@@ -243,9 +242,10 @@ void run_train_command(const TrainCommandOptions& o) {
   std::function<at::Tensor(const at::Tensor&)> forward = model.forward;
   std::optional<autograd::AotModule> compiled_forward;
   if (compiled) {
-    compiled_forward = builder.compile(model.module, [f = model.forward](torch::nn::Module&, const std::vector<at::Tensor>& in) {
-      return std::vector<at::Tensor>{f(in.at(0))};
-    });
+    compiled_forward =
+        builder.compile(model.module, [f = model.forward](torch::nn::Module&, const std::vector<at::Tensor>& in) {
+          return std::vector<at::Tensor>{f(in.at(0))};
+        });
     forward = [&compiled_forward](const at::Tensor& x) { return (*compiled_forward)({x}).at(0); };
   }
   int64_t counted = 0;
@@ -287,10 +287,10 @@ void run_train_command(const TrainCommandOptions& o) {
     j["max_param_diff"] = diff;
     j["eager_test_accuracy"] = eager_accuracy;
     j["eager_samples_per_s"] = static_cast<double>(steps * o.batch) / eager_s;
-    std::cout << "agreement with eager: max |param diff| " << sci(diff) << ", final loss " << fixed(loss, 6)
-              << " vs " << fixed(eager_loss, 6) << " (|diff| " << sci(std::abs(loss - eager_loss)) << "), test accuracy " << fixed(100 * accuracy, 2) << "% vs "
-              << fixed(100 * eager_accuracy, 2) << "%: " << (agree ? "agree" : "DIFFER") << " within "
-              << sci(o.tolerance) << "\n";
+    std::cout << "agreement with eager: max |param diff| " << sci(diff) << ", final loss " << fixed(loss, 6) << " vs "
+              << fixed(eager_loss, 6) << " (|diff| " << sci(std::abs(loss - eager_loss)) << "), test accuracy "
+              << fixed(100 * accuracy, 2) << "% vs " << fixed(100 * eager_accuracy, 2)
+              << "%: " << (agree ? "agree" : "DIFFER") << " within " << sci(o.tolerance) << "\n";
   }
   if (o.json) std::cout << j.dump() << "\n";
   std::cout.flush();
@@ -309,8 +309,8 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--dataset", o->dataset, "training data (default: fashion-mnist, synthetic for gpt)")
       ->check(CLI::IsMember({"fashion-mnist", "synthetic"}));
-  auto* epochs = cmd->add_option("--epochs", o->epochs, "passes over the training set (default 1)")
-                     ->check(at_least_one());
+  auto* epochs =
+      cmd->add_option("--epochs", o->epochs, "passes over the training set (default 1)")->check(at_least_one());
   auto* steps = cmd->add_option("--steps", o->steps, "training steps (default: one epoch; 200 on synthetic data)")
                     ->check(at_least_one());
   epochs->excludes(steps);

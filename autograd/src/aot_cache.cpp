@@ -14,8 +14,9 @@ size_t AotCache::KeyHash::operator()(const Key& k) const {
 AotCache::Compiled AotCache::compile(const ir::Backend& backend, std::string_view compiler_key, std::string_view kind,
                                      const ir::Graph& graph, const std::vector<at::Tensor>& example_inputs) {
   if (compiler_key.empty())
-    throw AotError("AotCache::compile: an empty compiler_key names no compiler, and unknown compilers are never "
-                   "shared; set AotConfig::compiler_key to what identifies the backends and their options");
+    throw AotError(
+        "AotCache::compile: an empty compiler_key names no compiler, and unknown compilers are never "
+        "shared; set AotConfig::compiler_key to what identifies the backends and their options");
   Key key;
   try {
     key.graph = ir::graph_hash(graph);

@@ -7,11 +7,11 @@
 #include <crucible/autograd/runtime_wrapper.h>
 #include <crucible/autograd/synthetic_base_wrapper.h>
 
+#include <crucible/runtime/rng_state_guard.h>
 #include "compile_record.h"
 #include "compiled_function.h"
 #include "graph_capture.h"
 #include "lift_inputs.h"
-#include <crucible/runtime/rng_state_guard.h>
 
 #include <ATen/ATen.h>
 
@@ -46,10 +46,10 @@ ir::CompiledFn aot_dispatch_base(AotRequest& request) {
     for (InputAliasInfo& in : request.fw_metadata.input_info)
       in.mutation_in_graph = in.mutates_data && !in.mutates_metadata;
   const ir::Graph g = detail::create_inference_graph(request);
-  AotCache::Compiled compiled = detail::run_backend(
-      request.config.instruments, "inference_compiler", request.config.inference_graph_name,
-      request.config.inference_compiler, request.config.cache, request.config.compiler_key, "inference", g,
-      detached(request.flat_args));
+  AotCache::Compiled compiled =
+      detail::run_backend(request.config.instruments, "inference_compiler", request.config.inference_graph_name,
+                          request.config.inference_compiler, request.config.cache, request.config.compiler_key,
+                          "inference", g, detached(request.flat_args));
   return wrap_runtime(std::move(compiled.fn), request);
 }
 
@@ -74,9 +74,9 @@ ir::CompiledFn aot_dispatch_autograd(AotRequest& request) {
   graphs->compiler_key = request.config.compiler_key;
   graphs->compile_id = request.compile_id;
   graphs->instruments = request.config.instruments;
-  graphs->forward = detail::run_backend(request.config.instruments, "fw_compiler", "forward", request.config.fw_compiler,
-                                        request.config.cache, request.config.compiler_key, "forward", parts.forward,
-                                        detached(request.flat_args))
+  graphs->forward = detail::run_backend(request.config.instruments, "fw_compiler", "forward",
+                                        request.config.fw_compiler, request.config.cache, request.config.compiler_key,
+                                        "forward", parts.forward, detached(request.flat_args))
                         .fn;
   graphs->backward_graph = std::move(parts.backward);
   // Inputs that get no gradient are detached before the call (the seed's
@@ -110,7 +110,8 @@ AotCompiled create_aot_dispatcher_function(AotRequest request) {
   ir::StageScope compile(instruments, ir::StageEvent{"compile", {}, true, false, false, compile_id, reason});
   try {
     runtime::RngStateGuard keep_rng;  // See Note [RNG during compilation].
-    if (request.config.pre_grad) request.flat_fn = request.config.pre_grad(request.flat_fn, request.trace, request.flat_args);
+    if (request.config.pre_grad)
+      request.flat_fn = request.config.pre_grad(request.flat_fn, request.trace, request.flat_args);
     {
       ir::StageScope analysis(instruments, ir::StageEvent{"collect_metadata"});
       std::vector<tracer::NamedTensor> found;

@@ -35,8 +35,11 @@ void check_export_inputs(const ViewAndMutationMeta& meta, const std::vector<at::
       for (size_t j = 0; j < args.size(); ++j)
         if (j != i && args[j].defined() && args[i].defined() && args[j].has_storage() && args[i].has_storage() &&
             args[j].is_alias_of(args[i]) && !args[j].is_same(args[i]))
-          throw AotError("aot_export_module: " + describe_input(names, i) + " is written in place and shares storage "
-                         "with " + describe_input(names, j) + "; an exported graph takes its inputs as separate "
+          throw AotError("aot_export_module: " + describe_input(names, i) +
+                         " is written in place and shares storage "
+                         "with " +
+                         describe_input(names, j) +
+                         "; an exported graph takes its inputs as separate "
                          "tensors: pass copies, or one tensor and compute the other from it inside fn");
     if (in.mutates_metadata)
       throw AotError("aot_export_module: " + describe_input(names, i) +
@@ -97,8 +100,9 @@ ir::Graph aot_export_module(torch::nn::Module& module, const tracer::ModuleFn& f
   request.compile_id = "export";
   request.trace_joint = options.trace_joint;
   if (options.trace_joint && !options.output_loss_index)
-    throw AotError("aot_export_module: trace_joint is set, so one output of fn must be a scalar loss; say which "
-                   "with AotExportOptions::output_loss_index");
+    throw AotError(
+        "aot_export_module: trace_joint is set, so one output of fn must be a scalar loss; say which "
+        "with AotExportOptions::output_loss_index");
   runtime::RngStateGuard keep_rng;  // See Note [RNG during compilation].
   std::optional<at::NoGradGuard> no_grad;
   if (!options.trace_joint) no_grad.emplace();

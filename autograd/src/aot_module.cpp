@@ -25,27 +25,27 @@ TraceFn function_trace() {
 }
 
 TraceFn module_trace(std::shared_ptr<torch::nn::Module> module) {
-  return [module](const tracer::TensorFn& body, const std::vector<at::Tensor>& args,
-                  const tracer::TraceOptions& options) {
-    const size_t num_state = module_state(*module).size();
-    tracer::ModuleTraceOptions module_options;
-    module_options.trace = options;
-    module_options.gradients_as_outputs = true;  // Note [Gradients a function accumulates]
-    // functional_call counts lifted inputs among the arguments after the state.
-    for (size_t& i : module_options.trace.lifted_inputs) {
-      if (i < num_state) throw AotError("module state input " + std::to_string(i) + " cannot be a lifted input");
-      i -= num_state;
-    }
-    const std::vector<at::Tensor> rest(args.begin() + static_cast<std::ptrdiff_t>(num_state), args.end());
-    return tracer::functional_call(
-        *module,
-        [&body](torch::nn::Module& m, const std::vector<at::Tensor>& traced) {
-          std::vector<at::Tensor> full = module_state(m);
-          full.insert(full.end(), traced.begin(), traced.end());
-          return body(full);
-        },
-        rest, module_options);
-  };
+  return
+      [module](const tracer::TensorFn& body, const std::vector<at::Tensor>& args, const tracer::TraceOptions& options) {
+        const size_t num_state = module_state(*module).size();
+        tracer::ModuleTraceOptions module_options;
+        module_options.trace = options;
+        module_options.gradients_as_outputs = true;  // Note [Gradients a function accumulates]
+        // functional_call counts lifted inputs among the arguments after the state.
+        for (size_t& i : module_options.trace.lifted_inputs) {
+          if (i < num_state) throw AotError("module state input " + std::to_string(i) + " cannot be a lifted input");
+          i -= num_state;
+        }
+        const std::vector<at::Tensor> rest(args.begin() + static_cast<std::ptrdiff_t>(num_state), args.end());
+        return tracer::functional_call(
+            *module,
+            [&body](torch::nn::Module& m, const std::vector<at::Tensor>& traced) {
+              std::vector<at::Tensor> full = module_state(m);
+              full.insert(full.end(), traced.begin(), traced.end());
+              return body(full);
+            },
+            rest, module_options);
+      };
 }
 
 tracer::TensorFn module_flat_fn(std::shared_ptr<torch::nn::Module> module, tracer::ModuleFn fn) {
@@ -107,8 +107,8 @@ tracer::TensorFn aot_module_simplified(std::shared_ptr<torch::nn::Module> module
   if (!compiled.lifted.append_to(flat))
     throw AotError("aot_module_simplified: " + compiled.lifted.freed() + " while the function was compiled");
   auto guards = std::make_shared<const runtime::InputGuards>(flat, grad_enabled, detail::training_flags(*module));
-  return [module, state = std::move(state), guards, compiled = std::move(compiled)](
-             const std::vector<at::Tensor>& inputs) {
+  return [module, state = std::move(state), guards,
+          compiled = std::move(compiled)](const std::vector<at::Tensor>& inputs) {
     std::vector<at::Tensor> args;
     args.reserve(state.size() + inputs.size() + compiled.lifted.size());
     args.insert(args.end(), state.begin(), state.end());

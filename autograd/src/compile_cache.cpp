@@ -27,8 +27,8 @@ void CompileCache::compile(std::vector<at::Tensor> args, const std::vector<bool>
 }
 
 std::shared_ptr<const CompileCache::Entry> CompileCache::entry_for(std::vector<at::Tensor>& args,
-                                                                    const std::vector<bool>& extra,
-                                                                    std::optional<size_t> num_params_buffers) {
+                                                                   const std::vector<bool>& extra,
+                                                                   std::optional<size_t> num_params_buffers) {
   const size_t first_input = num_params_buffers.value_or(config_.num_params_buffers);
   for (size_t i = 0; i < args.size(); ++i)
     if (!args[i].defined())

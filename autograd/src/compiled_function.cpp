@@ -5,13 +5,13 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <crucible/autograd/error.h>
 
-
 namespace crucible::autograd::detail {
 
 const ir::CompiledFn& CompiledGraphs::compiled_backward(const std::vector<at::Tensor>& example_inputs) {
   std::call_once(backward_compiled, [&] {
     // The lazy part of the compilation: a "compile" of its own (Note [Compilation stages]).
-    ir::StageScope compile(instruments, ir::StageEvent{"compile", {}, true, false, false, compile_id, "first backward"});
+    ir::StageScope compile(instruments,
+                           ir::StageEvent{"compile", {}, true, false, false, compile_id, "first backward"});
     try {
       backward = run_backend(instruments, "bw_compiler", "backward", bw_compiler, cache, compiler_key, "backward",
                              backward_graph, example_inputs)
@@ -55,7 +55,8 @@ torch::autograd::variable_list CompiledFunction::forward(torch::autograd::Autogr
   // before the backward fails the backward, as it does in eager.
   torch::autograd::variable_list saved;
   saved.reserve(results.size() - graphs->num_fwd_outputs);
-  for (auto it = results.begin() + num_outs; it != results.end(); ++it) saved.push_back(it->is_view() ? it->detach() : *it);
+  for (auto it = results.begin() + num_outs; it != results.end(); ++it)
+    saved.push_back(it->is_view() ? it->detach() : *it);
   ctx->save_for_backward(saved);
   ctx->saved_data["graphs"] = c10::IValue::make_capsule(graphs);
   // A backend may return one tensor for two outputs (a mutated input's new
@@ -89,7 +90,8 @@ torch::autograd::variable_list CompiledFunction::backward(torch::autograd::Autog
   const ir::CompiledFn& bw = graphs->compiled_backward(inputs);
   // See Note [Double backward]: create_graph runs the backward in grad mode.
   const bool create_graph = at::GradMode::is_enabled();
-  const std::vector<at::Tensor> backward_inputs = create_graph ? inputs : std::vector<at::Tensor>{};  // bw may steal them
+  const std::vector<at::Tensor> backward_inputs =
+      create_graph ? inputs : std::vector<at::Tensor>{};  // bw may steal them
   std::vector<at::Tensor> grads;
   {
     // See Note [Autocast in compiled graphs].

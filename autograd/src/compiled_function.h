@@ -26,8 +26,8 @@ struct CompiledGraphs : torch::CustomClassHolder {
   std::string compiler_key;
   std::once_flag backward_compiled;
   ir::CompiledFn backward;
-  size_t num_fwd_outputs = 0;           // outputs the Function returns (before the saved values)
-  std::vector<size_t> tangent_outputs;  // forward outputs that have a tangent, in order
+  size_t num_fwd_outputs = 0;                // outputs the Function returns (before the saved values)
+  std::vector<size_t> tangent_outputs;       // forward outputs that have a tangent, in order
   std::vector<bool> differentiable_outputs;  // per forward output: whether tangent_outputs holds it
   std::vector<ir::TensorMeta> tangent_meta;
   std::vector<size_t> gradient_inputs;  // per backward output: the primal it is the gradient of

@@ -25,8 +25,8 @@ struct PhiloxTraceState {
 
 }  // namespace detail
 
-at::Tensor philox_rand(c10::IntArrayRef size, const at::Tensor& seed, const at::Tensor& offset,
-                       c10::ScalarType dtype, c10::Device device, bool normal) {
+at::Tensor philox_rand(c10::IntArrayRef size, const at::Tensor& seed, const at::Tensor& offset, c10::ScalarType dtype,
+                       c10::Device device, bool normal) {
   const auto s = static_cast<uint64_t>(seed.item<int64_t>());
   const auto o = static_cast<uint64_t>(offset.item<int64_t>());
   at::Tensor out = at::empty(size, at::TensorOptions().dtype(at::kFloat));
@@ -42,8 +42,9 @@ at::Tensor philox_rand(c10::IntArrayRef size, const at::Tensor& seed, const at::
 }
 
 TORCH_LIBRARY_FRAGMENT(crucible, m) {
-  m.def("philox_rand(int[] size, Tensor seed, Tensor offset, ScalarType dtype, Device device, bool normal=False) "
-        "-> Tensor");
+  m.def(
+      "philox_rand(int[] size, Tensor seed, Tensor offset, ScalarType dtype, Device device, bool normal=False) "
+      "-> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(crucible, CompositeExplicitAutograd, m) { m.impl("philox_rand", &philox_rand); }
@@ -54,12 +55,11 @@ using detail::PhiloxTraceState;
 using Stack = std::vector<c10::IValue>;
 
 // One Philox draw of the current trace: crucible::philox_rand at offset + k.
-at::Tensor draw(PhiloxTraceState& st, c10::IntArrayRef size, c10::ScalarType dtype, c10::Device device,
-                bool normal) {
+at::Tensor draw(PhiloxTraceState& st, c10::IntArrayRef size, c10::ScalarType dtype, c10::Device device, bool normal) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("crucible::philox_rand", "")
-                             .typed<at::Tensor(c10::IntArrayRef, const at::Tensor&, const at::Tensor&,
-                                               c10::ScalarType, c10::Device, bool)>();
+                             .typed<at::Tensor(c10::IntArrayRef, const at::Tensor&, const at::Tensor&, c10::ScalarType,
+                                               c10::Device, bool)>();
   const at::Tensor offset = at::add(st.offset, st.draws++);
   return op.call(size, st.seed, offset, dtype, device, normal);
 }

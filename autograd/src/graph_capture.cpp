@@ -31,8 +31,10 @@ ir::TensorMeta new_value_meta(const at::Tensor& input, const InputAliasInfo& inf
 JointGraph create_joint_graph(const AotRequest& request) {
   const ViewAndMutationMeta& meta = request.fw_metadata;
   if (!meta.grad_accumulating_inputs().empty())
-    throw AotError("compilation " + request.compile_id + ": the function runs a backward of its own (it "
-                   "accumulates into the .grad of input " + std::to_string(meta.grad_accumulating_inputs()[0]) +
+    throw AotError("compilation " + request.compile_id +
+                   ": the function runs a backward of its own (it "
+                   "accumulates into the .grad of input " +
+                   std::to_string(meta.grad_accumulating_inputs()[0]) +
                    ") while compiled for autograd, whose backward would then miss those gradients; call it under "
                    "NoGradGuard (a whole training step), or leave the backward to the caller");
   const std::vector<at::Tensor>& flat_args = request.flat_args;
@@ -82,7 +84,8 @@ JointGraph create_joint_graph(const AotRequest& request) {
     for (size_t k : computed) ret.push_back(outs[k]);
     for (size_t b = 0; b < meta.intermediate_bases.size(); ++b)
       for (size_t k = 0; k < outs.size(); ++k)
-        if (meta.output_info[k].output_type == OutputType::alias_of_intermediate && *meta.output_info[k].base_idx == b) {
+        if (meta.output_info[k].output_type == OutputType::alias_of_intermediate &&
+            *meta.output_info[k].base_idx == b) {
           ret.push_back(at::Tensor(outs[k]._base()));
           break;
         }

@@ -26,5 +26,4 @@ tracer::TensorFn module_flat_fn(std::shared_ptr<torch::nn::Module> module, trace
 /// `extra` guard of a compilation over a module.
 std::vector<bool> training_flags(const torch::nn::Module& module);
 
-
 }  // namespace crucible::autograd::detail

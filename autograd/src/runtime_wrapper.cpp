@@ -53,9 +53,10 @@ at::Tensor regenerate_from(const at::Tensor& base, const at::Tensor& view, const
   const at::Tensor typed = reinterpret(base, info.meta.dtype);
   if (view.defined() && view.is_alias_of(base))
     return patch_requires_grad(typed.as_strided(view.sizes(), view.strides(), view.storage_offset()), info);
-  return patch_requires_grad(typed.as_strided(info.meta.sizes, info.meta.strides,
-                                              offset_in(base, base.storage_offset(), info.meta.dtype) + info.offset_delta),
-                             info);
+  return patch_requires_grad(
+      typed.as_strided(info.meta.sizes, info.meta.strides,
+                       offset_in(base, base.storage_offset(), info.meta.dtype) + info.offset_delta),
+      info);
 }
 
 std::vector<at::Tensor> run_epilogue(const EpiloguePlan& plan, const ir::CompiledFn& compiled,
@@ -107,8 +108,12 @@ std::vector<at::Tensor> run_epilogue(const EpiloguePlan& plan, const ir::Compile
   for (size_t k = 0; k < plan.outputs.size(); ++k) {
     const OutputAliasInfo& info = plan.outputs[k];
     switch (info.output_type) {
-      case OutputType::non_alias: user[k] = std::move(outs[plan.graph_output_of[k]]); break;
-      case OutputType::is_input: user[k] = inputs[*info.base_idx]; break;
+      case OutputType::non_alias:
+        user[k] = std::move(outs[plan.graph_output_of[k]]);
+        break;
+      case OutputType::is_input:
+        user[k] = inputs[*info.base_idx];
+        break;
       case OutputType::alias_of_input: {
         const at::Tensor& base = inputs[*info.base_idx];
         user[k] = patch_requires_grad(
@@ -119,11 +124,12 @@ std::vector<at::Tensor> run_epilogue(const EpiloguePlan& plan, const ir::Compile
         break;
       }
       case OutputType::alias_of_intermediate:
-        user[k] = plan.trace_joint ? regenerate_from(outs[plan.first_base + *info.base_idx],
-                                                     outs[plan.graph_output_of[k]], info)
-                                   : std::move(outs[plan.graph_output_of[k]]);
+        user[k] = plan.trace_joint
+                      ? regenerate_from(outs[plan.first_base + *info.base_idx], outs[plan.graph_output_of[k]], info)
+                      : std::move(outs[plan.graph_output_of[k]]);
         break;
-      case OutputType::alias_of_intermediate_base_is_user_output: break;  // below
+      case OutputType::alias_of_intermediate_base_is_user_output:
+        break;  // below
     }
   }
   for (size_t k = 0; k < plan.outputs.size(); ++k) {

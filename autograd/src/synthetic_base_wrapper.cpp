@@ -92,8 +92,8 @@ void AOTSyntheticBaseWrapper::pre_compile(AotRequest& request) {
     sources[i] = merged.size();
     merged.push_back(args[i]);
   }
-  request.flat_fn = [inner = std::move(request.flat_fn), sources, extra = metadata_mutated_](
-                        const std::vector<at::Tensor>& new_args) {
+  request.flat_fn = [inner = std::move(request.flat_fn), sources,
+                     extra = metadata_mutated_](const std::vector<at::Tensor>& new_args) {
     std::vector<at::Tensor> old;
     old.reserve(sources.size());
     for (const Source& s : sources) {

@@ -19,7 +19,8 @@ tracer::TraceResult trace_functionalized(const AotRequest& request, const tracer
   options.freeze = request.config.freeze;
   for (const auto& [name, weak] : request.config.named_modules)
     if (std::shared_ptr<torch::nn::Module> m = weak.lock())
-      for (tracer::NamedTensor& t : tracer::module_state(*m, name).tensors) options.source_names.push_back(std::move(t));
+      for (tracer::NamedTensor& t : tracer::module_state(*m, name).tensors)
+        options.source_names.push_back(std::move(t));
   for (size_t k = 0; k < request.lifted.size(); ++k) {
     options.source_names.push_back({request.lifted_names[k], request.lifted[k]});
     for (size_t i = 0; i < args.size(); ++i)
@@ -36,15 +37,14 @@ tracer::TraceResult trace_functionalized(const AotRequest& request, const tracer
                      "on every run");
     return r;
   } catch (const c10::Error& e) {
-    throw AotError("compilation " + request.compile_id + ": the function failed while traced for " +
-                   std::string(what) + " (it ran on copies; the caller's tensors are unchanged): " +
-                   e.what_without_backtrace());
+    throw AotError("compilation " + request.compile_id + ": the function failed while traced for " + std::string(what) +
+                   " (it ran on copies; the caller's tensors are unchanged): " + e.what_without_backtrace());
   }
 }
 
 at::Tensor unwrap_functional(const at::Tensor& t) {
   return at::functionalization::impl::isFunctionalTensor(t) ? at::functionalization::impl::from_functional_tensor(t)
-                                                             : t;
+                                                            : t;
 }
 
 }  // namespace crucible::autograd::detail

@@ -6,11 +6,16 @@ namespace crucible::autograd {
 
 std::string_view to_string(OutputType type) {
   switch (type) {
-    case OutputType::non_alias: return "non_alias";
-    case OutputType::alias_of_input: return "alias_of_input";
-    case OutputType::is_input: return "is_input";
-    case OutputType::alias_of_intermediate: return "alias_of_intermediate";
-    case OutputType::alias_of_intermediate_base_is_user_output: return "alias_of_intermediate_base_is_user_output";
+    case OutputType::non_alias:
+      return "non_alias";
+    case OutputType::alias_of_input:
+      return "alias_of_input";
+    case OutputType::is_input:
+      return "is_input";
+    case OutputType::alias_of_intermediate:
+      return "alias_of_intermediate";
+    case OutputType::alias_of_intermediate_base_is_user_output:
+      return "alias_of_intermediate_base_is_user_output";
   }
   return "?";
 }

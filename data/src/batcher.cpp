@@ -14,7 +14,7 @@ Batcher::Batcher(at::Tensor inputs, at::Tensor targets, BatcherOptions options)
     throw DataError("Batcher: inputs and targets must be defined tensors with a batch dimension");
   if (inputs_.size(0) != targets_.size(0))
     throw DataError("Batcher: inputs hold " + std::to_string(inputs_.size(0)) + " examples but targets hold " +
-                        std::to_string(targets_.size(0)) + "; both need the same size along dim 0");
+                    std::to_string(targets_.size(0)) + "; both need the same size along dim 0");
   if (options_.batch_size < 1)
     throw DataError("Batcher: batch_size is " + std::to_string(options_.batch_size) + "; it must be at least 1");
 }
@@ -43,7 +43,7 @@ Epoch Batcher::epoch(int64_t epoch) const {
 Batch Epoch::operator[](int64_t i) const {
   if (i < 0 || i >= num_batches_)
     throw DataError("Epoch: batch " + std::to_string(i) + " is out of range; this epoch has " +
-                        std::to_string(num_batches_) + " batches");
+                    std::to_string(num_batches_) + " batches");
   const int64_t b = batcher_->options_.batch_size;
   const int64_t start = i * b, end = std::min(start + b, order_.size(0));
   at::Tensor rows = order_.slice(0, start, end);

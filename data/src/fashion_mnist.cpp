@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <zlib.h>
 
+#include <sys/stat.h>
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -11,7 +12,6 @@
 #include <cstring>
 #include <memory>
 #include <vector>
-#include <sys/stat.h>
 
 namespace crucible::data {
 namespace {

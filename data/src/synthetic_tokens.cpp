@@ -9,8 +9,8 @@ namespace crucible::data {
 Batch synthetic_token_batch(const SyntheticTokenOptions& o, int64_t step) {
   if (o.vocab_size < 2 || o.block_size < 1 || o.batch_size < 1)
     throw DataError("synthetic_token_batch: vocab_size (" + std::to_string(o.vocab_size) + ") must be >= 2, " +
-                        "block_size (" + std::to_string(o.block_size) + ") and batch_size (" +
-                        std::to_string(o.batch_size) + ") >= 1");
+                    "block_size (" + std::to_string(o.block_size) + ") and batch_size (" +
+                    std::to_string(o.batch_size) + ") >= 1");
   // A splitmix-style mix so that nearby (seed, step) pairs give unrelated streams.
   uint64_t z = o.seed + 0x9e3779b97f4a7c15ULL * (static_cast<uint64_t>(step) + 1);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;

@@ -8,11 +8,11 @@
 #include <crucible/pipeline/builder.h>
 
 #include <ATen/ATen.h>
+#include <torch/nn/functional/loss.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/nn/functional/loss.h>
 #include <torch/utils.h>
 
 #include <iostream>

@@ -103,8 +103,8 @@ int main() {
       .backend("timed_interpreter", timed_interpreter(stats))
       .instrument(std::make_shared<StagePrinter>());
   std::printf("custom pipeline: passes dce, relu_to_clamp_min, cse; backend timed_interpreter\n");
-  const pipeline::TrainStep step =
-      builder.compile_train_step(compiled.module, compiled_opt, [&](torch::nn::Module&, const std::vector<at::Tensor>& b) {
+  const pipeline::TrainStep step = builder.compile_train_step(
+      compiled.module, compiled_opt, [&](torch::nn::Module&, const std::vector<at::Tensor>& b) {
         return compiled.loss(compiled.forward(b[0]), b[1]);
       });
 

@@ -36,16 +36,26 @@ bool same_constant(const c10::IValue& a, const c10::IValue& b) {
 size_t hash_constant(const c10::IValue& v) {
   // The kind first (same order as same_constant), then the value.
   size_t h = 0;
-  if (v.isNone()) hash_mix(h, 1);
-  else if (v.isInt()) hash_mix(h, std::hash<int64_t>{}(v.toInt()));
-  else if (v.isDouble()) hash_mix(h, std::hash<uint64_t>{}(std::bit_cast<uint64_t>(v.toDouble())));
-  else if (v.isBool()) hash_mix(h, 2 + v.toBool());
-  else if (v.isString()) hash_mix(h, std::hash<std::string_view>{}(v.toStringRef()));
-  else if (v.isDevice()) hash_mix(h, std::hash<c10::Device>{}(v.toDevice()));
-  else if (v.isIntList()) for (int64_t x : v.toIntList()) hash_mix(h, std::hash<int64_t>{}(x));
-  else if (v.isBoolList()) for (bool x : v.toBoolList()) hash_mix(h, 4 + x);
-  else if (v.isDoubleList()) for (double x : v.toDoubleList()) hash_mix(h, std::bit_cast<uint64_t>(x));
-  else if (v.isPtrType()) hash_mix(h, std::hash<const void*>{}(v.internalToPointer()));
+  if (v.isNone())
+    hash_mix(h, 1);
+  else if (v.isInt())
+    hash_mix(h, std::hash<int64_t>{}(v.toInt()));
+  else if (v.isDouble())
+    hash_mix(h, std::hash<uint64_t>{}(std::bit_cast<uint64_t>(v.toDouble())));
+  else if (v.isBool())
+    hash_mix(h, 2 + v.toBool());
+  else if (v.isString())
+    hash_mix(h, std::hash<std::string_view>{}(v.toStringRef()));
+  else if (v.isDevice())
+    hash_mix(h, std::hash<c10::Device>{}(v.toDevice()));
+  else if (v.isIntList())
+    for (int64_t x : v.toIntList()) hash_mix(h, std::hash<int64_t>{}(x));
+  else if (v.isBoolList())
+    for (bool x : v.toBoolList()) hash_mix(h, 4 + x);
+  else if (v.isDoubleList())
+    for (double x : v.toDoubleList()) hash_mix(h, std::bit_cast<uint64_t>(x));
+  else if (v.isPtrType())
+    hash_mix(h, std::hash<const void*>{}(v.internalToPointer()));
   return h;
 }
 

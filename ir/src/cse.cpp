@@ -107,8 +107,9 @@ bool same_call(const Node* a, const Node* b) {
   for (size_t i = 0; i < a->args().size(); ++i) {
     const Argument &x = a->args()[i], &y = b->args()[i];
     if (x.is_value() != y.is_value() || x.is_value_list() != y.is_value_list()) return false;
-    if (x.is_value() ? x.value() != y.value()
-                     : x.is_value_list() ? x.value_list() != y.value_list() : !detail::same_constant(x.constant(), y.constant()))
+    if (x.is_value()        ? x.value() != y.value()
+        : x.is_value_list() ? x.value_list() != y.value_list()
+                            : !detail::same_constant(x.constant(), y.constant()))
       return false;
   }
   return true;

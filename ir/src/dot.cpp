@@ -38,9 +38,15 @@ std::string label(const Graph& g, const Node* n, size_t placeholder_index) {
       }
       break;
     }
-    case NodeKind::Call: l += escape(n->target()); break;
-    case NodeKind::Constant: l += "constant"; break;
-    case NodeKind::Output: l += "output"; break;
+    case NodeKind::Call:
+      l += escape(n->target());
+      break;
+    case NodeKind::Constant:
+      l += "constant";
+      break;
+    case NodeKind::Output:
+      l += "output";
+      break;
   }
   if (!n->tags().empty()) {
     l += "\\n[";
@@ -52,10 +58,14 @@ std::string label(const Graph& g, const Node* n, size_t placeholder_index) {
 
 std::string_view style(const Node* n) {
   switch (n->kind()) {
-    case NodeKind::Placeholder: return "shape=invhouse, fillcolor=\"#d9ead3\"";
-    case NodeKind::Constant: return "shape=note, fillcolor=\"#fff2cc\"";
-    case NodeKind::Output: return "shape=house, fillcolor=\"#d9d2e9\"";
-    case NodeKind::Call: break;
+    case NodeKind::Placeholder:
+      return "shape=invhouse, fillcolor=\"#d9ead3\"";
+    case NodeKind::Constant:
+      return "shape=note, fillcolor=\"#fff2cc\"";
+    case NodeKind::Output:
+      return "shape=house, fillcolor=\"#d9d2e9\"";
+    case NodeKind::Call:
+      break;
   }
   return n->has_tag("backward") ? "fillcolor=\"#f4cccc\", color=\"#cc0000\", penwidth=2" : "fillcolor=\"#cfe2f3\"";
 }

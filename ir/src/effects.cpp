@@ -12,8 +12,8 @@ bool is_collective(const Node& node) {
   const std::string_view ns = target.substr(0, sep), name = target.substr(sep + 2);
   if (ns == "c10d" || ns == "_c10d_functional" || ns == "_c10d_functional_autograd") return true;
   if (ns != "crucible") return false;
-  static constexpr std::array<std::string_view, 7> kCollectives{"all_reduce", "all_gather", "reduce_scatter", "broadcast",
-                                                                "all_to_all", "wait_tensor", "barrier"};
+  static constexpr std::array<std::string_view, 7> kCollectives{
+      "all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "wait_tensor", "barrier"};
   for (std::string_view c : kCollectives)
     if (name.substr(0, c.size()) == c) return true;
   return false;

@@ -40,15 +40,15 @@ std::vector<Rewrite> view_chain_rewrites() {
   for (const std::string& outer : kViews)
     for (const std::string& inner : kViews) {
       const bool inner_reshape = inner == "aten::reshape", outer_reshape = outer == "aten::reshape";
-      r.push_back(Rewrite{
-          "fold " + outer + "(" + inner + ")",
-          P::call(outer, {P::call(inner, {P::bind("x"), P::ignored()}).named("inner"), P::bind("size")}),
-          P::call(outer, {P::bind("x"), P::bind("size")}),
-          [inner_reshape, outer_reshape](const Match& m) {  // see Note [Folding views]
-            const TensorMeta &x = m.meta("x"), &mid = m.meta("inner"), &end = m.root()->result()->meta();
-            return (!inner_reshape || viewable(x, mid.sizes)) && (!outer_reshape || viewable(mid, end.sizes)) &&
-                   viewable(x, end.sizes);
-          }});
+      r.push_back(
+          Rewrite{"fold " + outer + "(" + inner + ")",
+                  P::call(outer, {P::call(inner, {P::bind("x"), P::ignored()}).named("inner"), P::bind("size")}),
+                  P::call(outer, {P::bind("x"), P::bind("size")}),
+                  [inner_reshape, outer_reshape](const Match& m) {  // see Note [Folding views]
+                    const TensorMeta &x = m.meta("x"), &mid = m.meta("inner"), &end = m.root()->result()->meta();
+                    return (!inner_reshape || viewable(x, mid.sizes)) && (!outer_reshape || viewable(mid, end.sizes)) &&
+                           viewable(x, end.sizes);
+                  }});
     }
   return r;
 }

@@ -41,7 +41,8 @@ Rewrite plain(const std::string& add_op, bool bias_first) {
 }
 
 Rewrite through_view(const std::string& add_op, bool bias_first, const std::string& view) {
-  P viewed = P::call(view, {P::call("aten::mm", {P::bind("a"), P::bind("b")}).named("mm"), P::bind("size")}).named("viewed");
+  P viewed =
+      P::call(view, {P::call("aten::mm", {P::bind("a"), P::bind("b")}).named("mm"), P::bind("size")}).named("viewed");
   P add = bias_first ? P::call(add_op, {P::bind("bias"), std::move(viewed), P::bind("alpha")})
                      : P::call(add_op, {std::move(viewed), P::bind("bias"), P::bind("alpha")});
   P beta = bias_first ? P::constant(int64_t{1}) : P::bind("alpha");

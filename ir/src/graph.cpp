@@ -11,10 +11,14 @@ namespace crucible::ir {
 
 std::string_view to_string(NodeKind kind) {
   switch (kind) {
-    case NodeKind::Placeholder: return "placeholder";
-    case NodeKind::Call: return "call";
-    case NodeKind::Constant: return "constant";
-    case NodeKind::Output: return "output";
+    case NodeKind::Placeholder:
+      return "placeholder";
+    case NodeKind::Call:
+      return "call";
+    case NodeKind::Constant:
+      return "constant";
+    case NodeKind::Output:
+      return "output";
   }
   return "?";
 }
@@ -64,7 +68,8 @@ const TensorMeta& Value::meta() const {
 void Value::replace_all_uses_with(Value* other) {
   if (other == this) return;
   if (other->node_->graph_ != node_->graph_)
-    throw IrError("replace_all_uses_with(%" + name_ + ", %" + other->name_ + "): the values belong to different graphs");
+    throw IrError("replace_all_uses_with(%" + name_ + ", %" + other->name_ +
+                  "): the values belong to different graphs");
   std::vector<Node*> users = users_;
   std::sort(users.begin(), users.end());
   users.erase(std::unique(users.begin(), users.end()), users.end());
@@ -98,7 +103,8 @@ std::vector<Value*> Argument::values() const {
 // --- Node ---------------------------------------------------------------------
 
 const c10::OperatorHandle& Node::op() const {
-  if (!op_) throw IrError("node '" + target_ + "' is a " + std::string(to_string(kind_)) + ", not a call: it has no operator");
+  if (!op_)
+    throw IrError("node '" + target_ + "' is a " + std::string(to_string(kind_)) + ", not a call: it has no operator");
   return *op_;
 }
 
@@ -106,7 +112,8 @@ const c10::FunctionSchema& Node::schema() const { return op().schema(); }
 
 void Node::set_arg(size_t i, Argument a) {
   if (i >= args_.size())
-    throw IrError(target_ + ": argument index " + std::to_string(i) + " out of range (" + std::to_string(args_.size()) + " arguments)");
+    throw IrError(target_ + ": argument index " + std::to_string(i) + " out of range (" + std::to_string(args_.size()) +
+                  " arguments)");
   for (Value* v : a.values())
     if (v->node()->graph() != graph_) throw IrError(target_ + ": argument %" + v->name() + " belongs to another graph");
   drop_uses();
@@ -187,7 +194,8 @@ std::string Graph::unique_name(std::string_view hint) {
 
 void Graph::rename(Value* v, std::string_view name) {
   if (v->name_ == name) return;
-  if (names_.count(std::string(name))) throw IrError("cannot rename %" + v->name_ + " to %" + std::string(name) + ": the name is taken");
+  if (names_.count(std::string(name)))
+    throw IrError("cannot rename %" + v->name_ + " to %" + std::string(name) + ": the name is taken");
   names_.erase(v->name_);
   v->name_ = std::string(name);
   names_[v->name_] = v;
@@ -256,9 +264,9 @@ Node* Graph::add_call(const c10::OperatorHandle& op, std::vector<Argument> args,
   // Result types from the schema; a Tensor[] return expands to list_size tensors.
   std::vector<c10::TypePtr> result_types;
   for (const auto& ret : schema.returns()) {
-    if (auto list = ret.type()->cast<c10::ListType>(); list && list->getElementType()->kind() == c10::TypeKind::TensorType) {
-      if (!list_size)
-        throw IrError(target + " returns Tensor[]: pass the number of tensors it returns (list_size)");
+    if (auto list = ret.type()->cast<c10::ListType>();
+        list && list->getElementType()->kind() == c10::TypeKind::TensorType) {
+      if (!list_size) throw IrError(target + " returns Tensor[]: pass the number of tensors it returns (list_size)");
       result_types.insert(result_types.end(), *list_size, c10::TensorType::get());
     } else {
       result_types.push_back(ret.type());
@@ -289,7 +297,8 @@ Value* Graph::add_constant(c10::IValue value, std::string_view name_hint) {
 
 void Graph::set_output(std::vector<Value*> outputs) {
   for (Value* v : outputs)
-    if (!v || v->node()->graph() != this) throw IrError("set_output: an output value is null or belongs to another graph");
+    if (!v || v->node()->graph() != this)
+      throw IrError("set_output: an output value is null or belongs to another graph");
   if (!output_) {
     nodes_.push_back(std::unique_ptr<Node>(new Node(this, NodeKind::Output, "output")));
     output_ = nodes_.back().get();

@@ -56,8 +56,8 @@ Node* GraphBuilder::placeholder(const ResultDecl& r, InputSpec spec, std::option
   check_open(r.line, r.column, true);
   check_free(r);
   if (!r.meta)
-    throw BuildError("placeholder %" + r.name + " needs a tensor type with dtype and sizes, such as f32[2, 3]",
-                     r.line, r.column);
+    throw BuildError("placeholder %" + r.name + " needs a tensor type with dtype and sizes, such as f32[2, 3]", r.line,
+                     r.column);
   Value* v = g_.add_placeholder(r.name, *r.meta, std::move(spec));
   if (v->name() != r.name) g_.rename(v, r.name);
   const size_t index = placeholder_index_.size();

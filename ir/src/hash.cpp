@@ -84,16 +84,23 @@ class Encoder {
 void encode(Encoder& e, const Literal& l) {
   e.u64(static_cast<uint64_t>(l.kind));
   switch (l.kind) {
-    case Literal::Kind::None: break;
-    case Literal::Kind::Bool: e.u64(l.b); break;
-    case Literal::Kind::Int: e.i64(l.i); break;
+    case Literal::Kind::None:
+      break;
+    case Literal::Kind::Bool:
+      e.u64(l.b);
+      break;
+    case Literal::Kind::Int:
+      e.i64(l.i);
+      break;
     case Literal::Kind::Float:
       e.u64(std::bit_cast<uint64_t>(l.f));
       e.u64(l.single);
       break;
     case Literal::Kind::String:
     case Literal::Kind::Name:
-    case Literal::Kind::Value: e.str(l.s); break;  // no Value literal reaches here (see Hasher::arg)
+    case Literal::Kind::Value:
+      e.str(l.s);
+      break;  // no Value literal reaches here (see Hasher::arg)
     case Literal::Kind::List:
       e.u64(l.items.size());
       for (const Literal& item : l.items) encode(e, item);
@@ -179,7 +186,8 @@ class Hasher {
     e_.tag(Tag::Node);
     e_.u64(static_cast<uint64_t>(n->kind()));
     switch (n->kind()) {
-      case NodeKind::Placeholder: break;  // its InputSpec is hashed with the signature
+      case NodeKind::Placeholder:
+        break;  // its InputSpec is hashed with the signature
       case NodeKind::Call: {
         e_.str(n->target());
         const auto& formals = n->schema().arguments();
@@ -187,7 +195,9 @@ class Hasher {
         for (size_t i = 0; i < n->args().size(); ++i) arg(n->arg(i), formals[i]);
         break;
       }
-      case NodeKind::Constant: constant(n); break;
+      case NodeKind::Constant:
+        constant(n);
+        break;
       case NodeKind::Output:
         e_.u64(n->args().size());
         for (const Argument& a : n->args()) value(a.value());

@@ -39,10 +39,10 @@ enum class SourceKind : uint8_t { Slot, Constant, None, TensorList, OptionalTens
 
 struct Source {
   SourceKind kind;
-  bool move = false;               // Slot: this read is the slot's last one
-  uint32_t slot = kNoSlot;         // Slot
+  bool move = false;                      // Slot: this read is the slot's last one
+  uint32_t slot = kNoSlot;                // Slot
   const c10::IValue* constant = nullptr;  // Constant (owned by the graph)
-  uint32_t begin = 0, end = 0;     // lists: element sources in Plan::elements
+  uint32_t begin = 0, end = 0;            // lists: element sources in Plan::elements
 };
 
 // One schema return: a single IValue into `slot`, or a Tensor[] unpacked into
@@ -119,9 +119,12 @@ class Interpreter::Plan::Builder {
 
   Source& src_at(SourceRef r) {
     switch (r.where) {
-      case SourceRef::Arg: return p_.args[r.index];
-      case SourceRef::Element: return p_.elements[r.index];
-      case SourceRef::Output: return p_.outputs[r.index];
+      case SourceRef::Arg:
+        return p_.args[r.index];
+      case SourceRef::Element:
+        return p_.elements[r.index];
+      case SourceRef::Output:
+        return p_.outputs[r.index];
     }
     return p_.args[r.index];
   }
@@ -136,11 +139,13 @@ class Interpreter::Plan::Builder {
   // A Source reading `v` (for node `user`); records the read as the slot's
   // latest. The caller appends it to `where` at position `index`.
   Source source(Value* v, const Node* user) {
-    if (auto c = constants_.find(v); c != constants_.end()) return Source{SourceKind::Constant, false, kNoSlot, c->second};
+    if (auto c = constants_.find(v); c != constants_.end())
+      return Source{SourceKind::Constant, false, kNoSlot, c->second};
     auto it = slots_.find(v);
     if (it == slots_.end())
-      throw IrError("interpreter: " + describe(user) + " reads %" + v->name() +
-                    " before it is defined (or from another graph); the graph is not in topological order, run verify()");
+      throw IrError(
+          "interpreter: " + describe(user) + " reads %" + v->name() +
+          " before it is defined (or from another graph); the graph is not in topological order, run verify()");
     return Source{SourceKind::Slot, false, it->second};
   }
 
@@ -212,7 +217,8 @@ class Interpreter::Plan::Builder {
     for (Value* v : values) {
       if (!v) {
         if (kind == SourceKind::TensorList)
-          throw IrError("interpreter: " + describe(n) + ": argument '" + formal.name() + "' is Tensor[] but holds None");
+          throw IrError("interpreter: " + describe(n) + ": argument '" + formal.name() +
+                        "' is Tensor[] but holds None");
         p_.elements.push_back(Source{SourceKind::None});
         continue;
       }
@@ -241,9 +247,7 @@ inline c10::IValue read(std::vector<c10::IValue>& slots, const Source& s) {
 
 }  // namespace
 
-Interpreter::Interpreter(const Graph& graph) : plan_(std::make_unique<Plan>()) {
-  Plan::Builder(*plan_).plan(graph);
-}
+Interpreter::Interpreter(const Graph& graph) : plan_(std::make_unique<Plan>()) { Plan::Builder(*plan_).plan(graph); }
 
 Interpreter::~Interpreter() = default;
 Interpreter::Interpreter(Interpreter&&) noexcept = default;
@@ -252,8 +256,8 @@ Interpreter& Interpreter::operator=(Interpreter&&) noexcept = default;
 std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor>& inputs) const {
   const Plan& p = *plan_;
   if (inputs.size() != p.input_slots.size())
-    throw IrError("interpreter: the graph takes " + std::to_string(p.input_slots.size()) + " inputs (one per placeholder), got " +
-                  std::to_string(inputs.size()));
+    throw IrError("interpreter: the graph takes " + std::to_string(p.input_slots.size()) +
+                  " inputs (one per placeholder), got " + std::to_string(inputs.size()));
   std::vector<c10::IValue> slots(p.num_slots);
   for (size_t i = 0; i < inputs.size(); ++i)
     if (p.input_slots[i] != kNoSlot) slots[p.input_slots[i]] = std::move(inputs[i]);

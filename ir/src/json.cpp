@@ -23,16 +23,21 @@ constexpr int kVersion = 1;
 
 json to_json(const Literal& l) {
   switch (l.kind) {
-    case Literal::Kind::None: return nullptr;
-    case Literal::Kind::Bool: return l.b;
-    case Literal::Kind::Int: return l.i;
+    case Literal::Kind::None:
+      return nullptr;
+    case Literal::Kind::Bool:
+      return l.b;
+    case Literal::Kind::Int:
+      return l.i;
     case Literal::Kind::Float:
       if (std::isnan(l.f)) return "nan";
       if (std::isinf(l.f)) return l.f < 0 ? "-inf" : "inf";
       return l.f;  // a float32 widened to double is exact
     case Literal::Kind::String:
-    case Literal::Kind::Name: return l.s;
-    case Literal::Kind::Value: return {{"value", l.s}};
+    case Literal::Kind::Name:
+      return l.s;
+    case Literal::Kind::Value:
+      return {{"value", l.s}};
     case Literal::Kind::List: {
       json a = json::array();
       for (const Literal& e : l.items) a.push_back(to_json(e));
@@ -43,8 +48,8 @@ json to_json(const Literal& l) {
 }
 
 json to_json(const TensorMeta& m) {
-  return {{"dtype", dtype_short_name(m.dtype)}, {"sizes", m.sizes},       {"strides", m.strides},
-          {"storage_offset", m.storage_offset},  {"device", m.device.str()}, {"requires_grad", m.requires_grad}};
+  return {{"dtype", dtype_short_name(m.dtype)}, {"sizes", m.sizes},         {"strides", m.strides},
+          {"storage_offset", m.storage_offset}, {"device", m.device.str()}, {"requires_grad", m.requires_grad}};
 }
 
 json results_of(const Node* n) {
@@ -83,8 +88,10 @@ json node_json(const Graph& g, const Node* n, const std::vector<Value*>& placeho
     }
     case NodeKind::Constant: {
       const c10::IValue& c = n->constant_value();
-      if (!c.isTensor()) j["value"] = to_json(detail::literal_of(c, n->result()->type()));
-      else if (!c.toTensor().is_meta()) j["data"] = to_json(detail::tensor_data(c.toTensor()));
+      if (!c.isTensor())
+        j["value"] = to_json(detail::literal_of(c, n->result()->type()));
+      else if (!c.toTensor().is_meta())
+        j["data"] = to_json(detail::tensor_data(c.toTensor()));
       break;
     }
     case NodeKind::Output: {
@@ -153,8 +160,10 @@ Literal literal_of(const Field& f) {
 TensorMeta meta_of(const Field& f) {
   TensorMeta m;
   const auto dtype = f["dtype"].as<std::string>("a dtype name");
-  if (auto d = dtype_from_short_name(dtype)) m.dtype = *d;
-  else f["dtype"].fail("unknown dtype '" + dtype + "'");
+  if (auto d = dtype_from_short_name(dtype))
+    m.dtype = *d;
+  else
+    f["dtype"].fail("unknown dtype '" + dtype + "'");
   m.sizes = f["sizes"].as<std::vector<int64_t>>("a list of ints");
   m.strides = f["strides"].as<std::vector<int64_t>>("a list of ints");
   if (m.strides.size() != m.sizes.size()) f["strides"].fail("as many strides as sizes expected");
@@ -224,8 +233,8 @@ void read_node(detail::GraphBuilder& b, const Field& f) {
       const auto& formals = op.schema().arguments();
       const Field args = f["args"];
       if (args.array().size() > formals.size())
-        args.fail(target + " takes " + std::to_string(formals.size()) + " arguments, " +
-                  std::to_string(args.j.size()) + " given");
+        args.fail(target + " takes " + std::to_string(formals.size()) + " arguments, " + std::to_string(args.j.size()) +
+                  " given");
       std::vector<Argument> as;
       for (size_t i = 0; i < args.j.size(); ++i) {
         try {

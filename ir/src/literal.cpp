@@ -86,18 +86,25 @@ Value* lookup(const Literal& l, const Graph& g) {
 
 std::string describe(const Literal& l) {
   switch (l.kind) {
-    case Literal::Kind::None: return "None";
-    case Literal::Kind::Bool: return l.b ? "True" : "False";
-    case Literal::Kind::Int: return "int " + std::to_string(l.i);
+    case Literal::Kind::None:
+      return "None";
+    case Literal::Kind::Bool:
+      return l.b ? "True" : "False";
+    case Literal::Kind::Int:
+      return "int " + std::to_string(l.i);
     case Literal::Kind::Float: {
       std::string s = "float ";
       append_float(s, l.f, l.single);
       return s;
     }
-    case Literal::Kind::String: return "string \"" + l.s + "\"";
-    case Literal::Kind::Name: return "'" + l.s + "'";
-    case Literal::Kind::Value: return "value %" + l.s;
-    case Literal::Kind::List: return "a list";
+    case Literal::Kind::String:
+      return "string \"" + l.s + "\"";
+    case Literal::Kind::Name:
+      return "'" + l.s + "'";
+    case Literal::Kind::Value:
+      return "value %" + l.s;
+    case Literal::Kind::List:
+      return "a list";
   }
   return "?";
 }
@@ -120,15 +127,17 @@ Literal literal_of(const c10::IValue& v, const c10::TypePtr& type) {
       case c10::TypeKind::ScalarTypeType:
         if (i >= 0 && i < static_cast<int64_t>(c10::ScalarType::NumOptions)) {
           try {
-            return Literal::of(Literal::Kind::Name,
-                               std::string(dtype_short_name(static_cast<c10::ScalarType>(i))));
+            return Literal::of(Literal::Kind::Name, std::string(dtype_short_name(static_cast<c10::ScalarType>(i))));
           } catch (const IrError&) {  // a dtype without a short name prints as its number
           }
         }
         return Literal::of_int(i);
-      case c10::TypeKind::LayoutType: return enum_name(kLayouts, i);
-      case c10::TypeKind::MemoryFormatType: return enum_name(kMemoryFormats, i);
-      default: return Literal::of_int(i);
+      case c10::TypeKind::LayoutType:
+        return enum_name(kLayouts, i);
+      case c10::TypeKind::MemoryFormatType:
+        return enum_name(kMemoryFormats, i);
+      default:
+        return Literal::of_int(i);
     }
   }
   if (v.isSymInt()) {
@@ -161,9 +170,12 @@ c10::IValue ivalue_of(const Literal& l, const c10::TypePtr& type) {
       if (l.kind != Literal::Kind::None) mismatch(l, "None");
       return {};
     case c10::TypeKind::IntType:
-    case c10::TypeKind::SymIntType: return as_int(l);
-    case c10::TypeKind::FloatType: return as_double(l);
-    case c10::TypeKind::BoolType: return as_bool(l);
+    case c10::TypeKind::SymIntType:
+      return as_int(l);
+    case c10::TypeKind::FloatType:
+      return as_double(l);
+    case c10::TypeKind::BoolType:
+      return as_bool(l);
     case c10::TypeKind::NumberType:
       if (l.kind == Literal::Kind::Int) return l.i;
       if (l.kind == Literal::Kind::Bool) return l.b;
@@ -228,8 +240,8 @@ c10::IValue ivalue_of(const Literal& l, const c10::TypePtr& type) {
 
 c10::TypePtr constant_type(std::string_view name) {
   static const std::array<c10::TypePtr, 10> types{
-      c10::IntType::get(),     c10::FloatType::get(),        c10::BoolType::get(),      c10::StringType::get(),
-      c10::DeviceObjType::get(), c10::NoneType::get(),       c10::ListType::ofInts(),   c10::ListType::ofFloats(),
+      c10::IntType::get(),       c10::FloatType::get(),     c10::BoolType::get(),    c10::StringType::get(),
+      c10::DeviceObjType::get(), c10::NoneType::get(),      c10::ListType::ofInts(), c10::ListType::ofFloats(),
       c10::ListType::ofBools(),  c10::ListType::ofStrings()};
   for (const auto& t : types)
     if (t->str() == name) return t;
@@ -266,7 +278,8 @@ Argument argument_of(const Literal& l, const c10::Argument& formal, const Graph&
     if (l.kind == Literal::Kind::None && optional) return c10::IValue();
     const auto list = strip_optional(type)->cast<c10::ListType>();
     if (!list) {
-      if (l.kind != Literal::Kind::Value) mismatch(l, std::string("a tensor value (%name)") + (optional ? " or None" : ""));
+      if (l.kind != Literal::Kind::Value)
+        mismatch(l, std::string("a tensor value (%name)") + (optional ? " or None" : ""));
       return lookup(l, g);
     }
     const bool optional_items = list->getElementType()->kind() == c10::TypeKind::OptionalType;
@@ -276,7 +289,8 @@ Argument argument_of(const Literal& l, const c10::Argument& formal, const Graph&
       if (e.kind == Literal::Kind::None && optional_items) {
         vs.push_back(nullptr);
       } else {
-        if (e.kind != Literal::Kind::Value) mismatch(e, std::string("a tensor value (%name)") + (optional_items ? " or None" : ""));
+        if (e.kind != Literal::Kind::Value)
+          mismatch(e, std::string("a tensor value (%name)") + (optional_items ? " or None" : ""));
         vs.push_back(lookup(e, g));
       }
     }
@@ -342,7 +356,8 @@ at::Tensor make_tensor(const Literal& data, const TensorMeta& meta) {
   const auto options = at::TensorOptions().dtype(meta.dtype);
   at::Tensor src;
   if (data.kind == Literal::Kind::None) {
-    if (!meta.device.is_meta()) throw BuildError("a tensor constant needs its data (only meta tensors go without)", data.line, data.column);
+    if (!meta.device.is_meta())
+      throw BuildError("a tensor constant needs its data (only meta tensors go without)", data.line, data.column);
   } else {
     const auto& items = data.items;
     if (data.kind != Literal::Kind::List) mismatch(data, "the tensor's data as a list");
@@ -374,8 +389,8 @@ at::Tensor make_tensor(const Literal& data, const TensorMeta& meta) {
     base = at::empty({storage}, options.device(meta.device));
   } else {
     base = at::zeros({storage}, options);
-    const at::Tensor positions =
-        at::arange(storage, at::TensorOptions().dtype(at::kLong)).as_strided(meta.sizes, meta.strides, meta.storage_offset);
+    const at::Tensor positions = at::arange(storage, at::TensorOptions().dtype(at::kLong))
+                                     .as_strided(meta.sizes, meta.strides, meta.storage_offset);
     c10::List<std::optional<at::Tensor>> index;
     index.push_back(positions.reshape({-1}));
     base.index_put_(index, src);
@@ -401,7 +416,8 @@ void append_float(std::string& out, double v, bool single) {
     return;
   }
   char buf[64];
-  auto r = single ? std::to_chars(buf, buf + sizeof buf, static_cast<float>(v)) : std::to_chars(buf, buf + sizeof buf, v);
+  auto r =
+      single ? std::to_chars(buf, buf + sizeof buf, static_cast<float>(v)) : std::to_chars(buf, buf + sizeof buf, v);
   const std::string_view s(buf, r.ptr - buf);
   out += s;
   if (s.find_first_of(".e") == std::string_view::npos) out += ".0";

@@ -50,10 +50,30 @@ struct Literal {
   int line = 0, column = 0;  ///< where it was read (text form only)
 
   static Literal none() { return {}; }
-  static Literal of_bool(bool v) { Literal l; l.kind = Kind::Bool; l.b = v; return l; }
-  static Literal of_int(int64_t v) { Literal l; l.kind = Kind::Int; l.i = v; return l; }
-  static Literal of_float(double v) { Literal l; l.kind = Kind::Float; l.f = v; return l; }
-  static Literal of(Kind k, std::string s) { Literal l; l.kind = k; l.s = std::move(s); return l; }
+  static Literal of_bool(bool v) {
+    Literal l;
+    l.kind = Kind::Bool;
+    l.b = v;
+    return l;
+  }
+  static Literal of_int(int64_t v) {
+    Literal l;
+    l.kind = Kind::Int;
+    l.i = v;
+    return l;
+  }
+  static Literal of_float(double v) {
+    Literal l;
+    l.kind = Kind::Float;
+    l.f = v;
+    return l;
+  }
+  static Literal of(Kind k, std::string s) {
+    Literal l;
+    l.kind = k;
+    l.s = std::move(s);
+    return l;
+  }
 };
 
 /// "int 3", "a string", ... for error messages.

@@ -2,9 +2,9 @@
 
 #include "meta_functions.h"
 
-#include <ATen/core/enum_tag.h>
-#include <ATen/core/Generator.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+#include <ATen/core/enum_tag.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>

@@ -30,9 +30,7 @@ at::Tensor empty_meta(at::IntArrayRef sizes, const at::Tensor& like) {
   return at::empty(sizes, like.options().device(c10::kMeta).memory_format(c10::MemoryFormat::Contiguous));
 }
 
-bool float_or_double(const at::Tensor& t) {
-  return t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble;
-}
+bool float_or_double(const at::Tensor& t) { return t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble; }
 
 // An int[] argument given per spatial dimension, or once for all (as
 // _convolution expands it).

@@ -131,7 +131,8 @@ class MetaRunner {
     auto type = formal.type()->cast<c10::ListType>();
     if (type && type->getElementType()->kind() == c10::TypeKind::OptionalType) {
       c10::List<std::optional<at::Tensor>> l;
-      for (const Value* v : values) l.push_back(v ? std::optional<at::Tensor>(slot(n, v).value.toTensor()) : std::nullopt);
+      for (const Value* v : values)
+        l.push_back(v ? std::optional<at::Tensor>(slot(n, v).value.toTensor()) : std::nullopt);
       return l;
     }
     c10::List<at::Tensor> l;

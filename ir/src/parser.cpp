@@ -46,11 +46,16 @@ class Parser {
   [[noreturn]] static void fail(const Token& at, const std::string& msg) { throw ParseError(at.line, at.column, msg); }
   static std::string show(const Token& t) {
     switch (t.kind) {
-      case Token::Kind::End: return "the end of the text";
-      case Token::Kind::Newline: return "the end of the line";
-      case Token::Kind::Name: return "'%" + std::string(t.text) + "'";
-      case Token::Kind::String: return "a string";
-      default: return "'" + std::string(t.text) + "'";
+      case Token::Kind::End:
+        return "the end of the text";
+      case Token::Kind::Newline:
+        return "the end of the line";
+      case Token::Kind::Name:
+        return "'%" + std::string(t.text) + "'";
+      case Token::Kind::String:
+        return "a string";
+      default:
+        return "'" + std::string(t.text) + "'";
     }
   }
   const Token& expect(char p) {
@@ -77,7 +82,8 @@ class Parser {
   int64_t integer(const Token& t) {
     int64_t v = 0;
     auto r = std::from_chars(t.text.data(), t.text.data() + t.text.size(), v);
-    if (r.ec != std::errc() || r.ptr != t.text.data() + t.text.size()) fail(t, "integer out of range: " + std::string(t.text));
+    if (r.ec != std::errc() || r.ptr != t.text.data() + t.text.size())
+      fail(t, "integer out of range: " + std::string(t.text));
     return v;
   }
 
@@ -160,7 +166,8 @@ class Parser {
         m.strides = int_list();
         strides = true;
         if (m.strides.size() != m.sizes.size())
-          fail(t, "stride has " + std::to_string(m.strides.size()) + " entries, sizes " + std::to_string(m.sizes.size()));
+          fail(t,
+               "stride has " + std::to_string(m.strides.size()) + " entries, sizes " + std::to_string(m.sizes.size()));
       } else if (t.is_ident("offset") && peek(1).is('=')) {
         pos_ += 2;
         m.storage_offset = integer(expect(Token::Kind::Int, "an integer offset"));
@@ -209,7 +216,9 @@ class Parser {
         if (key.text == "kind") {
           const Token& k = expect(Token::Kind::Ident, "an input kind");
           auto kind = input_kind_from_string(k.text);
-          if (!kind) fail(k, "unknown input kind '" + std::string(k.text) + "'; kinds are user_input, parameter, buffer, tangent, state");
+          if (!kind)
+            fail(k, "unknown input kind '" + std::string(k.text) +
+                        "'; kinds are user_input, parameter, buffer, tangent, state");
           spec.kind = *kind;
         } else if (key.text == "target") {
           spec.target = detail::unescape(expect(Token::Kind::String, "a string"));
@@ -258,14 +267,17 @@ class Parser {
           pos_ += 2;
           size_t i = 0;
           while (i < formals.size() && formals[i].name() != t.text) ++i;
-          if (i == formals.size()) fail(t, std::string(op_tok.text) + " has no argument '" + std::string(t.text) + "' (" + toString(schema) + ")");
+          if (i == formals.size())
+            fail(t, std::string(op_tok.text) + " has no argument '" + std::string(t.text) + "' (" + toString(schema) +
+                        ")");
           if (given[i]) fail(t, "argument '" + std::string(t.text) + "' is given twice");
           convert(i);
         } else {
           if (keywords) fail(t, "a positional argument after a keyword argument");
           if (positional == formals.size() || formals[positional].kwarg_only())
-            fail(t, "too many positional arguments: " + std::string(op_tok.text) + " takes " + std::to_string(positional) +
-                        " (" + toString(schema) + "); pass keyword-only ones as name=value");
+            fail(t, "too many positional arguments: " + std::string(op_tok.text) + " takes " +
+                        std::to_string(positional) + " (" + toString(schema) +
+                        "); pass keyword-only ones as name=value");
           convert(positional++);
         }
       } while (accept(','));
@@ -279,7 +291,8 @@ class Parser {
       } else if (formals[i].default_value()) {
         args.emplace_back(*formals[i].default_value());
       } else {
-        fail(close, std::string(op_tok.text) + ": missing argument '" + formals[i].name() + "' (" + toString(schema) + ")");
+        fail(close,
+             std::string(op_tok.text) + ": missing argument '" + formals[i].name() + "' (" + toString(schema) + ")");
       }
     }
     return b_.call(op, std::move(args), results, op_tok.line, op_tok.column);
@@ -336,9 +349,12 @@ class Parser {
         if (!peek().is(']')) {
           do {
             const Token& t = next();
-            if (t.kind == Token::Kind::Ident) tags.emplace_back(t.text);
-            else if (t.kind == Token::Kind::String) tags.push_back(detail::unescape(t));
-            else fail(t, "expected a tag (a name or a string), got " + show(t));
+            if (t.kind == Token::Kind::Ident)
+              tags.emplace_back(t.text);
+            else if (t.kind == Token::Kind::String)
+              tags.push_back(detail::unescape(t));
+            else
+              fail(t, "expected a tag (a name or a string), got " + show(t));
           } while (accept(','));
         }
         expect(']');
@@ -355,17 +371,21 @@ class Parser {
   Literal literal() {
     const Token& t = next();
     switch (t.kind) {
-      case Token::Kind::Name: return at(Literal::of(Literal::Kind::Value, std::string(t.text)), t);
-      case Token::Kind::Int: return at(Literal::of_int(integer(t)), t);
+      case Token::Kind::Name:
+        return at(Literal::of(Literal::Kind::Value, std::string(t.text)), t);
+      case Token::Kind::Int:
+        return at(Literal::of_int(integer(t)), t);
       case Token::Kind::Float: {
         double v = 0;
         auto r = std::from_chars(t.text.data(), t.text.data() + t.text.size(), v);
-        if (r.ec != std::errc() || r.ptr != t.text.data() + t.text.size()) fail(t, "float out of range: " + std::string(t.text));
+        if (r.ec != std::errc() || r.ptr != t.text.data() + t.text.size())
+          fail(t, "float out of range: " + std::string(t.text));
         Literal l = at(Literal::of_float(v), t);
         l.s = t.text;
         return l;
       }
-      case Token::Kind::String: return at(Literal::of(Literal::Kind::String, detail::unescape(t)), t);
+      case Token::Kind::String:
+        return at(Literal::of(Literal::Kind::String, detail::unescape(t)), t);
       case Token::Kind::Ident:
         if (t.text == "None") return at(Literal::none(), t);
         if (t.text == "True" || t.text == "False") return at(Literal::of_bool(t.text == "True"), t);

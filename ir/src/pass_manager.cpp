@@ -9,7 +9,6 @@
 
 #include "constant_key.h"
 
-
 namespace crucible::ir {
 
 namespace {

@@ -67,10 +67,12 @@ Pattern Pattern::call(std::string_view op, std::vector<Pattern> args) {
   p.op_ = resolve_operator(op);
   const auto& schema = p.op_->schema();
   if (schema.returns().size() != 1 || detail::is_tensor_list(schema.returns()[0].type()))
-    throw IrError("pattern: " + std::string(op) + " does not return exactly one value; patterns match calls with one result");
+    throw IrError("pattern: " + std::string(op) +
+                  " does not return exactly one value; patterns match calls with one result");
   if (args.size() > schema.arguments().size())
-    throw IrError("pattern: " + std::string(op) + " given " + std::to_string(args.size()) + " arguments, its schema takes " +
-                  std::to_string(schema.arguments().size()) + " (" + toString(schema) + ")");
+    throw IrError("pattern: " + std::string(op) + " given " + std::to_string(args.size()) +
+                  " arguments, its schema takes " + std::to_string(schema.arguments().size()) + " (" +
+                  toString(schema) + ")");
   p.args_ = std::move(args);
   return p;
 }
@@ -149,10 +151,14 @@ class Matcher {
  private:
   bool match(const Pattern& p, const Argument& a) {
     switch (p.kind()) {
-      case Pattern::Kind::Ignored: return true;
-      case Pattern::Kind::Bind: return bind(p.name(), a);
-      case Pattern::Kind::Constant: return a.is_constant() && detail::same_constant(a.constant(), p.constant_value());
-      case Pattern::Kind::Call: return a.is_value() && call(p, a.value()->node());
+      case Pattern::Kind::Ignored:
+        return true;
+      case Pattern::Kind::Bind:
+        return bind(p.name(), a);
+      case Pattern::Kind::Constant:
+        return a.is_constant() && detail::same_constant(a.constant(), p.constant_value());
+      case Pattern::Kind::Call:
+        return a.is_value() && call(p, a.value()->node());
     }
     return false;
   }
@@ -183,8 +189,8 @@ void check_replacement(const Rewrite& r, const Pattern& p, const std::set<std::s
     const auto& formals = p.op().schema().arguments();
     for (size_t i = p.args().size(); i < formals.size(); ++i)
       if (!formals[i].default_value())
-        throw IrError("rewrite '" + r.name + "': the replacement's " + operator_name(p.op()) + " leaves out argument '" +
-                      formals[i].name() + "', which has no default");
+        throw IrError("rewrite '" + r.name + "': the replacement's " + operator_name(p.op()) +
+                      " leaves out argument '" + formals[i].name() + "', which has no default");
   }
   for (const Pattern& a : p.args()) check_replacement(r, a, names);
 }
@@ -255,8 +261,10 @@ bool no_write_within(const Match& m, const std::unordered_set<const Node*>& matc
 // the bound shapes (infer_meta); `created` holds what was built so far.
 Argument build(Graph& graph, const Pattern& p, const Match& m, std::vector<Node*>& created) {
   switch (p.kind()) {
-    case Pattern::Kind::Bind: return m[p.name()];
-    case Pattern::Kind::Constant: return p.constant_value();
+    case Pattern::Kind::Bind:
+      return m[p.name()];
+    case Pattern::Kind::Constant:
+      return p.constant_value();
     case Pattern::Kind::Call: {
       std::vector<Argument> args;
       args.reserve(p.args().size());
@@ -268,7 +276,8 @@ Argument build(Graph& graph, const Pattern& p, const Match& m, std::vector<Node*
       infer_meta(*n);
       return n->result();
     }
-    case Pattern::Kind::Ignored: break;
+    case Pattern::Kind::Ignored:
+      break;
   }
   throw IrError("rewrite: an Ignored pattern cannot be built");
 }

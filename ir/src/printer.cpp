@@ -23,12 +23,24 @@ void append_int(std::string& out, int64_t v) {
 
 void write_literal(std::string& out, const Literal& l) {
   switch (l.kind) {
-    case Literal::Kind::None: out += "None"; break;
-    case Literal::Kind::Bool: out += l.b ? "True" : "False"; break;
-    case Literal::Kind::Int: append_int(out, l.i); break;
-    case Literal::Kind::Float: detail::append_float(out, l.f, l.single); break;
-    case Literal::Kind::String: detail::append_quoted(out, l.s); break;
-    case Literal::Kind::Name: out += l.s; break;
+    case Literal::Kind::None:
+      out += "None";
+      break;
+    case Literal::Kind::Bool:
+      out += l.b ? "True" : "False";
+      break;
+    case Literal::Kind::Int:
+      append_int(out, l.i);
+      break;
+    case Literal::Kind::Float:
+      detail::append_float(out, l.f, l.single);
+      break;
+    case Literal::Kind::String:
+      detail::append_quoted(out, l.s);
+      break;
+    case Literal::Kind::Name:
+      out += l.s;
+      break;
     case Literal::Kind::Value:
       out += '%';
       out += l.s;
@@ -96,10 +108,18 @@ class Printer {
     }
     if (n->num_results()) out += " = ";
     switch (n->kind()) {
-      case NodeKind::Placeholder: placeholder_call(out); break;
-      case NodeKind::Constant: constant(out, n); break;
-      case NodeKind::Call: call(out, n); break;
-      case NodeKind::Output: output(out, n); break;
+      case NodeKind::Placeholder:
+        placeholder_call(out);
+        break;
+      case NodeKind::Constant:
+        constant(out, n);
+        break;
+      case NodeKind::Call:
+        call(out, n);
+        break;
+      case NodeKind::Output:
+        output(out, n);
+        break;
     }
     if (!n->source().empty() || !n->tags().empty()) {
       out += " {";
@@ -113,8 +133,10 @@ class Printer {
         for (size_t i = 0; i < n->tags().size(); ++i) {
           if (i) out += ", ";
           const auto& t = n->tags()[i];
-          if (is_identifier(t)) out += t;
-          else detail::append_quoted(out, t);
+          if (is_identifier(t))
+            out += t;
+          else
+            detail::append_quoted(out, t);
         }
         out += ']';
       }
@@ -195,8 +217,8 @@ class Printer {
         // not one of its own placeholders (saved values and tangents): by index.
         const size_t i = *spec.input_index;
         const auto& inputs = g_.signature().inputs;
-        const bool own = i < inputs.size() && inputs[i].kind != InputKind::Tangent &&
-                         inputs[i].kind != InputKind::SavedValue;
+        const bool own =
+            i < inputs.size() && inputs[i].kind != InputKind::Tangent && inputs[i].kind != InputKind::SavedValue;
         out += '(';
         if (own)
           write_value(out, placeholder(i));

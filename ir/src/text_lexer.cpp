@@ -122,7 +122,8 @@ class Lexer {
         if (i_ == digits) fail(t, "malformed number: expected digits after the exponent");
       }
     }
-    if (i_ < s_.size() && is_alpha(s_[i_])) fail(t, "malformed number '" + std::string(s_.substr(start, i_ + 1 - start)) + "'");
+    if (i_ < s_.size() && is_alpha(s_[i_]))
+      fail(t, "malformed number '" + std::string(s_.substr(start, i_ + 1 - start)) + "'");
     t.kind = is_float ? Token::Kind::Float : Token::Kind::Int;
     t.text = s_.substr(start, i_ - start);
   }
@@ -157,11 +158,21 @@ std::string unescape(const Token& t) {
     }
     const char e = s[++i];  // the lexer never ends a string on a lone backslash
     switch (e) {
-      case '"': out += '"'; break;
-      case '\\': out += '\\'; break;
-      case 'n': out += '\n'; break;
-      case 't': out += '\t'; break;
-      case 'r': out += '\r'; break;
+      case '"':
+        out += '"';
+        break;
+      case '\\':
+        out += '\\';
+        break;
+      case 'n':
+        out += '\n';
+        break;
+      case 't':
+        out += '\t';
+        break;
+      case 'r':
+        out += '\r';
+        break;
       case 'x': {
         const int hi = i + 1 < s.size() ? hex_digit(s[i + 1]) : -1;
         const int lo = i + 2 < s.size() ? hex_digit(s[i + 2]) : -1;
@@ -184,11 +195,21 @@ void append_quoted(std::string& out, std::string_view s) {
   out += '"';
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
           out += "\\x";

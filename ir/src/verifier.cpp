@@ -59,8 +59,9 @@ void check_argument(const Node* n, const c10::Argument& formal, const Argument& 
   }
   if (is_tensor_type(type)) {
     if (!a.is_value() || !a.value()->is_tensor())
-      bad(a.is_constant() && a.constant().isTensor() ? "a tensor Value (tensor constants are constant nodes: Graph::add_constant)"
-                                                      : "a tensor Value");
+      bad(a.is_constant() && a.constant().isTensor()
+              ? "a tensor Value (tensor constants are constant nodes: Graph::add_constant)"
+              : "a tensor Value");
     return;
   }
   if (auto list = type->cast<c10::ListType>();
@@ -95,7 +96,8 @@ void check_results(const Node* n) {
                 "; build it with Graph::add_call (and list_size for Tensor[])");
   size_t next = 0;
   for (const auto& r : rets) {
-    const bool list = r.type()->cast<c10::ListType>() && is_tensor_type(r.type()->expectRef<c10::ListType>().getElementType());
+    const bool list =
+        r.type()->cast<c10::ListType>() && is_tensor_type(r.type()->expectRef<c10::ListType>().getElementType());
     const size_t count = list ? n->num_results() - fixed : 1;
     for (size_t j = 0; j < count; ++j, ++next) {
       const Value* v = n->result(next);
@@ -142,8 +144,8 @@ void check_meta(const Graph& graph) {
       if (meta_equivalent(r->meta(), *derived[i])) continue;
       TensorMeta expected = *derived[i];
       expected.requires_grad = r->meta().requires_grad;  // not compared: keep it out of the message
-      fail(&n, "result %" + r->name() + " is recorded as " + to_string(r->meta()) + ", but " + n.target() +
-                   " gives " + to_string(expected) +
+      fail(&n, "result %" + r->name() + " is recorded as " + to_string(r->meta()) + ", but " + n.target() + " gives " +
+                   to_string(expected) +
                    " from its inputs (run on meta tensors); the pass that made or changed it set wrong "
                    "metadata: run propagate_meta after it, or fix it");
     }
@@ -209,7 +211,8 @@ void verify(const Graph& graph) {
         fail(n, "tensor result %" + r->name() + " has no TensorMeta; set it with Value::set_meta");
       if (!names.insert(r->name()).second) fail(n, "result name %" + r->name() + " is used twice");
       if (graph.find_value(r->name()) != r.get())
-        fail(n, "result %" + r->name() + " is not what Graph::find_value finds under its name; rename through Graph::rename");
+        fail(n, "result %" + r->name() +
+                    " is not what Graph::find_value finds under its name; rename through Graph::rename");
       defined.insert(r.get());
     }
   }

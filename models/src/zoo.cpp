@@ -1,7 +1,7 @@
 // The zoo's modules. They live here, not in the header, so that only this
 // source parses torch::nn's module headers.
-#include <crucible/models/error.h>
 #include <crucible/data/synthetic_tokens.h>
+#include <crucible/models/error.h>
 #include <crucible/models/zoo.h>
 
 #include <ATen/ATen.h>
@@ -106,8 +106,8 @@ struct CausalSelfAttentionImpl : nn::Module {
         c_attn(register_module("c_attn", nn::Linear(nn::LinearOptions(c.n_embd, 3 * c.n_embd).bias(c.bias)))),
         c_proj(register_module("c_proj", nn::Linear(nn::LinearOptions(c.n_embd, c.n_embd).bias(c.bias)))),
         // The causal mask, a buffer as in nanoGPT: lower-triangular ones [1, 1, T, T].
-        mask(register_buffer("bias", at::ones({c.block_size, c.block_size}).tril().view(
-                                         {1, 1, c.block_size, c.block_size}))) {}
+        mask(register_buffer("bias",
+                             at::ones({c.block_size, c.block_size}).tril().view({1, 1, c.block_size, c.block_size}))) {}
   at::Tensor forward(const at::Tensor& x) {
     const int64_t b = x.size(0), t = x.size(1), c = x.size(2), hs = c / n_head;
     std::vector<at::Tensor> qkv = c_attn->forward(x).split(c, 2);
@@ -130,7 +130,9 @@ struct GptMlpImpl : nn::Module {
       : p(c.dropout),
         c_fc(register_module("c_fc", nn::Linear(nn::LinearOptions(c.n_embd, 4 * c.n_embd).bias(c.bias)))),
         c_proj(register_module("c_proj", nn::Linear(nn::LinearOptions(4 * c.n_embd, c.n_embd).bias(c.bias)))) {}
-  at::Tensor forward(const at::Tensor& x) { return maybe_dropout(c_proj->forward(at::gelu(c_fc->forward(x))), p, is_training()); }
+  at::Tensor forward(const at::Tensor& x) {
+    return maybe_dropout(c_proj->forward(at::gelu(c_fc->forward(x))), p, is_training());
+  }
   double p;
   nn::Linear c_fc, c_proj;
 };
@@ -179,7 +181,7 @@ struct GptImpl : nn::Module {
     const int64_t t = idx.size(1);
     if (t > config.block_size)
       throw ModelError("gpt: a sequence of length " + std::to_string(t) + " is longer than block_size " +
-                          std::to_string(config.block_size) + "; cut it, or build the model with a larger block_size");
+                       std::to_string(config.block_size) + "; cut it, or build the model with a larger block_size");
     at::Tensor pos = at::arange(t, idx.options().dtype(at::kLong));
     at::Tensor x = maybe_dropout(wte->forward(idx) + wpe->forward(pos), config.dropout, is_training());
     for (auto& block : blocks) x = block->forward(x);
@@ -270,7 +272,7 @@ Model make_convnet(const ConvNetConfig& c) {
 Model make_gpt(const GptConfig& c) {
   if (c.n_head < 1 || c.n_embd % c.n_head != 0)
     throw ModelError("make_gpt: n_embd (" + std::to_string(c.n_embd) + ") must be a multiple of n_head (" +
-                        std::to_string(c.n_head) + ")");
+                     std::to_string(c.n_head) + ")");
   return wrap("gpt", std::make_shared<GptImpl>(c), [c](int64_t batch_size, uint64_t seed) {
     return data::synthetic_token_batch({c.vocab_size, c.block_size, batch_size, seed}, 0);
   });
@@ -299,7 +301,8 @@ Model make_model(std::string_view name, std::string_view size) {
   if (size != "small" && size != "full")
     throw ModelError("unknown model size '" + std::string(size) + "'; the zoo has " + list(model_sizes()));
   const bool full = size == "full";
-  if (name == "mlp") return full ? make_mlp({.in_features = 784, .hidden = {1024, 1024}, .num_classes = 10}) : make_mlp();
+  if (name == "mlp")
+    return full ? make_mlp({.in_features = 784, .hidden = {1024, 1024}, .num_classes = 10}) : make_mlp();
   if (name == "convnet") return make_convnet();
   if (name == "gpt")
     return full ? make_gpt({.vocab_size = 50257, .block_size = 1024, .n_layer = 12, .n_head = 12, .n_embd = 768})
@@ -321,9 +324,10 @@ void copy_state(const torch::nn::Module& from, torch::nn::Module& to) {
     for (const auto& item : source) {
       at::Tensor* t = target.find(item.key());
       if (!t || t->sizes() != item.value().sizes())
-        throw ModelError(std::string("copy_state: the target module ") + (t ? "has sizes " + c10::str(t->sizes()) + " for" : "has no") +
-                            " " + what + " '" + item.key() + "' (" + c10::str(item.value().sizes()) +
-                            " in the source); copy between instances of the same model");
+        throw ModelError(std::string("copy_state: the target module ") +
+                         (t ? "has sizes " + c10::str(t->sizes()) + " for" : "has no") + " " + what + " '" +
+                         item.key() + "' (" + c10::str(item.value().sizes()) +
+                         " in the source); copy between instances of the same model");
       t->copy_(item.value());
     }
   };

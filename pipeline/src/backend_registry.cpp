@@ -7,8 +7,11 @@ namespace crucible::pipeline {
 
 BackendRegistry BackendRegistry::builtin() {
   BackendRegistry r;
-  r.add({"interpreter", "runs the graph node by node through the dispatcher (the reference backend)", ir::interpret,
-         {}, 0});
+  r.add({"interpreter",
+         "runs the graph node by node through the dispatcher (the reference backend)",
+         ir::interpret,
+         {},
+         0});
   return r;
 }
 

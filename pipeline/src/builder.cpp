@@ -2,8 +2,8 @@
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/error.h>
 
-#include <crucible/partitioner/default_partition.h>
 #include <crucible/ir/interpreter.h>
+#include <crucible/partitioner/default_partition.h>
 #include <crucible/runtime/instruments.h>
 #include <crucible/runtime/lifted_inputs.h>
 #include <crucible/tracer/functional_call.h>
@@ -153,10 +153,13 @@ tracer::TraceResult Builder::trace(std::string_view graph_name,
   tracer::TraceOptions options = trace_options_;
   for (const auto& [name, weak] : named_modules_)
     if (std::shared_ptr<torch::nn::Module> m = weak.lock())
-      for (tracer::NamedTensor& t : tracer::module_state(*m, name).tensors) options.source_names.push_back(std::move(t));
+      for (tracer::NamedTensor& t : tracer::module_state(*m, name).tensors)
+        options.source_names.push_back(std::move(t));
   return ir::run_stage(
       instruments_, ir::StageEvent{"trace"}, [&] { return trace(options); },
-      [&](const tracer::TraceResult& r) { return std::vector<ir::StageGraph>{{graph_name, &r.graph}}; });
+      [&](const tracer::TraceResult& r) {
+        return std::vector<ir::StageGraph>{{graph_name, &r.graph}};
+      });
 }
 
 void Builder::run_passes(ir::Graph& graph, std::string_view graph_name) const {
@@ -172,13 +175,16 @@ ir::CompiledFn Builder::run_backend(const ir::Graph& graph, const std::vector<at
   const std::vector<ir::StageGraph> graphs = {{graph_name, &graph}};
   return ir::run_stage(
       instruments_, ir::StageEvent{"backend", graphs},
-      [&] { return wrappers_.empty() ? backend_(graph, example_inputs) : runtime::wrap_backend(wrappers_, backend_)(graph, example_inputs); },
+      [&] {
+        return wrappers_.empty() ? backend_(graph, example_inputs)
+                                 : runtime::wrap_backend(wrappers_, backend_)(graph, example_inputs);
+      },
       [&](const ir::CompiledFn&) { return graphs; }, /*changed=*/false);
 }
 
 ir::Backend Builder::graph_compiler(std::string graph_name) const {
   return [self = *this, graph_name = std::move(graph_name)](const ir::Graph& graph,
-                                                             const std::vector<at::Tensor>& example_inputs) {
+                                                            const std::vector<at::Tensor>& example_inputs) {
     ir::Graph g = graph.clone();
     self.run_passes(g, graph_name);
     return self.run_backend(g, example_inputs, graph_name);
@@ -241,8 +247,8 @@ tracer::TensorFn Builder::pre_grad_function(const tracer::TensorFn& fn, const au
   }
   auto graph = std::make_shared<const ir::Graph>(std::move(r.graph));
   auto interpreter = std::make_shared<const ir::Interpreter>(*graph);
-  return [graph, interpreter, lifted = runtime::LiftedInputs(lifted, std::move(names))](
-             const std::vector<at::Tensor>& in) {
+  return [graph, interpreter,
+          lifted = runtime::LiftedInputs(lifted, std::move(names))](const std::vector<at::Tensor>& in) {
     std::vector<at::Tensor> all = in;
     if (!lifted.append_to(all))
       throw PipelineError("pre-grad graph: " + lifted.freed() + " since the forward graph was traced");
@@ -250,7 +256,9 @@ tracer::TensorFn Builder::pre_grad_function(const tracer::TensorFn& fn, const au
   };
 }
 
-autograd::AotFunction Builder::compile(tracer::TensorFn fn) const { return autograd::aot_function(std::move(fn), aot_config()); }
+autograd::AotFunction Builder::compile(tracer::TensorFn fn) const {
+  return autograd::aot_function(std::move(fn), aot_config());
+}
 
 autograd::AotModule Builder::compile(std::shared_ptr<torch::nn::Module> module, tracer::ModuleFn fn) const {
   return autograd::aot_module(std::move(module), std::move(fn), aot_config());

@@ -6,6 +6,8 @@
 #include <crucible/ir/printer.h>
 #include <crucible/ir/verifier.h>
 
+#include <spawn.h>
+#include <sys/wait.h>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -14,8 +16,6 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
-#include <spawn.h>
-#include <sys/wait.h>
 
 extern char** environ;
 
@@ -105,7 +105,8 @@ void GraphDumper::dump(std::string_view graph_name, std::string_view stage, cons
   if (options_.dot || options_.svg) {
     write_file(base + ".dot", ir::to_dot(graph));
     if (options_.dot) files_.push_back(base + ".dot");
-    if (options_.svg && graph.num_nodes() <= options_.svg_max_nodes && render_svg(base + ".dot", base + ".svg", options_.svg_timeout_s))
+    if (options_.svg && graph.num_nodes() <= options_.svg_max_nodes &&
+        render_svg(base + ".dot", base + ".svg", options_.svg_timeout_s))
       files_.push_back(base + ".svg");
     if (!options_.dot) std::filesystem::remove(base + ".dot");
   }

@@ -10,9 +10,12 @@ namespace {
 
 const char* kind_name(OptimizerKind kind) {
   switch (kind) {
-    case OptimizerKind::SGD: return "SGD";
-    case OptimizerKind::Adam: return "Adam";
-    case OptimizerKind::AdamW: return "AdamW";
+    case OptimizerKind::SGD:
+      return "SGD";
+    case OptimizerKind::Adam:
+      return "Adam";
+    case OptimizerKind::AdamW:
+      return "AdamW";
   }
   return "?";
 }
@@ -58,10 +61,10 @@ OptimizerState OptimizerState::from_flat(const OptimizerOptions& options, size_t
                                          const std::vector<at::Tensor>& flat) {
   const size_t per_param = field_names(options).size();
   if (flat.size() != per_param * num_params)
-    throw PipelineError("OptimizerState::from_flat: " + std::string(kind_name(options.kind)) + " with these options keeps " +
-                        std::to_string(per_param) + " state tensors per parameter, so " + std::to_string(num_params) +
-                        " parameters need " + std::to_string(per_param * num_params) + ", not " +
-                        std::to_string(flat.size()));
+    throw PipelineError("OptimizerState::from_flat: " + std::string(kind_name(options.kind)) +
+                        " with these options keeps " + std::to_string(per_param) + " state tensors per parameter, so " +
+                        std::to_string(num_params) + " parameters need " + std::to_string(per_param * num_params) +
+                        ", not " + std::to_string(flat.size()));
   OptimizerState state;
   auto it = flat.begin();
   for (size_t i = 0; i < num_params; ++i) {
@@ -171,8 +174,8 @@ void adam_step(const OptimizerOptions& o, at::TensorList params, at::TensorList 
   }
 }
 
-void optimizer_step(const OptimizerOptions& options, at::TensorList params, at::TensorList grads,
-                    OptimizerState& state, const at::Tensor& lr) {
+void optimizer_step(const OptimizerOptions& options, at::TensorList params, at::TensorList grads, OptimizerState& state,
+                    const at::Tensor& lr) {
   if (options.kind == OptimizerKind::SGD)
     sgd_step(options, params, grads, state, lr);
   else

@@ -13,7 +13,8 @@ namespace {
 template <typename TorchOptions>
 const TorchOptions& shared_options(const torch::optim::Optimizer& optimizer, const char* name) {
   const auto& groups = optimizer.param_groups();
-  if (groups.empty()) throw PipelineError(std::string("optimizer_options_from: the ") + name + " has no parameter groups");
+  if (groups.empty())
+    throw PipelineError(std::string("optimizer_options_from: the ") + name + " has no parameter groups");
   const auto& first = static_cast<const TorchOptions&>(groups.front().options());
   for (const auto& g : groups)
     if (!(static_cast<const TorchOptions&>(g.options()) == first))

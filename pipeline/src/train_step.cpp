@@ -23,7 +23,7 @@ namespace detail {
 struct LatestGraph {
   std::mutex mu;
   std::vector<std::unique_ptr<const ir::Graph>> graphs;  // every compilation's, after the passes
-  std::vector<at::Tensor> lifted_examples;  // the lifted tensors the latest was given (aliases)
+  std::vector<at::Tensor> lifted_examples;               // the lifted tensors the latest was given (aliases)
 };
 
 struct TrainStepState {

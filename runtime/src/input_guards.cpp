@@ -116,7 +116,7 @@ bool InputGuards::check(const std::vector<at::Tensor>& args, bool grad_enabled, 
 }
 
 InputGuards::Mismatch InputGuards::first_difference(const std::vector<at::Tensor>& args, bool grad_enabled,
-                                                     const std::vector<bool>& extra) const {
+                                                    const std::vector<bool>& extra) const {
   if (grad_enabled != grad_enabled_)
     return {0, std::string("grad mode ") + (grad_enabled ? "on" : "off") + " (compiled with it " +
                    (grad_enabled_ ? "on" : "off") + ")"};
@@ -135,7 +135,8 @@ InputGuards::Mismatch InputGuards::first_difference(const std::vector<at::Tensor
     const Entry& e = entries_[i];
     const at::Tensor& t = args[i];
     const std::string in = "input " + std::to_string(i) + ": ";
-    if (t.defined() != e.defined) return {i, in + (t.defined() ? "defined" : "undefined") + " (compiled for the opposite)"};
+    if (t.defined() != e.defined)
+      return {i, in + (t.defined() ? "defined" : "undefined") + " (compiled for the opposite)"};
     if (!e.defined) continue;
     if (t.sizes() != c10::IntArrayRef(e.sizes))
       return {i, in + "sizes " + list(t.sizes()) + " (compiled for " + list(c10::IntArrayRef(e.sizes)) + ")"};
@@ -157,8 +158,8 @@ InputGuards::Mismatch InputGuards::first_difference(const std::vector<at::Tensor
     const std::string in = "input " + std::to_string(i) + ": ";
     if (a.aliased[i] != e.aliased || a.storage_of[i] != e.storage_of || a.same_as[i] != e.same_as)
       return {args.size(), in + "shares storage with other inputs differently than when compiled"};
-    if (e.aliased && (t.storage_offset() != e.storage_offset ||
-                      static_cast<int64_t>(t.storage().nbytes()) != e.storage_nbytes))
+    if (e.aliased &&
+        (t.storage_offset() != e.storage_offset || static_cast<int64_t>(t.storage().nbytes()) != e.storage_nbytes))
       return {args.size(), in + "storage offset or storage size changed (it shares storage with another input)"};
   }
   return {args.size(), ""};

@@ -14,7 +14,8 @@ RngStateGuard::RngStateGuard() {
   if (at::detail::getCUDAHooks().hasCUDA()) {
     const int n = at::detail::getCUDAHooks().getNumGPUs();
     for (int i = 0; i < n; ++i)
-      generators.push_back(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i))));
+      generators.push_back(
+          at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i))));
   }
   for (at::Generator& g : generators) {
     std::lock_guard<std::mutex> lock(g.mutex());

@@ -65,7 +65,8 @@ SameResult same(const at::Tensor& ref, const at::Tensor& res, const SameOptions&
   }
   const auto diff = (ac.to(at::kDouble) - b.to(at::kDouble)).abs();
   os << "not allclose within tol=" << tol << ": max |diff| " << diff.nan_to_num(0).max().item<double>();
-  if (!options.equal_nan && (ac.isnan().any().item<bool>() || b.isnan().any().item<bool>())) os << " (NaNs present; equal_nan is off)";
+  if (!options.equal_nan && (ac.isnan().any().item<bool>() || b.isnan().any().item<bool>()))
+    os << " (NaNs present; equal_nan is off)";
   return fail(os.str());
 }
 

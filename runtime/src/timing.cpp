@@ -126,7 +126,8 @@ std::string PhaseTimer::csv() const {
   os << "phase,parent,calls,total_ms,mean_ms\n";
   for (const auto& p : phases()) {
     const double total = p.total_ms();
-    os << p.name << ',' << p.parent << ',' << p.calls() << ',' << fixed(total, 6) << ',' << fixed(mean_ms(p), 6) << '\n';
+    os << p.name << ',' << p.parent << ',' << p.calls() << ',' << fixed(total, 6) << ',' << fixed(mean_ms(p), 6)
+       << '\n';
   }
   return os.str();
 }

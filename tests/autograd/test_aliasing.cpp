@@ -15,9 +15,7 @@ using namespace crucible;
 using Tensors = std::vector<at::Tensor>;
 
 TEST_CASE("outputs aliasing an input alias the caller's tensor, with eager's gradients", "[autograd][alias]") {
-  auto f = [](const Tensors& in) {
-    return Tensors{in[0].t(), in[0].slice(0, 1, 3), in[0], (in[0] * in[1]).sum()};
-  };
+  auto f = [](const Tensors& in) { return Tensors{in[0].t(), in[0].slice(0, 1, 3), in[0], (in[0] * in[1]).sum()}; };
   auto compiled = autograd::aot_function(f);
   at::manual_seed(50);
   const auto x = at::randn({3, 4}), w = at::randn({3, 4});
@@ -131,8 +129,8 @@ TEST_CASE("duplicated inputs f(x, x) where f writes one of them: the write is se
 TEST_CASE("two inputs viewing one storage, one written: a synthetic base carries the write and the gradient",
           "[autograd][alias]") {
   auto f = [](const Tensors& in) {
-    in[0].mul_(2);                            // a: rows 0-1 of the base
-    return Tensors{(in[1] * in[1]).sum()};    // b: the whole base, read after the write
+    in[0].mul_(2);                          // a: rows 0-1 of the base
+    return Tensors{(in[1] * in[1]).sum()};  // b: the whole base, read after the write
   };
   auto compiled = autograd::aot_function(f);
   at::manual_seed(55);

@@ -159,9 +159,9 @@ TEST_CASE("aot graph cache: new input metadata misses", "[autograd][cache]") {
   REQUIRE_EQUAL_TENSORS(f(in)[0], layer(in)[0]);
   int expected = 1;
   for (const Tensors& changed : {
-           Tensors{at::randn({6, 3}), in[1], in[2]},                                  // sizes
+           Tensors{at::randn({6, 3}), in[1], in[2]},                                      // sizes
            Tensors{in[0].to(at::kDouble), in[1].to(at::kDouble), in[2].to(at::kDouble)},  // dtype
-           Tensors{in[0].t().contiguous().t(), in[1], in[2]},                          // strides
+           Tensors{in[0].t().contiguous().t(), in[1], in[2]},                             // strides
        }) {
     REQUIRE_EQUAL_TENSORS(g(changed)[0], layer(changed)[0]);
     REQUIRE(b.count() == ++expected);
@@ -247,8 +247,8 @@ TEST_CASE("aot graph cache: callables compiling at once on several threads agree
 TEST_CASE("AotCache: the key holds kind, compiler_key and example metadata; LRU beyond capacity", "[autograd][cache]") {
   const CountingBackend b;
   autograd::AotCache cache(2);
-  const ir::Graph g = ir::parse(
-      "%x : f32[2, 3] = placeholder()\n%y : f32[2, 3] = aten::mul.Scalar(%x, 2.0)\nreturn (%y)\n");
+  const ir::Graph g =
+      ir::parse("%x : f32[2, 3] = placeholder()\n%y : f32[2, 3] = aten::mul.Scalar(%x, 2.0)\nreturn (%y)\n");
   const at::Tensor x = at::randn({2, 3});
   auto compile = [&](std::string_view key, std::string_view kind, const at::Tensor& example) {
     return cache.compile(b.backend(), key, kind, g, {example});

@@ -27,7 +27,6 @@ struct Net : torch::nn::Module {
   torch::nn::BatchNorm1d bn{nullptr};
 };
 
-
 tracer::ModuleFn forward_fn() {
   return [](torch::nn::Module& m, const Tensors& in) { return Tensors{static_cast<Net&>(m).forward(in[0])}; };
 }
@@ -167,17 +166,18 @@ TEST_CASE("aot_export_module errors: an output other than the loss requires grad
     return Tensors{out, out.sum()};
   };
   const autograd::AotExportOptions options = joint(1);
-  REQUIRE_THROWS_WITH(autograd::aot_export_module(net, fn, {torch::randn({5, 6})}, options),
-                      CRUCIBLE_HAS_SUBSTR("output 0 requires gradients but is not the loss") &&
-                          CRUCIBLE_HAS_SUBSTR(".detach()"));
+  REQUIRE_THROWS_WITH(
+      autograd::aot_export_module(net, fn, {torch::randn({5, 6})}, options),
+      CRUCIBLE_HAS_SUBSTR("output 0 requires gradients but is not the loss") && CRUCIBLE_HAS_SUBSTR(".detach()"));
 }
 
 TEST_CASE("aot_export_module errors: trace_joint without output_loss_index", "[autograd][export]") {
   Net net;
   autograd::AotExportOptions options;
   options.trace_joint = true;
-  REQUIRE_THROWS_WITH(autograd::aot_export_module(net, loss_fn(), {torch::randn({5, 6}), torch::randn({5, 3})}, options),
-                      CRUCIBLE_HAS_SUBSTR("output_loss_index"));
+  REQUIRE_THROWS_WITH(
+      autograd::aot_export_module(net, loss_fn(), {torch::randn({5, 6}), torch::randn({5, 3})}, options),
+      CRUCIBLE_HAS_SUBSTR("output_loss_index"));
 }
 
 TEST_CASE("aot_export_joint_simple: the joint graph of Note [Joint graph contract], interpreted as eager",
@@ -213,7 +213,10 @@ TEST_CASE("aot_export_joint_simple errors: input mutation and aliased outputs", 
                           },
                           {x}, false),
                       CRUCIBLE_HAS_SUBSTR("input 0 is written in place"));
-  REQUIRE_THROWS_WITH(
-      autograd::aot_export_joint_simple([](const Tensors& in) { return Tensors{in[0].view({3, 1})}; }, {x}, false),
-      CRUCIBLE_HAS_SUBSTR("output 0 is alias_of_input (of 0)"));
+  REQUIRE_THROWS_WITH(autograd::aot_export_joint_simple(
+                          [](const Tensors& in) {
+                            return Tensors{in[0].view({3, 1})};
+                          },
+                          {x}, false),
+                      CRUCIBLE_HAS_SUBSTR("output 0 is alias_of_input (of 0)"));
 }

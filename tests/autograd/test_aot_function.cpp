@@ -172,7 +172,8 @@ TEST_CASE("aot_function: instruments of the caller's replace the process-wide on
   runtime::MetricsLog log;
   runtime::Counters counters;
   autograd::AotConfig config;
-  config.instruments = {std::make_shared<runtime::MetricsRecorder>(log), std::make_shared<runtime::CounterRecorder>(counters)};
+  config.instruments = {std::make_shared<runtime::MetricsRecorder>(log),
+                        std::make_shared<runtime::CounterRecorder>(counters)};
   auto compiled = autograd::aot_function(mlp_fn, config);
   const auto x = at::randn({2, 3}), w = at::randn({4, 3}).requires_grad_(), b = at::randn({4});
   const auto out = compiled({x, w, b});
@@ -228,7 +229,8 @@ TEST_CASE("aot_function: a saved input, or a saved view of one, written before t
 }
 
 TEST_CASE("aot_function: an undefined input is refused by index before anything runs", "[autograd][errors]") {
-  auto compiled = autograd::aot_function([](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{in[0] + 1}; });
+  auto compiled =
+      autograd::aot_function([](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{in[0] + 1}; });
   REQUIRE_THROWS_WITH(compiled({at::randn({2}), at::Tensor()}), CRUCIBLE_HAS_SUBSTR("input 1 is an undefined tensor"));
   REQUIRE(compiled.num_compilations() == 0);
 }

@@ -25,9 +25,7 @@ struct ConvNetImpl : torch::nn::Module {
     conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3).padding(1)));
     fc = register_module("fc", torch::nn::Linear(64, 3));
   }
-  torch::Tensor forward(const torch::Tensor& x) {
-    return fc(torch::max_pool2d(torch::relu(conv(x)), 2).flatten(1));
-  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc(torch::max_pool2d(torch::relu(conv(x)), 2).flatten(1)); }
   torch::nn::Conv2d conv{nullptr};
   torch::nn::Linear fc{nullptr};
 };
@@ -108,12 +106,15 @@ std::pair<at::Tensor, at::Tensor> train_20_steps(std::shared_ptr<M> compiled_mod
 TEST_CASE("aot_module: 20 SGD steps of an MLP end with eager's loss and parameters", "[autograd][module]") {
   auto [cm, em] = twins<MlpImpl>(20);
   auto loss_fn = [](MlpImpl& m, const Tensors& in) { return torch::mse_loss(m.forward(in[0]), in[1]); };
-  auto compiled = autograd::aot_module(cm, [&](torch::nn::Module& m, const Tensors& in) {
-    return Tensors{loss_fn(static_cast<MlpImpl&>(m), in)};
-  });
+  auto compiled = autograd::aot_module(
+      cm, [&](torch::nn::Module& m, const Tensors& in) { return Tensors{loss_fn(static_cast<MlpImpl&>(m), in)}; });
   torch::manual_seed(21);
   auto [c_loss, e_loss] = train_20_steps<MlpImpl>(
-      cm, em, [] { return Tensors{torch::randn({32, 8}), torch::randn({32, 4})}; }, loss_fn, compiled);
+      cm, em,
+      [] {
+        return Tensors{torch::randn({32, 8}), torch::randn({32, 4})};
+      },
+      loss_fn, compiled);
   REQUIRE(compiled.num_compilations() == 1);
   // The interpreter runs eager's forward kernels in eager's order; the
   // traced backward runs the engine's kernels, but where the engine
@@ -127,12 +128,15 @@ TEST_CASE("aot_module: 20 SGD steps of an MLP end with eager's loss and paramete
 TEST_CASE("aot_module: 20 SGD steps of a ConvNet end with eager's loss and parameters", "[autograd][module]") {
   auto [cm, em] = twins<ConvNetImpl>(22);
   auto loss_fn = [](ConvNetImpl& m, const Tensors& in) { return torch::cross_entropy_loss(m.forward(in[0]), in[1]); };
-  auto compiled = autograd::aot_module(cm, [&](torch::nn::Module& m, const Tensors& in) {
-    return Tensors{loss_fn(static_cast<ConvNetImpl&>(m), in)};
-  });
+  auto compiled = autograd::aot_module(
+      cm, [&](torch::nn::Module& m, const Tensors& in) { return Tensors{loss_fn(static_cast<ConvNetImpl&>(m), in)}; });
   torch::manual_seed(23);
   auto [c_loss, e_loss] = train_20_steps<ConvNetImpl>(
-      cm, em, [] { return Tensors{torch::randn({8, 1, 8, 8}), torch::randint(0, 3, {8})}; }, loss_fn, compiled);
+      cm, em,
+      [] {
+        return Tensors{torch::randn({8, 1, 8, 8}), torch::randint(0, 3, {8})};
+      },
+      loss_fn, compiled);
   REQUIRE(compiled.num_compilations() == 1);
   // Same tolerance and reason as the MLP.
   REQUIRE_CLOSE(c_loss, e_loss, 1e-5, 1e-6);
@@ -141,9 +145,8 @@ TEST_CASE("aot_module: 20 SGD steps of a ConvNet end with eager's loss and param
 
 TEST_CASE("aot_module: gradients land in the module's .grad, accumulating as eager", "[autograd][module]") {
   auto [cm, em] = twins<MlpImpl>(24);
-  auto compiled = autograd::aot_module(cm, [](torch::nn::Module& m, const Tensors& in) {
-    return Tensors{static_cast<MlpImpl&>(m).forward(in[0])};
-  });
+  auto compiled = autograd::aot_module(
+      cm, [](torch::nn::Module& m, const Tensors& in) { return Tensors{static_cast<MlpImpl&>(m).forward(in[0])}; });
   torch::manual_seed(25);
   const auto x = torch::randn({5, 8});
   for (int i = 0; i < 2; ++i) {  // two backwards without zero_grad: .grad accumulates
@@ -160,9 +163,8 @@ TEST_CASE("aot_module: gradients land in the module's .grad, accumulating as eag
 
 TEST_CASE("aot_module: BatchNorm's buffers are updated in train mode as eager updates them", "[autograd][module]") {
   auto [cm, em] = twins<BnNetImpl>(26);
-  auto compiled = autograd::aot_module(cm, [](torch::nn::Module& m, const Tensors& in) {
-    return Tensors{static_cast<BnNetImpl&>(m).forward(in[0])};
-  });
+  auto compiled = autograd::aot_module(
+      cm, [](torch::nn::Module& m, const Tensors& in) { return Tensors{static_cast<BnNetImpl&>(m).forward(in[0])}; });
   torch::manual_seed(27);
   for (int step = 0; step < 3; ++step) {
     const auto x = torch::randn({4, 2, 5, 5});
@@ -222,9 +224,8 @@ TEST_CASE("aot_module_simplified: one compilation at construction, the module's 
 TEST_CASE("aot_module: a parameter registered under two names gets its gradient once", "[autograd][module]") {
   auto [cm, em] = twins<TiedImpl>(30);
   REQUIRE(cm->named_parameters().size() == 4);
-  auto compiled = autograd::aot_module(cm, [](torch::nn::Module& m, const Tensors& in) {
-    return Tensors{static_cast<TiedImpl&>(m).forward(in[0])};
-  });
+  auto compiled = autograd::aot_module(
+      cm, [](torch::nn::Module& m, const Tensors& in) { return Tensors{static_cast<TiedImpl&>(m).forward(in[0])}; });
   torch::manual_seed(31);
   const auto x = torch::randn({3, 4});
   const auto c = compiled({x})[0];

@@ -123,7 +123,8 @@ TEST_CASE("aot_function: writes to a captured buffer land in the buffer, once pe
   REQUIRE(compiled.num_compilations() == 1);
 }
 
-TEST_CASE("aot_module reads another module's parameters afresh, names them and fills their .grad", "[autograd][lifted]") {
+TEST_CASE("aot_module reads another module's parameters afresh, names them and fills their .grad",
+          "[autograd][lifted]") {
   torch::manual_seed(4);
   auto own = std::make_shared<testing::Mlp>(6, 8, 4);
   auto other = std::make_shared<testing::Mlp>(4, 5, 2);
@@ -170,7 +171,8 @@ TEST_CASE("aot_module reads another module's parameters afresh, names them and f
   std::vector<std::string> lifted;
   for (const ir::InputSpec& spec : capture.graph->signature().inputs)
     if (spec.kind == ir::InputKind::Lifted) lifted.push_back(spec.target);
-  REQUIRE(lifted == std::vector<std::string>{"other.fc1.weight", "other.fc1.bias", "other.fc2.weight", "other.fc2.bias"});
+  REQUIRE(lifted ==
+          std::vector<std::string>{"other.fc1.weight", "other.fc1.bias", "other.fc2.weight", "other.fc2.bias"});
 }
 
 TEST_CASE("aot_function: a tensor read both as an argument and from outside is refused", "[autograd][lifted]") {

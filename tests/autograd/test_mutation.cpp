@@ -30,7 +30,8 @@ ir::Backend recording(std::shared_ptr<ir::Graph> last) {
 
 }  // namespace
 
-TEST_CASE("input data mutation on the autograd path: the caller's tensor and gradients as eager", "[autograd][mutation]") {
+TEST_CASE("input data mutation on the autograd path: the caller's tensor and gradients as eager",
+          "[autograd][mutation]") {
   auto f = [](const Tensors& in) {
     in[0].mul_(in[1]);  // x written with a value that depends on w
     return Tensors{(in[0] * in[1]).sum()};

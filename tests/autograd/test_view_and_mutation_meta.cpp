@@ -74,14 +74,14 @@ TEST_CASE("collect_metadata: outputs that are inputs, views of inputs, of interm
       [](const Tensors& in) {
         const auto h = in[0] * in[1];
         const auto g = in[0] + 1;
-        return Tensors{in[0],                   // 0 is_input
-                       in[1].slice(0, 1, 3),    // 1 alias_of_input 1
-                       h.view({-1}),            // 2 alias_of_intermediate 0
-                       h.t(),                   // 3 alias_of_intermediate 0 (same base)
-                       g,                       // 4 non_alias
-                       g.select(1, 2),          // 5 alias_of_intermediate_base_is_user_output 4
-                       g,                       // 6 the same tensor as output 4
-                       in[1].detach().sum()};   // 7 non_alias, no grad
+        return Tensors{in[0],                  // 0 is_input
+                       in[1].slice(0, 1, 3),   // 1 alias_of_input 1
+                       h.view({-1}),           // 2 alias_of_intermediate 0
+                       h.t(),                  // 3 alias_of_intermediate 0 (same base)
+                       g,                      // 4 non_alias
+                       g.select(1, 2),         // 5 alias_of_intermediate_base_is_user_output 4
+                       g,                      // 6 the same tensor as output 4
+                       in[1].detach().sum()};  // 7 non_alias, no grad
       },
       args, /*is_train=*/true);
   const auto& o = meta.output_info;
@@ -121,8 +121,7 @@ TEST_CASE("collect_metadata: an output viewing an input with another dtype is an
   REQUIRE(o.offset_delta == x.slice(0, 2).view(at::kHalf).storage_offset());  // 2 floats = 4 halves
 }
 
-TEST_CASE("collect_metadata: a failure inside the function is an AotError naming the compilation",
-          "[autograd][meta]") {
+TEST_CASE("collect_metadata: a failure inside the function is an AotError naming the compilation", "[autograd][meta]") {
   const auto x = at::randn({2, 3});
   REQUIRE_THROWS_AS(analyze([](const Tensors& in) { return Tensors{at::mm(in[0], in[0])}; }, {x}, false),
                     autograd::AotError);

@@ -47,7 +47,8 @@ TEST_CASE("DebugAssertWrapper: an input compiled as not requiring grad that now 
   Tensors ok{x, w};
   REQUIRE_EQUAL_TENSORS(fn(ok)[0].detach(), (x + w).detach());
   Tensors bad{x.clone().requires_grad_(), w};
-  REQUIRE_THROWS_WITH(fn(bad), CRUCIBLE_HAS_SUBSTR("input 0 requires grad, but it did not when the function was compiled"));
+  REQUIRE_THROWS_WITH(fn(bad),
+                      CRUCIBLE_HAS_SUBSTR("input 0 requires grad, but it did not when the function was compiled"));
 }
 
 TEST_CASE("AOTDedupeWrapper: duplicates stay when unwritten, are removed when one is written", "[autograd][wrapper]") {
@@ -79,7 +80,8 @@ TEST_CASE("AOTDedupeWrapper: duplicates stay when unwritten, are removed when on
   REQUIRE(seen == 1);
 }
 
-TEST_CASE("AOTSyntheticBaseWrapper: merges a written input with the inputs sharing its storage", "[autograd][wrapper]") {
+TEST_CASE("AOTSyntheticBaseWrapper: merges a written input with the inputs sharing its storage",
+          "[autograd][wrapper]") {
   const auto storage = at::randn({8});
   const auto other = at::randn({4});
   autograd::AotRequest r = request_for(

@@ -16,9 +16,9 @@
 #ifdef SKIP
 #define CRUCIBLE_SKIP(msg) SKIP(msg)
 #else
-#define CRUCIBLE_SKIP(msg)  \
-  do {                      \
-    WARN("skipped: " msg);  \
-    return;                 \
+#define CRUCIBLE_SKIP(msg) \
+  do {                     \
+    WARN("skipped: " msg); \
+    return;                \
   } while (0)
 #endif

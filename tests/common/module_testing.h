@@ -1,9 +1,9 @@
 // Helpers for tests that trace or compile torch::nn modules.
 #pragma once
 
+#include <ATen/ATen.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
-#include <ATen/ATen.h>
 
 #include <vector>
 

@@ -45,11 +45,11 @@ inline constexpr double kGradAtol = 1e-6;
 }  // namespace crucible::testing
 
 /// REQUIRE that two tensors are close; on failure the message says by how much.
-#define REQUIRE_CLOSE(actual, expected, rtol, atol)                                       \
-  do {                                                                                    \
+#define REQUIRE_CLOSE(actual, expected, rtol, atol)                                                   \
+  do {                                                                                                \
     const std::string crucible_mismatch_ = crucible::testing::mismatch(actual, expected, rtol, atol); \
-    INFO(crucible_mismatch_);                                                             \
-    REQUIRE(crucible_mismatch_.empty());                                                  \
+    INFO(crucible_mismatch_);                                                                         \
+    REQUIRE(crucible_mismatch_.empty());                                                              \
   } while (0)
 
 /// REQUIRE bitwise equality (same sizes, dtype and values, NaNs equal).
@@ -57,7 +57,7 @@ inline constexpr double kGradAtol = 1e-6;
 
 /// Skips the rest of the test case where no CUDA device is usable (./x counts
 /// the message as a skip under Catch2 2, which has no skipped state).
-#define CRUCIBLE_REQUIRE_CUDA()                                            \
-  do {                                                                     \
-    if (!at::hasCUDA()) CRUCIBLE_SKIP("no CUDA device here");              \
+#define CRUCIBLE_REQUIRE_CUDA()                               \
+  do {                                                        \
+    if (!at::hasCUDA()) CRUCIBLE_SKIP("no CUDA device here"); \
   } while (0)

@@ -6,11 +6,11 @@
 #include <ATen/ATen.h>
 #include <zlib.h>
 
+#include <unistd.h>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <unistd.h>
 
 #include "catch.h"
 #include "data_dir.h"

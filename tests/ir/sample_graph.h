@@ -48,8 +48,8 @@ inline ir::Graph sample_graph() {
   ir::Value* tangent = g.add_placeholder("tangents_1", meta({2, 4}), {InputKind::Tangent, "", {}});
 
   const std::vector<int64_t> one{1, 1};
-  ir::Node* conv = g.add_call("aten::convolution",
-                              {x, w, b, one, one, one, false, std::vector<int64_t>{0, 0}, int64_t{1}});
+  ir::Node* conv =
+      g.add_call("aten::convolution", {x, w, b, one, one, one, false, std::vector<int64_t>{0, 0}, int64_t{1}});
   const at::Tensor Conv = at::convolution(X, W, B, one, one, one, false, {0, 0}, 1);
   with_meta(conv, {Conv});
   conv->set_source("Conv2d(conv).forward");
@@ -68,10 +68,11 @@ inline ir::Graph sample_graph() {
       g.add_call("aten::sum.dim_IntList", {ln->result(0), std::vector<int64_t>{2, 3}, true, at::kDouble}), {S});
   ir::Node* to = with_meta(g.add_call("aten::to.dtype", {sum->result(), at::kFloat}), {S.to(at::kFloat)});
   ir::Node* view = with_meta(g.add_call("aten::view", {to->result(), std::vector<int64_t>{2, 4}}), {T});
-  ir::Node* index =
-      with_meta(g.add_call("aten::index.Tensor", {view->result(), Argument::ValueList{nullptr, idx}}), {at::zeros({2, 2})});
-  ir::Node* cat = with_meta(g.add_call("aten::cat", {Argument::ValueList{view->result(), tangent, index->result()}, int64_t{1}}),
-                            {at::zeros({2, 10})});
+  ir::Node* index = with_meta(g.add_call("aten::index.Tensor", {view->result(), Argument::ValueList{nullptr, idx}}),
+                              {at::zeros({2, 2})});
+  ir::Node* cat =
+      with_meta(g.add_call("aten::cat", {Argument::ValueList{view->result(), tangent, index->result()}, int64_t{1}}),
+                {at::zeros({2, 10})});
   ir::Node* split = with_meta(g.add_call("aten::split.Tensor", {cat->result(), int64_t{4}, int64_t{1}}, 3),
                               {at::zeros({2, 4}), at::zeros({2, 4}), at::zeros({2, 2})});
   ir::Node* add = with_meta(g.add_call("aten::add.Tensor", {split->result(0), split->result(1), int64_t{2}}), {T});
@@ -83,17 +84,17 @@ inline ir::Graph sample_graph() {
   ir::Node* fill = with_meta(g.add_call("aten::masked_fill.Scalar",
                                         {gelu->result(), mask->result(), -std::numeric_limits<double>::infinity()}),
                              {T});
-  ir::Node* norm = with_meta(g.add_call("aten::linalg_vector_norm",
-                                        {fill->result(), 2.0, std::vector<int64_t>{1}, false, c10::IValue()}),
-                             {at::zeros({2})});
+  ir::Node* norm = with_meta(
+      g.add_call("aten::linalg_vector_norm", {fill->result(), 2.0, std::vector<int64_t>{1}, false, c10::IValue()}),
+      {at::zeros({2})});
   ir::Node* size = g.add_call("aten::sym_size.int", {x, int64_t{0}});
   ir::Node* scaled = with_meta(g.add_call("aten::mul.Scalar", {norm->result(), size->result()}), {at::zeros({2})});
   ir::Node* zeros = with_meta(
       g.add_call("aten::zeros", {std::vector<int64_t>{2, 3}, at::kHalf, at::kStrided, c10::Device(at::kCPU), false}),
       {at::zeros({2, 3}, at::kHalf)});
-  ir::Node* full = with_meta(
-      g.add_call("aten::full", {std::vector<int64_t>{2}, int64_t{7}, at::kDouble, c10::IValue(), c10::IValue(), c10::IValue()}),
-      {at::zeros({2}, at::kDouble)});
+  ir::Node* full = with_meta(g.add_call("aten::full", {std::vector<int64_t>{2}, int64_t{7}, at::kDouble, c10::IValue(),
+                                                       c10::IValue(), c10::IValue()}),
+                             {at::zeros({2}, at::kDouble)});
   ir::Node* copy = with_meta(g.add_call("aten::_to_copy", {strided, at::kBFloat16, at::kStrided, c10::Device(at::kCPU),
                                                            c10::IValue(), true, at::MemoryFormat::Contiguous}),
                              {at::zeros({4, 2}, at::kBFloat16)});
@@ -108,11 +109,8 @@ inline ir::Graph sample_graph() {
   c10::impl::GenericList scalars(c10::NumberType::get());  // Scalar[]: an int and a float
   scalars.push_back(int64_t{1});
   scalars.push_back(0.5);
-  ir::Node* foreach_add = with_meta(
-      g.add_call("aten::_foreach_add.ScalarList",
-                 {Argument::ValueList{b, mean_buf}, scalars},
-                 2),
-      {B, B});
+  ir::Node* foreach_add =
+      with_meta(g.add_call("aten::_foreach_add.ScalarList", {Argument::ValueList{b, mean_buf}, scalars}, 2), {B, B});
   // A backward op with bool[3] and results it does not compute (no meta).
   ir::Node* lnb = g.add_call("aten::native_layer_norm_backward",
                              {ln->result(0), mp->result(0), std::vector<int64_t>{4}, ln->result(1), ln->result(2),
@@ -121,8 +119,8 @@ inline ir::Graph sample_graph() {
   lnb->add_tag("backward");
   lnb->add_tag("needs review");
   lnb->set_source("LayerNorm(ln).backward");
-  ir::Node* inplace = with_meta(g.add_call("aten::add_.Tensor", {strided, copy->result(), int64_t{1}}),
-                                {at::zeros({4, 2})});
+  ir::Node* inplace =
+      with_meta(g.add_call("aten::add_.Tensor", {strided, copy->result(), int64_t{1}}), {at::zeros({4, 2})});
 
   // Constants: tensors of every printable dtype, strided/expanded/offset
   // ones, and scalars of every kind a constant node holds.
@@ -152,16 +150,11 @@ inline ir::Graph sample_graph() {
 
   g.set_output({scaled->result(), slice->result(), zeros->result(), full->result(), foreach_add->result(0),
                 foreach_add->result(1), lnb->result(0), inplace->result(), mp->result(1), split->result(2)});
-  g.signature().outputs = {{OutputKind::Loss, {}},
-                           {OutputKind::UserOutput, {}},
-                           {OutputKind::SavedValue, {}},
-                           {OutputKind::UserOutput, {}},
-                           {OutputKind::MutatedInput, 2},
-                           {OutputKind::MutatedInput, 5},
-                           {OutputKind::Gradient, 1},
-                           {OutputKind::MutatedInputMetadata, 6},
-                           {OutputKind::SavedValue, {}},
-                           {OutputKind::UserOutput, {}}};
+  g.signature().outputs = {{OutputKind::Loss, {}},        {OutputKind::UserOutput, {}},
+                           {OutputKind::SavedValue, {}},  {OutputKind::UserOutput, {}},
+                           {OutputKind::MutatedInput, 2}, {OutputKind::MutatedInput, 5},
+                           {OutputKind::Gradient, 1},     {OutputKind::MutatedInputMetadata, 6},
+                           {OutputKind::SavedValue, {}},  {OutputKind::UserOutput, {}}};
   g.output_node()->add_tag("outputs");
   return g;
 }

@@ -62,16 +62,16 @@ TEST_CASE("DCE removes unused pure nodes, transitively, and nothing else", "[ir]
   Value* y = g.add_placeholder("y", f32({4, 6}));
   Value* unused_input = g.add_placeholder("unused", f32({1}));
   Value* relu = g.add_call("aten::relu", {x})->result();
-  Value* neg = g.add_call("aten::neg", {x})->result();      // dead
-  g.add_call("aten::exp", {neg});                            // dead, and makes %neg dead
+  Value* neg = g.add_call("aten::neg", {x})->result();  // dead
+  g.add_call("aten::exp", {neg});                       // dead, and makes %neg dead
   Node* ln = g.add_call("aten::native_layer_norm", {relu, std::vector<int64_t>{6}, c10::IValue(), c10::IValue(), 0.25});
-  g.add_call("aten::sym_size.int", {x, int64_t{0}});           // dead int result
-  g.add_constant(at::ones({2}), "dead_constant");              // dead
-  g.add_call("aten::bernoulli", {x});                          // RNG: kept though unused
+  g.add_call("aten::sym_size.int", {x, int64_t{0}});  // dead int result
+  g.add_constant(at::ones({2}), "dead_constant");     // dead
+  g.add_call("aten::bernoulli", {x});                 // RNG: kept though unused
   Value* cl = g.add_call("aten::clone", {y})->result();
   Value* view = g.add_call("aten::view", {cl, std::vector<int64_t>{24}})->result();
-  g.add_call("aten::mul_.Scalar", {view, 2.0});                // writes %clone through %view: kept, and with it both
-  g.add_call("aten::add_.Scalar", {y, int64_t{1}});            // writes an input: kept
+  g.add_call("aten::mul_.Scalar", {view, 2.0});      // writes %clone through %view: kept, and with it both
+  g.add_call("aten::add_.Scalar", {y, int64_t{1}});  // writes an input: kept
   Node* all_reduce = g.add_call("_c10d_functional::all_reduce", {relu, "sum", "0"});  // collective: kept
   Value* sum = g.add_call("aten::add.Tensor", {ln->result(0), cl})->result();
   g.set_output({sum, ln->result(2)});
@@ -144,7 +144,7 @@ TEST_CASE("CSE merges repeated calls, constants by value, lists and multi-result
   Value* a3 = g.add_call("aten::add.Tensor", {x, y, int64_t{2}})->result();  // alpha differs
   Value* a4 = g.add_call("aten::add.Tensor", {x, y, 1.0})->result();         // 1.0 is not 1: kept
   Value* r1 = g.add_call("aten::relu", {a1})->result();
-  Value* r2 = g.add_call("aten::relu", {a2})->result();                      // = r1 once a2 = a1
+  Value* r2 = g.add_call("aten::relu", {a2})->result();  // = r1 once a2 = a1
   Value* c1 = g.add_call("aten::cat", {Argument::ValueList{x, y}, int64_t{0}})->result();
   Value* c2 = g.add_call("aten::cat", {Argument::ValueList{x, y}, int64_t{0}})->result();  // = c1
   Value* c3 = g.add_call("aten::cat", {Argument::ValueList{y, x}, int64_t{0}})->result();  // order differs
@@ -153,7 +153,8 @@ TEST_CASE("CSE merges repeated calls, constants by value, lists and multi-result
   Node* ln3 = g.add_call("aten::native_layer_norm", {x, std::vector<int64_t>{6}, c10::IValue(), c10::IValue(), 0.5});
   Value* b1 = g.add_call("aten::rand_like", {a1})->result();
   Value* b2 = g.add_call("aten::rand_like", {a1})->result();  // RNG: never merged
-  g.set_output({a1, a2, a3, a4, r1, r2, c1, c2, c3, ln1->result(0), ln2->result(1), ln2->result(2), ln3->result(0), b1, b2});
+  g.set_output(
+      {a1, a2, a3, a4, r1, r2, c1, c2, c3, ln1->result(0), ln2->result(1), ln2->result(2), ln3->result(0), b1, b2});
   const std::vector<at::Tensor> inputs{at::randn({4, 6}), at::randn({4, 6})};
   propagate_meta(g);
   REQUIRE_NOTHROW(verify(g));

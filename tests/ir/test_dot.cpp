@@ -48,7 +48,8 @@ TEST_CASE("DOT has a node per graph node and an edge per use", "[ir][dot]") {
 }
 
 TEST_CASE("Graphviz renders the DOT export", "[ir][dot]") {
-  if (std::system("dot -V > /dev/null 2>&1") != 0) CRUCIBLE_SKIP("Graphviz's dot is not installed (apt-get install graphviz)");
+  if (std::system("dot -V > /dev/null 2>&1") != 0)
+    CRUCIBLE_SKIP("Graphviz's dot is not installed (apt-get install graphviz)");
   const auto dir = std::filesystem::temp_directory_path() / ("crucible_dot_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const auto in = dir / "g.dot", out = dir / "g.svg", err = dir / "err.txt";

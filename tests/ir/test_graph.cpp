@@ -36,7 +36,8 @@ TEST_CASE("calls take schema defaults and FX-style unique names", "[ir][graph]")
 TEST_CASE("multi-result and Tensor[] returns give one Value per tensor", "[ir][graph]") {
   Graph g;
   Value* x = g.add_placeholder("x", f32({4, 6}));
-  Node* ln = g.add_call("aten::native_layer_norm", {x, c10::IValue(std::vector<int64_t>{6}), c10::IValue(), c10::IValue(), 1e-5});
+  Node* ln = g.add_call("aten::native_layer_norm",
+                        {x, c10::IValue(std::vector<int64_t>{6}), c10::IValue(), c10::IValue(), 1e-5});
   REQUIRE(ln->num_results() == 3);
   REQUIRE(ln->result(2)->name() == "native_layer_norm_2");
   Node* sp = g.add_call("aten::split.Tensor", {x, int64_t{2}, int64_t{0}}, 2);
@@ -79,7 +80,8 @@ TEST_CASE("InsertGuard places nodes before or after an anchor", "[ir][graph]") {
   Value* late = g.add_placeholder("late", f32({3}));  // placeholders stay first
   std::vector<std::string> order;
   for (Node* n : g.nodes()) order.push_back(n->is_call() ? n->target() : std::string(to_string(n->kind())));
-  REQUIRE(order == std::vector<std::string>{"placeholder", "placeholder", "aten::neg", "aten::relu", "aten::exp", "output"});
+  REQUIRE(order ==
+          std::vector<std::string>{"placeholder", "placeholder", "aten::neg", "aten::relu", "aten::exp", "output"});
   REQUIRE(g.placeholders() == std::vector<Value*>{x, late});
 }
 

@@ -58,19 +58,19 @@ TEST_CASE("graph_hash ignores Value names and node sources", "[ir][hash]") {
 TEST_CASE("graph_hash changes with anything a backend computes with", "[ir][hash]") {
   const std::vector<std::string> variants = {
       kBase,
-      with("aten::add.Tensor", "aten::sub.Tensor"),          // the op
-      with("alpha=2", "alpha=3"),                            // a constant argument
-      with("alpha=2", "alpha=2.0"),                          // its kind: int vs float
-      with("%x, %w", "%w, %x"),                              // argument order
+      with("aten::add.Tensor", "aten::sub.Tensor"),                                  // the op
+      with("alpha=2", "alpha=3"),                                                    // a constant argument
+      with("alpha=2", "alpha=2.0"),                                                  // its kind: int vs float
+      with("%x, %w", "%w, %x"),                                                      // argument order
       with("f32[2, 3] = placeholder()", "f32[2, 3] stride=[1, 2] = placeholder()"),  // strides
-      with("%x : f32[2, 3]", "%x : f64[2, 3]"),              // dtype
-      with("%w : f32[3] grad", "%w : f32[3]"),               // requires_grad
-      with("kind=parameter", "kind=buffer"),                 // input kind
-      with("target=\"fc.weight\"", "target=\"fc.bias\""),    // parameter target
-      with("tags=[backward]", "tags=[recomputable]"),        // tags
-      with("constant([0.5, 1.5])", "constant([0.5, 2.5])"),  // tensor constant data
-      with("%s : loss", "%s"),                               // output kind
-      with("gradient(%w)", "gradient(%x)"),                  // output's input index
+      with("%x : f32[2, 3]", "%x : f64[2, 3]"),                                      // dtype
+      with("%w : f32[3] grad", "%w : f32[3]"),                                       // requires_grad
+      with("kind=parameter", "kind=buffer"),                                         // input kind
+      with("target=\"fc.weight\"", "target=\"fc.bias\""),                            // parameter target
+      with("tags=[backward]", "tags=[recomputable]"),                                // tags
+      with("constant([0.5, 1.5])", "constant([0.5, 2.5])"),                          // tensor constant data
+      with("%s : loss", "%s"),                                                       // output kind
+      with("gradient(%w)", "gradient(%x)"),                                          // output's input index
   };
   std::set<std::string> seen;
   for (const std::string& v : variants) {

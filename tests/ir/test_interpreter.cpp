@@ -34,7 +34,7 @@ using IntList = std::vector<int64_t>;
 // `check` records whether that TensorImpl has been freed by the time it runs.
 c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> g_watched{
     c10::make_intrusive<c10::TensorImpl, c10::UndefinedTensorImpl>(c10::DispatchKeySet(), caffe2::TypeMeta(),
-                                                                    std::nullopt)};
+                                                                   std::nullopt)};
 bool g_freed_at_check = false;
 
 at::Tensor remember(const at::Tensor& x) {
@@ -112,9 +112,10 @@ TEST_CASE("interpreter runs a 24-op graph exactly as direct ATen calls", "[ir][i
   Value* nview = B.call("aten::view", {nadd, IntList{8, 4}}, {view})->result();
   Value* npermute = B.call("aten::permute", {nview, IntList{1, 0}}, {permute})->result();
   Value* ncontig = B.call("aten::contiguous", {npermute, c10::MemoryFormat::Contiguous}, {contiguous})->result();
-  Value* nconv = B.call("aten::convolution", {vimg, vcw, vcb, IntList{1, 1}, IntList{1, 1}, IntList{1, 1}, false,
-                                              IntList{0, 0}, int64_t{1}},
-                        {conv})->result();
+  Value* nconv =
+      B.call("aten::convolution",
+             {vimg, vcw, vcb, IntList{1, 1}, IntList{1, 1}, IntList{1, 1}, false, IntList{0, 0}, int64_t{1}}, {conv})
+          ->result();
   Value* nscaled = B.call("aten::mul.Tensor", {nconv, vscale}, {scaled})->result();
   Value* nmean = B.call("aten::mean.dim", {nscaled, IntList{2, 3}, false, c10::IValue()}, {mean})->result();
   Value* nsize = B.call("aten::sym_size.int", {nmean, int64_t{0}}, {})->result();  // an int result
@@ -126,8 +127,8 @@ TEST_CASE("interpreter runs a 24-op graph exactly as direct ATen calls", "[ir][i
   // Outputs include a placeholder, a constant and one value twice.
   B.g.set_output({nln->result(1), nln->result(2), nindex, nindex2, nsplit->result(1), nadd_s, ncontig, ncl,
                   nmax->result(0), nmax->result(1), nsq, nsq, vx, vscale});
-  const std::vector<at::Tensor> expected{ln_mean, ln_rstd, index, index2, split[1], add_s, contiguous, cl,
-                                         mx,      mx_idx,  sq,    sq,     x,        scale};
+  const std::vector<at::Tensor> expected{ln_mean, ln_rstd, index,  index2, split[1], add_s, contiguous,
+                                         cl,      mx,      mx_idx, sq,     sq,       x,     scale};
   REQUIRE(B.g.num_nodes() - 9 >= 24);  // 7 placeholders, the constant, the output
   REQUIRE_NOTHROW(verify(B.g));
 
@@ -178,7 +179,7 @@ TEST_CASE("interpreter frees an intermediate right after its last use", "[ir][in
   };
   Graph freed = build(false);
   auto out = Interpreter(freed)({x});
-  REQUIRE(g_freed_at_check);  // %relu died before %check ran, not at the end of the run
+  REQUIRE(g_freed_at_check);                      // %relu died before %check ran, not at the end of the run
   REQUIRE_EQUAL_TENSORS(out.at(0), at::relu(x));  // neg(neg(relu(x)))
 
   Graph kept = build(true);

@@ -32,21 +32,23 @@ return (%s : loss, %add : gradient(%w))
 )");
   const std::string json = to_json(g);
   INFO(json);
-  for (const char* part : {
-           R"({"format":"crucible.graph","nodes":[)",
-           R"({"input":{"duplicate_of":null,"kind":"user_input","target":""},"kind":"placeholder","results":[{"meta":{"device":"cpu","dtype":"f32","requires_grad":false,"sizes":[2,3],"storage_offset":0,"strides":[3,1]},"name":"x","type":"Tensor"}]})",
-           R"({"args":[{"value":"x"},{"value":"w"},2],"kind":"call","results":[)",
-           R"("source":"fc","tags":["backward"],"target":"aten::add.Tensor"})",
-           R"({"data":[0.5,"nan"],"kind":"constant")",
-           R"("args":[{"value":"add"},null])",
-           R"({"kind":"output","outputs":[{"input":null,"kind":"loss","value":"s"},{"input":"w","kind":"gradient","value":"add"}]})",
-           R"("version":1})",
-       })
+  for (
+      const char* part : {
+          R"({"format":"crucible.graph","nodes":[)",
+          R"({"input":{"duplicate_of":null,"kind":"user_input","target":""},"kind":"placeholder","results":[{"meta":{"device":"cpu","dtype":"f32","requires_grad":false,"sizes":[2,3],"storage_offset":0,"strides":[3,1]},"name":"x","type":"Tensor"}]})",
+          R"({"args":[{"value":"x"},{"value":"w"},2],"kind":"call","results":[)",
+          R"("source":"fc","tags":["backward"],"target":"aten::add.Tensor"})",
+          R"({"data":[0.5,"nan"],"kind":"constant")",
+          R"("args":[{"value":"add"},null])",
+          R"({"kind":"output","outputs":[{"input":null,"kind":"loss","value":"s"},{"input":"w","kind":"gradient","value":"add"}]})",
+          R"("version":1})",
+      })
     CHECK_THAT(json, CRUCIBLE_HAS_SUBSTR(part));
 }
 
 TEST_CASE("JSON errors name the field at fault", "[ir][json]") {
-  const std::string good = to_json(parse("%x : f32[2] = placeholder()\n%y : f32[2] = aten::mul.Scalar(%x, 2.0)\nreturn (%y)\n"));
+  const std::string good =
+      to_json(parse("%x : f32[2] = placeholder()\n%y : f32[2] = aten::mul.Scalar(%x, 2.0)\nreturn (%y)\n"));
   auto with = [&](const std::string& from, const std::string& to) {
     std::string s = good;
     const auto p = s.find(from);
@@ -54,8 +56,10 @@ TEST_CASE("JSON errors name the field at fault", "[ir][json]") {
     return s.replace(p, from.size(), to);
   };
   REQUIRE_THROWS_WITH(from_json("{"), CRUCIBLE_HAS_SUBSTR("JSON graph: not JSON"));
-  REQUIRE_THROWS_WITH(from_json(with("crucible.graph", "other")), CRUCIBLE_HAS_SUBSTR("graph.format: expected \"crucible.graph\""));
-  REQUIRE_THROWS_WITH(from_json(with("\"version\":1", "\"version\":7")), CRUCIBLE_HAS_SUBSTR("graph.version: version 7 is not supported"));
+  REQUIRE_THROWS_WITH(from_json(with("crucible.graph", "other")),
+                      CRUCIBLE_HAS_SUBSTR("graph.format: expected \"crucible.graph\""));
+  REQUIRE_THROWS_WITH(from_json(with("\"version\":1", "\"version\":7")),
+                      CRUCIBLE_HAS_SUBSTR("graph.version: version 7 is not supported"));
   REQUIRE_THROWS_WITH(from_json(with("\"dtype\":\"f32\"", "\"dtype\":\"f33\"")),
                       CRUCIBLE_HAS_SUBSTR("graph.nodes[0].results[0].meta.dtype: unknown dtype 'f33'"));
   REQUIRE_THROWS_WITH(from_json(with("\"sizes\":[2]", "\"sizes\":\"2\"")),
@@ -70,5 +74,6 @@ TEST_CASE("JSON errors name the field at fault", "[ir][json]") {
                       CRUCIBLE_HAS_SUBSTR("graph.nodes[1].args[1]: argument 'other' (Scalar): expected a Scalar"));
   REQUIRE_THROWS_WITH(from_json(with("\"kind\":\"call\"", "\"kind\":\"cal\"")),
                       CRUCIBLE_HAS_SUBSTR("graph.nodes[1].kind: unknown node kind 'cal'"));
-  REQUIRE_THROWS_WITH(from_json(with("\"name\":\"y\"", "\"name\":\"x\"")), CRUCIBLE_HAS_SUBSTR("graph.nodes[1]: %x is defined twice"));
+  REQUIRE_THROWS_WITH(from_json(with("\"name\":\"y\"", "\"name\":\"x\"")),
+                      CRUCIBLE_HAS_SUBSTR("graph.nodes[1]: %x is defined twice"));
 }

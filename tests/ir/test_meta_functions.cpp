@@ -33,10 +33,12 @@ MetaPath compare(const std::string& op_name, const std::vector<c10::IValue>& arg
   call_on_cpu_stand_ins(op, reference);
   REQUIRE(derived.size() == reference.size());
   for (size_t i = 0; i < derived.size(); ++i) {
-    INFO(op_name << " result " << i << ": derived " << describe(derived[i]) << ", stand-ins " << describe(reference[i]));
+    INFO(op_name << " result " << i << ": derived " << describe(derived[i]) << ", stand-ins "
+                 << describe(reference[i]));
     const bool defined = derived[i].isTensor() && derived[i].toTensor().defined();
     REQUIRE(defined == (reference[i].isTensor() && reference[i].toTensor().defined()));
-    if (defined) REQUIRE(meta_equivalent(TensorMeta::of(derived[i].toTensor()), TensorMeta::of(reference[i].toTensor())));
+    if (defined)
+      REQUIRE(meta_equivalent(TensorMeta::of(derived[i].toTensor()), TensorMeta::of(reference[i].toTensor())));
   }
   return path;
 }
@@ -64,14 +66,15 @@ TEST_CASE("meta functions: convolution and its backward, 1-D to 3-D, grouped, st
       {{2, 4, 9}, {6, 2, 3}, {2}, {1}, {2}, {0}, false, 2},
       {{2, 3, 8, 7}, {5, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0, 0}, false, 1},
       {{1, 4, 10, 9}, {4, 1, 3, 2}, {2, 1}, {0, 1}, {1, 2}, {0, 0}, false, 4},  // depthwise
-      {{2, 3, 8, 8}, {4, 3, 1, 1}, {2}, {0}, {1}, {0}, false, 1},            // one value for every dimension
+      {{2, 3, 8, 8}, {4, 3, 1, 1}, {2}, {0}, {1}, {0}, false, 1},               // one value for every dimension
       {{2, 2, 5, 6, 4}, {3, 2, 2, 3, 1}, {1, 2, 1}, {1, 0, 0}, {1, 1, 1}, {0, 0, 0}, false, 1},
       {{2, 3, 5, 5}, {3, 4, 3, 3}, {2, 2}, {1, 1}, {1, 1}, {1, 0}, true, 1},  // transposed: weight [C_in, C_out/g, ...]
       {{2, 4, 6}, {4, 3, 2}, {3}, {0}, {2}, {1}, true, 2},
       {{0, 3, 8, 8}, {4, 3, 3, 3}, {1, 1}, {0, 0}, {1, 1}, {0, 0}, false, 1},  // an empty batch
   };
   for (const Case& c : cases) {
-    INFO("input " << c10::IntArrayRef(c.input) << " weight " << c10::IntArrayRef(c.weight) << (c.transposed ? " transposed" : ""));
+    INFO("input " << c10::IntArrayRef(c.input) << " weight " << c10::IntArrayRef(c.weight)
+                  << (c.transposed ? " transposed" : ""));
     const at::Tensor input = meta(c.input), weight = meta(c.weight);
     // LibTorch's convolution and its backward run on meta tensors for an
     // empty batch (the Empty backend); the rest needs the meta functions.
@@ -83,21 +86,23 @@ TEST_CASE("meta functions: convolution and its backward, 1-D to 3-D, grouped, st
                                             c.output_padding, c.groups}) == expected);
     }
     // The backward, from a gradient of the forward's output shape.
-    torch::jit::Stack fwd{input, weight, c10::IValue(), c.stride, c.padding, c.dilation, c.transposed, c.output_padding, c.groups};
+    torch::jit::Stack fwd{input,      weight,       c10::IValue(),    c.stride, c.padding,
+                          c.dilation, c.transposed, c.output_padding, c.groups};
     call_on_meta(resolve_operator("aten::convolution"), fwd);
     const at::Tensor grad = meta(fwd[0].toTensor().sizes().vec());
-    for (const std::vector<bool>& mask : std::vector<std::vector<bool>>{{true, true, true}, {false, true, true}, {true, false, false}}) {
+    for (const std::vector<bool>& mask :
+         std::vector<std::vector<bool>>{{true, true, true}, {false, true, true}, {true, false, false}}) {
       INFO("output_mask " << mask[0] << mask[1] << mask[2]);
       const int64_t out_channels = grad.size(1);
       REQUIRE(compare("aten::convolution_backward",
-                      {grad, input, weight, c10::IValue(Ints{out_channels}), c.stride, c.padding, c.dilation, c.transposed,
-                       c.output_padding, c.groups, bools(mask)}) == expected);
+                      {grad, input, weight, c10::IValue(Ints{out_channels}), c.stride, c.padding, c.dilation,
+                       c.transposed, c.output_padding, c.groups, bools(mask)}) == expected);
     }
   }
   // Channels-last: the backend picks the layout; the stand-ins say which.
   const at::Tensor cl = meta({2, 3, 8, 8}, at::kFloat, at::MemoryFormat::ChannelsLast);
-  REQUIRE(compare("aten::convolution", {cl, meta({4, 3, 3, 3}), c10::IValue(), Ints{1, 1}, Ints{1, 1}, Ints{1, 1}, false,
-                                        Ints{0, 0}, int64_t{1}}) == MetaPath::StandIns);
+  REQUIRE(compare("aten::convolution", {cl, meta({4, 3, 3, 3}), c10::IValue(), Ints{1, 1}, Ints{1, 1}, Ints{1, 1},
+                                        false, Ints{0, 0}, int64_t{1}}) == MetaPath::StandIns);
 }
 
 TEST_CASE("meta functions: batch norm and its backward, training and eval, with and without affine parameters",
@@ -113,8 +118,8 @@ TEST_CASE("meta functions: batch norm and its backward, training and eval, with 
           const c10::IValue weight = affine ? c10::IValue(meta({c}, dtype)) : c10::IValue();
           const c10::IValue bias = affine ? c10::IValue(meta({c}, dtype)) : c10::IValue();
           const at::Tensor running_mean = meta({c}, dtype), running_var = meta({c}, dtype);
-          REQUIRE(compare("aten::native_batch_norm", {input, weight, bias, running_mean, running_var, training, 0.1, 1e-5}) ==
-                  MetaPath::Function);
+          REQUIRE(compare("aten::native_batch_norm",
+                          {input, weight, bias, running_mean, running_var, training, 0.1, 1e-5}) == MetaPath::Function);
           const at::Tensor save = meta({c}, dtype);
           for (const std::vector<bool>& mask :
                std::vector<std::vector<bool>>{{true, true, true}, {true, false, false}, {false, true, true}}) {
@@ -130,8 +135,7 @@ TEST_CASE("meta functions: batch norm and its backward, training and eval, with 
                                               1e-5}) == MetaPath::StandIns);
 }
 
-TEST_CASE("meta: an op that returns nothing and writes nothing (an assertion) is not run on stand-ins",
-          "[ir][meta]") {
+TEST_CASE("meta: an op that returns nothing and writes nothing (an assertion) is not run on stand-ins", "[ir][meta]") {
   // On zero-filled stand-ins _assert_async would see `false` and throw; it has
   // no metadata to compute, so nothing runs and its argument is popped.
   torch::jit::Stack stack{meta({}, at::kBool)};

@@ -67,8 +67,9 @@ TEST_CASE("passes run by name, in order, and keep the interpreted result", "[ir]
 
 TEST_CASE("the registry names the passes it knows", "[ir][pass_manager]") {
   PassRegistry registry = PassRegistry::builtin();
-  REQUIRE_THROWS_WITH(registry.get("dead_code"), CRUCIBLE_HAS_SUBSTR("unknown pass 'dead_code'; registered passes: cse, dce, "
-                                                                  "fold_view_chains, fuse_addmm, propagate_meta"));
+  REQUIRE_THROWS_WITH(registry.get("dead_code"),
+                      CRUCIBLE_HAS_SUBSTR("unknown pass 'dead_code'; registered passes: cse, dce, "
+                                          "fold_view_chains, fuse_addmm, propagate_meta"));
   REQUIRE_THROWS_WITH(registry.add({"dce", [](Graph&) {}}), CRUCIBLE_HAS_SUBSTR("'dce' is already registered"));
   registry.add({"noop", [](Graph&) {}});
   REQUIRE(registry.names() ==
@@ -104,8 +105,8 @@ TEST_CASE("instruments see every pass, can skip one, and learn whether it change
   const auto passes = PassRegistry::builtin().passes({"cse", "dce", "cse"});
   Graph g = redundant();
   PassManager(passes, PassManagerOptions{.verify = true, .instruments = {recorder}, .graph_name = "forward"}).run(g);
-  REQUIRE(recorder->log ==
-          std::vector<std::string>{"before cse forward", "after cse changed", "before cse forward", "after cse unchanged"});
+  REQUIRE(recorder->log == std::vector<std::string>{"before cse forward", "after cse changed", "before cse forward",
+                                                    "after cse unchanged"});
   REQUIRE(g.find_value("exp") != nullptr);  // dce was skipped
 }
 
@@ -116,15 +117,18 @@ TEST_CASE("a pass that throws ends its stage as failed, and the error names it",
   Graph g = redundant();
   REQUIRE_THROWS_WITH(PassManager(passes, PassManagerOptions{.instruments = {recorder}}).run(g),
                       CRUCIBLE_HAS_SUBSTR("pass 'throws' failed: out of ideas"));
-  REQUIRE(recorder->log ==
-          std::vector<std::string>{"before cse graph", "after cse changed", "before throws graph", "after throws failed"});
+  REQUIRE(recorder->log == std::vector<std::string>{"before cse graph", "after cse changed", "before throws graph",
+                                                    "after throws failed"});
 }
 
 TEST_CASE("a change anywhere in the graph is a change", "[ir][pass_manager]") {
   auto recorder = std::make_shared<Recorder>();
   const std::vector<Pass> passes{
       {"retag", [](Graph& g) { g.find_value("exp")->node()->add_tag("backward"); }},
-      {"reshape_meta", [](Graph& g) { g.find_value("exp")->set_meta(f32({1, 3})); }},
+      {"reshape_meta",
+       [](Graph& g) {
+         g.find_value("exp")->set_meta(f32({1, 3}));
+       }},
       {"rename", [](Graph& g) { g.rename(g.find_value("exp"), "exp_renamed"); }},
       {"signature", [](Graph& g) { g.signature().inputs[0].kind = InputKind::Parameter; }},
       {"nothing", [](Graph&) {}},

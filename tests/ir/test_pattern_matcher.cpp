@@ -26,8 +26,10 @@ Rewrite double_neg() {
 
 // mul(x, x) -> pow(x, 2): a name bound twice must bind the same Value.
 Rewrite square() {
-  return {"x * x", P::call("aten::mul.Tensor", {P::bind("x"), P::bind("x")}),
-          P::call("aten::pow.Tensor_Scalar", {P::bind("x"), P::constant(int64_t{2})}), {}};
+  return {"x * x",
+          P::call("aten::mul.Tensor", {P::bind("x"), P::bind("x")}),
+          P::call("aten::pow.Tensor_Scalar", {P::bind("x"), P::constant(int64_t{2})}),
+          {}};
 }
 
 void require_meta_right(const Graph& g) { REQUIRE_NOTHROW(verify(g, VerifyOptions{.check_meta = true})); }
@@ -47,11 +49,12 @@ TEST_CASE("a rewrite replaces what its pattern matches, with bound Values and co
   const std::vector<at::Tensor> inputs{at::randn({3}), at::randn({3})};
   const auto before = Interpreter(g)(inputs);
   REQUIRE(apply_rewrites(g, {double_neg(), square()}) == 2);
-  REQUIRE(to_text(g) == "%x : f32[3] = placeholder()\n"
-                        "%y : f32[3] = placeholder()\n"
-                        "%pow : f32[3] = aten::pow.Tensor_Scalar(%x, 2)\n"
-                        "%xy : f32[3] = aten::mul.Tensor(%x, %y)\n"
-                        "return (%pow, %xy)\n");
+  REQUIRE(to_text(g) ==
+          "%x : f32[3] = placeholder()\n"
+          "%y : f32[3] = placeholder()\n"
+          "%pow : f32[3] = aten::pow.Tensor_Scalar(%x, 2)\n"
+          "%xy : f32[3] = aten::mul.Tensor(%x, %y)\n"
+          "return (%pow, %xy)\n");
   require_meta_right(g);
   const auto after = Interpreter(g)(inputs);
   // x * x and pow(x, 2) are both exact squares of a float: bitwise.
@@ -63,8 +66,10 @@ TEST_CASE("a rewrite replaces what its pattern matches, with bound Values and co
 
 TEST_CASE("a call pattern matches the schema's defaults where it leaves arguments out, constants by kind",
           "[ir][pattern]") {
-  const Rewrite add_one{"add(x, 1)", P::call("aten::add.Scalar", {P::bind("x"), P::constant(int64_t{1})}),
-                        P::call("aten::neg", {P::bind("x")}), {}};
+  const Rewrite add_one{"add(x, 1)",
+                        P::call("aten::add.Scalar", {P::bind("x"), P::constant(int64_t{1})}),
+                        P::call("aten::neg", {P::bind("x")}),
+                        {}};
   Graph g = parse(R"(
     %x : f32[3] = placeholder()
     %a : f32[3] = aten::add.Scalar(%x, 1, 1)
@@ -108,7 +113,8 @@ TEST_CASE("a match whose inner calls are read elsewhere, or with a write in betw
     auto in_place = [](const std::string& inner, std::vector<Pattern> inner_args) {
       return Rewrite{"add_ on " + inner,
                      P::call("aten::add_.Tensor", {P::call(inner, std::move(inner_args)).named("w"), P::bind("y")}),
-                     P::call("aten::add.Tensor", {P::bind("w"), P::bind("y")}), {}};
+                     P::call("aten::add.Tensor", {P::bind("w"), P::bind("y")}),
+                     {}};
     };
     Graph g = parse(R"(
       %x : f32[2, 3] = placeholder()
@@ -125,10 +131,9 @@ TEST_CASE("a match whose inner calls are read elsewhere, or with a write in betw
     )");
     const std::vector<at::Tensor> in{at::randn({2, 3}), at::randn({6})};
     const auto before = Interpreter(g)(in);
-    const std::vector<Rewrite> rewrites = {
-        in_place("aten::view", {P::call("aten::neg", {P::bind("x")}), P::bind("s")}),
-        in_place("aten::view", {P::bind("x"), P::bind("s")}),
-        in_place("aten::_unsafe_view", {P::bind("x"), P::bind("s")})};
+    const std::vector<Rewrite> rewrites = {in_place("aten::view", {P::call("aten::neg", {P::bind("x")}), P::bind("s")}),
+                                           in_place("aten::view", {P::bind("x"), P::bind("s")}),
+                                           in_place("aten::_unsafe_view", {P::bind("x"), P::bind("s")})};
     REQUIRE(apply_rewrites(g, rewrites) == 1);  // %a only: %nv views %n, which the match computed
     REQUIRE(g.outputs()[0]->node()->target() == "aten::add.Tensor");
     REQUIRE(g.outputs()[1]->node()->target() == "aten::add_.Tensor");
@@ -175,7 +180,8 @@ TEST_CASE("a check sees the match's metadata; a replacement with other metadata 
   REQUIRE(apply_rewrites(h, {shrink}) == 0);
   REQUIRE(to_text(h) == text);
   // An op that rejects the bound shapes: the same.
-  const Rewrite bad_mm{"exp -> mm", P::call("aten::exp", {P::bind("x")}), P::call("aten::mm", {P::bind("x"), P::bind("x")}), {}};
+  const Rewrite bad_mm{
+      "exp -> mm", P::call("aten::exp", {P::bind("x")}), P::call("aten::mm", {P::bind("x"), P::bind("x")}), {}};
   REQUIRE(apply_rewrites(h, {bad_mm}) == 0);
   REQUIRE(to_text(h) == text);
 }
@@ -188,10 +194,11 @@ TEST_CASE("new calls stand where the root stood and keep its source and tags", "
     return (%e)
   )");
   REQUIRE(apply_rewrites(g, {square()}) == 1);
-  REQUIRE(to_text(g) == "%x : f32[3] = placeholder()\n"
-                        "%pow : f32[3] = aten::pow.Tensor_Scalar(%x, 2) {source=\"Square.backward\", tags=[backward]}\n"
-                        "%e : f32[3] = aten::exp(%pow)\n"
-                        "return (%e)\n");
+  REQUIRE(to_text(g) ==
+          "%x : f32[3] = placeholder()\n"
+          "%pow : f32[3] = aten::pow.Tensor_Scalar(%x, 2) {source=\"Square.backward\", tags=[backward]}\n"
+          "%e : f32[3] = aten::exp(%pow)\n"
+          "return (%e)\n");
 }
 
 TEST_CASE("Match names what the pattern bound, and malformed rewrites are reported", "[ir][pattern]") {
@@ -202,21 +209,22 @@ TEST_CASE("Match names what the pattern bound, and malformed rewrites are report
     return (%s)
   )");
   bool checked = false;
-  const Rewrite probe{"probe",
-                      P::call("aten::add.Tensor", {P::call("aten::exp", {P::bind("x")}).named("e"), P::ignored(), P::bind("alpha")}),
-                      P::bind("e"), [&](const Match& m) {
-                        REQUIRE(m.nodes().size() == 2);
-                        REQUIRE(m.root()->result()->name() == "s");
-                        REQUIRE(m.value("x")->name() == "x");
-                        REQUIRE(m.value("e")->name() == "e");
-                        REQUIRE(m.constant("alpha").toInt() == 2);
-                        REQUIRE(m.has("alpha"));
-                        REQUIRE_FALSE(m.has("y"));
-                        REQUIRE_THROWS_WITH(m["y"], CRUCIBLE_HAS_SUBSTR("binds nothing named 'y'"));
-                        REQUIRE_THROWS_WITH(m.value("alpha"), CRUCIBLE_HAS_SUBSTR("'alpha' bound a constant"));
-                        checked = true;
-                        return false;
-                      }};
+  const Rewrite probe{
+      "probe",
+      P::call("aten::add.Tensor", {P::call("aten::exp", {P::bind("x")}).named("e"), P::ignored(), P::bind("alpha")}),
+      P::bind("e"), [&](const Match& m) {
+        REQUIRE(m.nodes().size() == 2);
+        REQUIRE(m.root()->result()->name() == "s");
+        REQUIRE(m.value("x")->name() == "x");
+        REQUIRE(m.value("e")->name() == "e");
+        REQUIRE(m.constant("alpha").toInt() == 2);
+        REQUIRE(m.has("alpha"));
+        REQUIRE_FALSE(m.has("y"));
+        REQUIRE_THROWS_WITH(m["y"], CRUCIBLE_HAS_SUBSTR("binds nothing named 'y'"));
+        REQUIRE_THROWS_WITH(m.value("alpha"), CRUCIBLE_HAS_SUBSTR("'alpha' bound a constant"));
+        checked = true;
+        return false;
+      }};
   REQUIRE(apply_rewrites(g, {probe}) == 0);
   REQUIRE(checked);
 
@@ -226,16 +234,17 @@ TEST_CASE("Match names what the pattern bound, and malformed rewrites are report
   REQUIRE_THROWS_WITH(P::bind("x").named("y"), CRUCIBLE_HAS_SUBSTR("call patterns only"));
   REQUIRE_THROWS_WITH(apply_rewrites(g, {{"unbound", P::call("aten::exp", {P::bind("x")}), P::bind("z"), {}}}),
                       CRUCIBLE_HAS_SUBSTR("rewrite 'unbound': the replacement uses 'z'"));
-  REQUIRE_THROWS_WITH(apply_rewrites(g, {{"ignored", P::call("aten::exp", {P::bind("x")}),
-                                          P::call("aten::neg", {P::ignored()}), {}}}),
-                      CRUCIBLE_HAS_SUBSTR("holds an Ignored"));
+  REQUIRE_THROWS_WITH(
+      apply_rewrites(g, {{"ignored", P::call("aten::exp", {P::bind("x")}), P::call("aten::neg", {P::ignored()}), {}}}),
+      CRUCIBLE_HAS_SUBSTR("holds an Ignored"));
   REQUIRE_THROWS_WITH(apply_rewrites(g, {{"root", P::bind("x"), P::bind("x"), {}}}),
                       CRUCIBLE_HAS_SUBSTR("the pattern's root must be a call pattern"));
-  REQUIRE_THROWS_WITH(apply_rewrites(g, {{"no default", P::call("aten::exp", {P::bind("x")}),
-                                          P::call("aten::add.Tensor", {P::bind("x")}), {}}}),
-                      CRUCIBLE_HAS_SUBSTR("leaves out argument 'other', which has no default"));
+  REQUIRE_THROWS_WITH(
+      apply_rewrites(
+          g, {{"no default", P::call("aten::exp", {P::bind("x")}), P::call("aten::add.Tensor", {P::bind("x")}), {}}}),
+      CRUCIBLE_HAS_SUBSTR("leaves out argument 'other', which has no default"));
   // exp(x) -> exp(x) matches its own replacement forever.
-  REQUIRE_THROWS_WITH(apply_rewrites(g, {{"loop", P::call("aten::exp", {P::bind("x")}),
-                                          P::call("aten::exp", {P::bind("x")}), {}}}),
-                      CRUCIBLE_HAS_SUBSTR("still rewriting after 64 sweeps"));
+  REQUIRE_THROWS_WITH(
+      apply_rewrites(g, {{"loop", P::call("aten::exp", {P::bind("x")}), P::call("aten::exp", {P::bind("x")}), {}}}),
+      CRUCIBLE_HAS_SUBSTR("still rewriting after 64 sweeps"));
 }

@@ -89,7 +89,7 @@ TEST_CASE("derived metadata is what the kernels give on real tensors: views, in-
     REQUIRE(g.find_value(name)->meta() == meta);
   }
   REQUIRE(g.find_value("m")->meta().sizes == std::vector<int64_t>{6, 4});  // reads %c after transpose_
-  REQUIRE(g.find_value("x")->meta() == TensorMeta::contiguous({4, 6}));  // placeholders keep theirs
+  REQUIRE(g.find_value("x")->meta() == TensorMeta::contiguous({4, 6}));    // placeholders keep theirs
 }
 
 TEST_CASE("the meta check names the first node whose sizes, strides, offset, dtype or device are wrong", "[ir][meta]") {
@@ -102,19 +102,23 @@ TEST_CASE("the meta check names the first node whose sizes, strides, offset, dty
     %n : f32[2, 4] = aten::neg(%mm)
     return (%n)
   )";
-  auto check = [&](const std::string& middle) { verify(parse(head + middle + tail), VerifyOptions{.check_meta = true}); };
+  auto check = [&](const std::string& middle) {
+    verify(parse(head + middle + tail), VerifyOptions{.check_meta = true});
+  };
   REQUIRE_NOTHROW(check(""));
   REQUIRE_THROWS_WITH(check("%r : f32[2, 4] = aten::relu(%x)"),
                       CRUCIBLE_HAS_SUBSTR("node %r (aten::relu): result %r is recorded as f32[2, 4], but aten::relu "
                                           "gives f32[2, 3] from its inputs"));
-  REQUIRE_THROWS_WITH(check("%t : f32[4, 2] = aten::t(%mm)"),
-                      CRUCIBLE_HAS_SUBSTR("result %t is recorded as f32[4, 2], but aten::t gives f32[4, 2] stride=[1, 4]"));
+  REQUIRE_THROWS_WITH(
+      check("%t : f32[4, 2] = aten::t(%mm)"),
+      CRUCIBLE_HAS_SUBSTR("result %t is recorded as f32[4, 2], but aten::t gives f32[4, 2] stride=[1, 4]"));
   REQUIRE_THROWS_WITH(check("%s : f32[2, 2] = aten::slice.Tensor(%mm, 1, 2)"),
                       CRUCIBLE_HAS_SUBSTR("but aten::slice.Tensor gives f32[2, 2] stride=[4, 1] offset=2"));
   REQUIRE_THROWS_WITH(check("%h : f32[2, 4] = aten::to.dtype(%mm, f16)"),
                       CRUCIBLE_HAS_SUBSTR("result %h is recorded as f32[2, 4], but aten::to.dtype gives f16[2, 4]"));
-  REQUIRE_THROWS_WITH(check("%g : f32[2, 4] @cuda:0 = aten::neg(%mm)"),
-                      CRUCIBLE_HAS_SUBSTR("result %g is recorded as f32[2, 4] @cuda:0, but aten::neg gives f32[2, 4] from"));
+  REQUIRE_THROWS_WITH(
+      check("%g : f32[2, 4] @cuda:0 = aten::neg(%mm)"),
+      CRUCIBLE_HAS_SUBSTR("result %g is recorded as f32[2, 4] @cuda:0, but aten::neg gives f32[2, 4] from"));
   // Two wrong nodes: the first is named.
   REQUIRE_THROWS_WITH(check("%a : f32[9] = aten::neg(%x)\n%b : f32[9] = aten::neg(%w)"),
                       CRUCIBLE_HAS_SUBSTR("node %a (aten::neg)"));
@@ -208,8 +212,7 @@ TEST_CASE("ops without a Meta kernel run on CPU stand-ins, and draw nothing from
   REQUIRE(g.find_value("mask")->meta().dtype == at::kBool);
 }
 
-TEST_CASE("propagate_meta leaves a graph it cannot derive unchanged, and infer_meta sets one new node",
-          "[ir][meta]") {
+TEST_CASE("propagate_meta leaves a graph it cannot derive unchanged, and infer_meta sets one new node", "[ir][meta]") {
   Graph g = parse(R"(
     %x : f32[2, 3] = placeholder()
     %n : f32[2, 3] = aten::neg(%x)

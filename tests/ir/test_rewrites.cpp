@@ -45,14 +45,15 @@ TEST_CASE("fuse_addmm: mm + add becomes addmm, the bias on either side, alpha ke
   const std::vector<at::Tensor> in{at::randn({8, 16}), at::randn({16, 4}), at::randn({4}), at::randn({8, 4})};
   const auto before = Interpreter(g)(in);
   REQUIRE(fuse_addmm(g) == 3);
-  REQUIRE(to_text(g) == "%x : f32[8, 16] = placeholder()\n"
-                        "%w : f32[16, 4] = placeholder()\n"
-                        "%b : f32[4] = placeholder()\n"
-                        "%c : f32[8, 4] = placeholder()\n"
-                        "%addmm : f32[8, 4] = aten::addmm(%b, %x, %w, beta=1, alpha=1)\n"
-                        "%addmm_1 : f32[8, 4] = aten::addmm(%c, %x, %w, beta=1, alpha=2)\n"
-                        "%addmm_2 : f32[8, 4] = aten::addmm(%c, %x, %w, beta=0.5, alpha=1)\n"
-                        "return (%addmm, %addmm_1, %addmm_2)\n");
+  REQUIRE(to_text(g) ==
+          "%x : f32[8, 16] = placeholder()\n"
+          "%w : f32[16, 4] = placeholder()\n"
+          "%b : f32[4] = placeholder()\n"
+          "%c : f32[8, 4] = placeholder()\n"
+          "%addmm : f32[8, 4] = aten::addmm(%b, %x, %w, beta=1, alpha=1)\n"
+          "%addmm_1 : f32[8, 4] = aten::addmm(%c, %x, %w, beta=1, alpha=2)\n"
+          "%addmm_2 : f32[8, 4] = aten::addmm(%c, %x, %w, beta=0.5, alpha=1)\n"
+          "return (%addmm, %addmm_1, %addmm_2)\n");
   require_meta_right(g);
   const auto after = Interpreter(g)(in);
   // The new graph runs exactly eager's addmm; the old one eager's mm and add.
@@ -84,15 +85,16 @@ TEST_CASE("fuse_addmm: a Linear on 3-D input, view -> mm -> _unsafe_view -> add,
   const std::vector<at::Tensor> in{at::randn({2, 5, 16}), at::randn({4, 16}), at::randn({4})};
   const auto before = Interpreter(g)(in);
   REQUIRE(fuse_addmm(g) == 1);
-  REQUIRE(to_text(g) == "%x : f32[2, 5, 16] = placeholder()\n"
-                        "%w : f32[4, 16] = placeholder()\n"
-                        "%b : f32[4] = placeholder()\n"
-                        "%t : f32[16, 4] stride=[1, 16] = aten::t(%w)\n"
-                        "%view : f32[10, 16] = aten::view(%x, [10, 16])\n"
-                        "%addmm : f32[10, 4] = aten::addmm(%b, %view, %t, beta=1, alpha=1)\n"
-                        "%_unsafe_view_1 : f32[2, 5, 4] = aten::_unsafe_view(%addmm, [2, 5, 4])\n"
-                        "%relu : f32[2, 5, 4] = aten::relu(%_unsafe_view_1)\n"
-                        "return (%relu)\n");
+  REQUIRE(to_text(g) ==
+          "%x : f32[2, 5, 16] = placeholder()\n"
+          "%w : f32[4, 16] = placeholder()\n"
+          "%b : f32[4] = placeholder()\n"
+          "%t : f32[16, 4] stride=[1, 16] = aten::t(%w)\n"
+          "%view : f32[10, 16] = aten::view(%x, [10, 16])\n"
+          "%addmm : f32[10, 4] = aten::addmm(%b, %view, %t, beta=1, alpha=1)\n"
+          "%_unsafe_view_1 : f32[2, 5, 4] = aten::_unsafe_view(%addmm, [2, 5, 4])\n"
+          "%relu : f32[2, 5, 4] = aten::relu(%_unsafe_view_1)\n"
+          "return (%relu)\n");
   require_meta_right(g);
   const auto after = Interpreter(g)(in);
   REQUIRE_CLOSE(after[0], before[0], kAddmmRtol, kAddmmAtol);
@@ -208,11 +210,12 @@ TEST_CASE("fold_view_chains: a chain of views, _unsafe_views and reshapes become
   const std::vector<at::Tensor> in{at::randn({2, 3, 4})};
   const auto before = Interpreter(g)(in);
   REQUIRE(fold_view_chains(g) == 3);
-  REQUIRE(to_text(g) == "%x : f32[2, 3, 4] = placeholder()\n"
-                        "%reshape : f32[4, 6] = aten::reshape(%x, [4, -1])\n"
-                        "%n : f32[4, 6] = aten::neg(%reshape)\n"
-                        "%view : f32[24] = aten::view(%n, [24])\n"
-                        "return (%view, %reshape)\n");
+  REQUIRE(to_text(g) ==
+          "%x : f32[2, 3, 4] = placeholder()\n"
+          "%reshape : f32[4, 6] = aten::reshape(%x, [4, -1])\n"
+          "%n : f32[4, 6] = aten::neg(%reshape)\n"
+          "%view : f32[24] = aten::view(%n, [24])\n"
+          "return (%view, %reshape)\n");
   require_meta_right(g);
   const auto after = Interpreter(g)(in);
   // Views move no data: bitwise, and the folded view still shares x's storage.

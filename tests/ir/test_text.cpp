@@ -35,10 +35,12 @@ TEST_CASE("the text form spells every kind of constant", "[ir][text]") {
   INFO(text);
   for (const char* line : {
            "%conv.weight : f32[4, 3, 3, 3] grad = placeholder(kind=parameter, target=\"conv.weight\")",
-           "%w_tied : f32[4, 3, 3, 3] grad = placeholder(kind=parameter, target=\"conv2.weight\", duplicate_of=%conv.weight)",
+           "%w_tied : f32[4, 3, 3, 3] grad = placeholder(kind=parameter, target=\"conv2.weight\", "
+           "duplicate_of=%conv.weight)",
            "%strided : f32[4, 2] stride=[1, 5] offset=3 = placeholder(kind=state, target=\"opt.state\")",
            "%tangents_1 : f32[2, 4] = placeholder(kind=tangent)",
-           "%convolution : f32[2, 4, 8, 8] = aten::convolution(%x, %conv.weight, %b, [1, 1], [1, 1], [1, 1], False, [0, 0], 1) "
+           "%convolution : f32[2, 4, 8, 8] = aten::convolution(%x, %conv.weight, %b, [1, 1], [1, 1], [1, 1], False, "
+           "[0, 0], 1) "
            "{source=\"Conv2d(conv).forward\"}",
            "%relu : f32[2, 4, 8, 8] = aten::relu(%convolution) {tags=[recomputable]}",
            "%max_pool2d_with_indices : f32[2, 4, 4, 4], %max_pool2d_with_indices_1 : i64[2, 4, 4, 4] = "
@@ -64,8 +66,10 @@ TEST_CASE("the text form spells every kind of constant", "[ir][text]") {
            "memory_format=contiguous_format)",
            "%clone : f32[2, 3, 8, 8] stride=[192, 1, 24, 3] = aten::clone(%x, memory_format=channels_last)",
            "= aten::upsample_bilinear2d.vec(%clone, None, False, [2.0, 1.5])",
-           "%slice : f32[2, 3, 8, 12] stride=[576, 192, 24, 1] offset=12 = aten::slice.Tensor(%upsample_bilinear2d, 2, 1, None, 2)",
-           "%_foreach_add : f32[4], %_foreach_add_1 : f32[4] = aten::_foreach_add.ScalarList([%b, %running_mean], [1, 0.5])",
+           "%slice : f32[2, 3, 8, 12] stride=[576, 192, 24, 1] offset=12 = aten::slice.Tensor(%upsample_bilinear2d, 2, "
+           "1, None, 2)",
+           "%_foreach_add : f32[4], %_foreach_add_1 : f32[4] = aten::_foreach_add.ScalarList([%b, %running_mean], [1, "
+           "0.5])",
            "%native_layer_norm_backward : f32[2, 4, 4, 4], %native_layer_norm_backward_1 : Tensor, "
            "%native_layer_norm_backward_2 : Tensor = aten::native_layer_norm_backward(",
            "[True, False, False]) {source=\"LayerNorm(ln).backward\", tags=[backward, \"needs review\"]}",
@@ -93,7 +97,8 @@ TEST_CASE("the text form spells every kind of constant", "[ir][text]") {
            "%bools : bool[] = constant([True, False])",
            "return (%mul_1 : loss, %slice, %zeros : saved_value, %full, %_foreach_add : mutated_input(%b), "
            "%_foreach_add_1 : mutated_input(%running_mean), %native_layer_norm_backward : gradient(%conv.weight), "
-           "%add_ : mutated_input_metadata(%strided), %max_pool2d_with_indices_1 : saved_value, %split_2) {tags=[outputs]}",
+           "%add_ : mutated_input_metadata(%strided), %max_pool2d_with_indices_1 : saved_value, %split_2) "
+           "{tags=[outputs]}",
        })
     CHECK_THAT(text, CRUCIBLE_HAS_SUBSTR(line));
 }
@@ -146,7 +151,8 @@ TEST_CASE("parse errors name the line, the column and what was expected", "[ir][
       {"%y : f32[2, 3] = aten::add.Tensor(%x, %z)", 2, 39, "undefined value %z"},
       {"%x : f32[2, 3] = aten::neg(%x)", 2, 1, "%x is defined twice"},
       {"%y : f33[2, 3] = aten::neg(%x)", 2, 6, "unknown dtype 'f33'"},
-      {"%y : f32[2, 3] = aten::add.Tensor(%x, %x, 2)", 2, 43, "too many positional arguments: aten::add.Tensor takes 2"},
+      {"%y : f32[2, 3] = aten::add.Tensor(%x, %x, 2)", 2, 43,
+       "too many positional arguments: aten::add.Tensor takes 2"},
       {"%y : f32[2, 3] = aten::add.Tensor(%x)", 2, 37, "missing argument 'other'"},
       {"%y : f32[2, 3] = aten::gelu(%x, approximate=\"tanh)", 2, 45, "unterminated string"},
       {"%y : f32[2, 3] = aten::add.Tensor(%x, %x, beta=2)", 2, 43, "has no argument 'beta'"},
@@ -161,7 +167,8 @@ TEST_CASE("parse errors name the line, the column and what was expected", "[ir][
       {"%y : f32[2] @gpu = placeholder()", 2, 14, "bad device 'gpu'"},
       {"%y : f32[2, 3] aten::neg(%x)", 2, 16, "expected '=', got 'aten::neg'"},
       {"%y : f32[2] = placeholder(target=\"a\\qb\")", 2, 36, "unknown escape '\\q'"},
-      {"%y : f32[2, 3] = aten::neg(%x)\n%z : f32[2] = placeholder()", 3, 1, "placeholders come before every other node"},
+      {"%y : f32[2, 3] = aten::neg(%x)\n%z : f32[2] = placeholder()", 3, 1,
+       "placeholders come before every other node"},
       {"return (%x)\n%y : f32[2, 3] = aten::neg(%x)", 3, 18, "nothing may follow the output"},
       {"%y : f32[2, 3] = aten::neg(%x)\nreturn (%x : gradient(%y))", 3, 23, "%y is not a placeholder"},
       {"%n : float = aten::sym_size.int(%x, 0)", 2, 1, "%n has type int"},
@@ -230,8 +237,8 @@ return (%clamp : loss, %half, %mpi, %s2, %rstd)
   const auto parts = at::split(at::cat({gelu, index}, 1), 4, 1);
   const at::Tensor sum = at::sum(parts[0] * parts[1], {1}, false, at::kDouble).to(at::kFloat);
   const at::Tensor clamp = at::clamp(sum * at::tensor({0.5f, -1.0f, 2.0f, 0.1f}), -1.0);
-  const auto [mp, mpi] = at::max_pool2d_with_indices(at::convolution(img, cw, {}, {1, 1}, {1, 1}, {1, 1}, false, {0, 0}, 1),
-                                                     {2, 2}, {2, 2});
+  const auto [mp, mpi] = at::max_pool2d_with_indices(
+      at::convolution(img, cw, {}, {1, 1}, {1, 1}, {1, 1}, false, {0, 0}, 1), {2, 2}, {2, 2});
   const at::Tensor avg = at::mean(mp, {2, 3});
   const at::Tensor half = (avg.masked_fill(avg > 0.0, 0.0) * 2).to(at::kHalf);
 

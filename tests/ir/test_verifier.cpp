@@ -41,7 +41,8 @@ TEST_CASE("verify accepts well-formed graphs with every argument kind", "[ir][ve
   Node* cat = g.add_call("aten::cat", {Argument::ValueList{sp->result(1), sp->result(0)}, int64_t{0}});
   Node* index = g.add_call("aten::index.Tensor", {cat->result(), Argument::ValueList{nullptr, idx}});
   Node* size = g.add_call("aten::sym_size.int", {x, int64_t{1}});
-  Node* add = g.add_call("aten::add.Scalar", {index->result(), size->result(), true});  // Scalar takes int Values and bools
+  Node* add =
+      g.add_call("aten::add.Scalar", {index->result(), size->result(), true});  // Scalar takes int Values and bools
   Node* to = g.add_call("aten::_to_copy", {add->result(), at::kDouble, c10::IValue(), at::Device(at::kCPU)});
   Value* c = g.add_constant(at::ones({1}));
   Node* mul = g.add_call("aten::mul.Tensor", {to->result(), c});
@@ -89,7 +90,10 @@ TEST_CASE("verify: argument kinds against the schema", "[ir][verifier]") {
   SECTION("a constant where a tensor goes") {
     Small s;
     s.mm->set_arg(1, int64_t{3});
-    REQUIRE_THROWS_WITH(verify(s.g), CRUCIBLE_HAS_SUBSTR("node %mm (aten::mm): argument 'mat2' (Tensor) takes a tensor Value, got a constant of type int"));
+    REQUIRE_THROWS_WITH(
+        verify(s.g),
+        CRUCIBLE_HAS_SUBSTR(
+            "node %mm (aten::mm): argument 'mat2' (Tensor) takes a tensor Value, got a constant of type int"));
   }
   SECTION("a tensor constant inline") {
     Small s;
@@ -100,14 +104,17 @@ TEST_CASE("verify: argument kinds against the schema", "[ir][verifier]") {
     Small s;
     Node* add = s.g.add_call("aten::add.Tensor", {s.x, s.x, s.x});
     add->result()->set_meta(f32({2, 3}));
-    REQUIRE_THROWS_WITH(verify(s.g), CRUCIBLE_HAS_SUBSTR("node %add (aten::add.Tensor): argument 'alpha' (Scalar) takes a constant or a Value of that type, got %x (Tensor)"));
+    REQUIRE_THROWS_WITH(verify(s.g), CRUCIBLE_HAS_SUBSTR("node %add (aten::add.Tensor): argument 'alpha' (Scalar) "
+                                                         "takes a constant or a Value of that type, got %x (Tensor)"));
   }
   SECTION("a wrong constant type") {
     Small s;
     Node* sum = s.g.add_call("aten::sum.dim_IntList", {s.x, std::vector<int64_t>{0}});
     sum->result()->set_meta(f32({3}));
     sum->set_arg(2, 1.5);  // keepdim is a bool
-    REQUIRE_THROWS_WITH(verify(s.g), CRUCIBLE_HAS_SUBSTR("argument 'keepdim' (bool) takes a constant of that type, got a constant of type float"));
+    REQUIRE_THROWS_WITH(
+        verify(s.g),
+        CRUCIBLE_HAS_SUBSTR("argument 'keepdim' (bool) takes a constant of that type, got a constant of type float"));
   }
   SECTION("None where the argument is not optional") {
     Small s;
@@ -120,7 +127,8 @@ TEST_CASE("verify: argument kinds against the schema", "[ir][verifier]") {
     cat->result()->set_meta(f32({4, 3}));
     REQUIRE_NOTHROW(verify(s.g));
     cat->set_arg(0, s.x);
-    REQUIRE_THROWS_WITH(verify(s.g), CRUCIBLE_HAS_SUBSTR("argument 'tensors' (Tensor[]) takes a list of tensor Values, got %x"));
+    REQUIRE_THROWS_WITH(verify(s.g),
+                        CRUCIBLE_HAS_SUBSTR("argument 'tensors' (Tensor[]) takes a list of tensor Values, got %x"));
     cat->set_arg(0, Argument::ValueList{s.x, nullptr});
     REQUIRE_THROWS_WITH(verify(s.g), CRUCIBLE_HAS_SUBSTR("without None (None is for Tensor?[])"));
   }
@@ -129,7 +137,8 @@ TEST_CASE("verify: argument kinds against the schema", "[ir][verifier]") {
     Graph::InsertGuard guard(s.g, s.mm);
     Node* size = s.g.add_call("aten::sym_size.int", {s.x, int64_t{0}});
     s.mm->set_arg(1, size->result());
-    REQUIRE_THROWS_WITH(verify(s.g), CRUCIBLE_HAS_SUBSTR("argument 'mat2' (Tensor) takes a tensor Value, got %sym_size (int)"));
+    REQUIRE_THROWS_WITH(verify(s.g),
+                        CRUCIBLE_HAS_SUBSTR("argument 'mat2' (Tensor) takes a tensor Value, got %sym_size (int)"));
   }
 }
 
@@ -152,7 +161,8 @@ TEST_CASE("verify: output node and signature", "[ir][verifier]") {
   SECTION("input_index out of range or missing") {
     Small s;
     s.g.signature().outputs[0] = OutputSpec{OutputKind::Gradient, 2};
-    REQUIRE_THROWS_WITH(verify(s.g), CRUCIBLE_HAS_SUBSTR("output 0 (gradient) refers to input 2, but the graph has 2 placeholders"));
+    REQUIRE_THROWS_WITH(verify(s.g),
+                        CRUCIBLE_HAS_SUBSTR("output 0 (gradient) refers to input 2, but the graph has 2 placeholders"));
     s.g.signature().outputs[0] = OutputSpec{OutputKind::MutatedInput, std::nullopt};
     REQUIRE_THROWS_WITH(verify(s.g), CRUCIBLE_HAS_SUBSTR("output 0 (mutated_input) has no input_index"));
   }

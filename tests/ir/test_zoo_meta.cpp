@@ -48,7 +48,8 @@ std::vector<at::Tensor> clones(const std::vector<at::Tensor>& ts) {
 }
 
 tracer::ModuleFn forward_of(const models::Model& m) {
-  return [&m](torch::nn::Module&, const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{m.forward(in[0])}; };
+  return
+      [&m](torch::nn::Module&, const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{m.forward(in[0])}; };
 }
 
 tracer::ModuleFn module_loss(const models::Model& m) {
@@ -78,11 +79,13 @@ std::vector<ZooGraph> zoo_graphs(const std::string& name) {
     o.trace.mode = tracer::TraceMode::Fake;
     // Not run: a factory call it recorded makes meta tensors (arange on the
     // device of a meta input), as it did while tracing.
-    graphs.push_back({"forward, fake mode", tracer::functional_call(module, forward_of(model), {batch.inputs}, o).graph, {}});
+    graphs.push_back(
+        {"forward, fake mode", tracer::functional_call(module, forward_of(model), {batch.inputs}, o).graph, {}});
   }
   {
     tracer::TraceResult r = tracer::make_fx(
-        [&](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{model.forward(in[0])}; }, {batch.inputs});
+        [&](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{model.forward(in[0])}; },
+        {batch.inputs});
     std::vector<at::Tensor> inputs{batch.inputs};
     for (const tracer::LiftedTensor& l : r.lifted) inputs.push_back(l.tensor);
     graphs.push_back({"make_fx forward (module state lifted)", std::move(r.graph), inputs});
@@ -100,7 +103,8 @@ std::vector<ZooGraph> zoo_graphs(const std::string& name) {
                       tracer::functional_call(module, step, {batch.inputs, batch.targets}, o).graph,
                       testing::module_graph_inputs(module, {batch.inputs, batch.targets})});
   }
-  graphs.push_back({"aot_export_module inference", autograd::aot_export_module(module, forward_of(model), {batch.inputs}, {}),
+  graphs.push_back({"aot_export_module inference",
+                    autograd::aot_export_module(module, forward_of(model), {batch.inputs}, {}),
                     testing::module_graph_inputs(module, {batch.inputs})});
   graphs.push_back({"aot_export_module joint",
                     autograd::aot_export_module(module, module_loss(model), {batch.inputs, batch.targets},
@@ -111,7 +115,8 @@ std::vector<ZooGraph> zoo_graphs(const std::string& name) {
     std::vector<ZooGraph> captured;
     pipeline::Builder b;
     b.passes({}).backend("capture", [&](const ir::Graph& g, const std::vector<at::Tensor>& examples) {
-      captured.push_back({captured.empty() ? "aot_module forward" : "aot_module backward", g.clone(), clones(examples)});
+      captured.push_back(
+          {captured.empty() ? "aot_module forward" : "aot_module backward", g.clone(), clones(examples)});
       return ir::interpret(g);
     });
     const autograd::AotModule compiled = b.compile(model.module, module_loss(model));
@@ -157,9 +162,10 @@ void require_same_results(const std::vector<at::Tensor>& after, const std::vecto
 
 }  // namespace
 
-TEST_CASE("every zoo graph's metadata is what its ops derive, after every built-in pass, and the passes keep "
-          "what it computes",
-          "[ir][meta][zoo]") {
+TEST_CASE(
+    "every zoo graph's metadata is what its ops derive, after every built-in pass, and the passes keep "
+    "what it computes",
+    "[ir][meta][zoo]") {
   const ir::PassRegistry registry = ir::PassRegistry::builtin();
   std::vector<std::vector<std::string>> pass_lists;
   for (const std::string& p : registry.names()) pass_lists.push_back({p});

@@ -4,11 +4,11 @@
 #include <crucible/autograd/aot_module.h>
 #include <crucible/ir/graph.h>
 #include <crucible/ir/parser.h>
+#include <crucible/models/zoo.h>
 #include <crucible/pipeline/backend_registry.h>
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/error.h>
 #include <crucible/pipeline/instruments.h>
-#include <crucible/models/zoo.h>
 #include <crucible/runtime/instruments.h>
 #include <crucible/runtime/timing.h>
 #include <crucible/tracer/decomposition.h>
@@ -19,13 +19,13 @@
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
-#include <unistd.h>
 
 #include "catch.h"
 #include "graph_testing.h"
@@ -107,22 +107,13 @@ TEST_CASE("builder: a train step's stages are AOTAutograd's inference path, each
   b.instrument(recorder);
   TrainStep step = b.compile_train_step(s.model.module, opt, s.loss());
   step.compile(s.batch);
-  CHECK(recorder->events == std::vector<std::string>{"before:compile",
-                                                      "before:collect_metadata",
-                                                      "after:collect_metadata",
-                                                      "before:trace_inference",
-                                                      "after:trace_inference:train_step",
-                                                      "before:inference_compiler:train_step",
-                                                      "before:name_state:train_step",
-                                                      "after:name_state:train_step",
-                                                      "before:dce:train_step",
-                                                      "after:dce:train_step",
-                                                      "before:cse:train_step",
-                                                      "after:cse:train_step",
-                                                      "before:backend:train_step",
-                                                      "after:backend:train_step",
-                                                      "after:inference_compiler:train_step",
-                                                      "after:compile"});
+  CHECK(recorder->events ==
+        std::vector<std::string>{"before:compile", "before:collect_metadata", "after:collect_metadata",
+                                 "before:trace_inference", "after:trace_inference:train_step",
+                                 "before:inference_compiler:train_step", "before:name_state:train_step",
+                                 "after:name_state:train_step", "before:dce:train_step", "after:dce:train_step",
+                                 "before:cse:train_step", "after:cse:train_step", "before:backend:train_step",
+                                 "after:backend:train_step", "after:inference_compiler:train_step", "after:compile"});
   recorder->events.clear();
   step(s.batch);  // compiled already: no stage runs
   CHECK(recorder->events.empty());
@@ -187,32 +178,33 @@ TEST_CASE("builder: compile() runs the AOT path through the builder's partitione
   CHECK(compiles == 1);  // the backward compiles at the first backward
   out.sum().backward();
   ref.sum().backward();
-  for (size_t i = 1; i < in.size(); ++i) REQUIRE_CLOSE(in[i].grad(), eager_in[i].grad(), crucible::testing::kGradRtol, crucible::testing::kGradAtol);
+  for (size_t i = 1; i < in.size(); ++i)
+    REQUIRE_CLOSE(in[i].grad(), eager_in[i].grad(), crucible::testing::kGradRtol, crucible::testing::kGradAtol);
   CHECK(compiles == 2);
   CHECK(pass_runs == 2);
   // The first call compiles the forward; the first backward, lazily, the backward.
   CHECK(recorder->events == std::vector<std::string>{"before:compile",
-                                                      "before:collect_metadata",
-                                                      "after:collect_metadata",
-                                                      "before:trace_joint",
-                                                      "after:trace_joint:joint",
-                                                      "before:partition:joint",
-                                                      "after:partition:forward:backward",
-                                                      "before:fw_compiler:forward",
-                                                      "before:count:forward",
-                                                      "after:count:forward",
-                                                      "before:backend:forward",
-                                                      "after:backend:forward",
-                                                      "after:fw_compiler:forward",
-                                                      "after:compile",
-                                                      "before:compile",
-                                                      "before:bw_compiler:backward",
-                                                      "before:count:backward",
-                                                      "after:count:backward",
-                                                      "before:backend:backward",
-                                                      "after:backend:backward",
-                                                      "after:bw_compiler:backward",
-                                                      "after:compile"});
+                                                     "before:collect_metadata",
+                                                     "after:collect_metadata",
+                                                     "before:trace_joint",
+                                                     "after:trace_joint:joint",
+                                                     "before:partition:joint",
+                                                     "after:partition:forward:backward",
+                                                     "before:fw_compiler:forward",
+                                                     "before:count:forward",
+                                                     "after:count:forward",
+                                                     "before:backend:forward",
+                                                     "after:backend:forward",
+                                                     "after:fw_compiler:forward",
+                                                     "after:compile",
+                                                     "before:compile",
+                                                     "before:bw_compiler:backward",
+                                                     "before:count:backward",
+                                                     "after:count:backward",
+                                                     "before:backend:backward",
+                                                     "after:backend:backward",
+                                                     "after:bw_compiler:backward",
+                                                     "after:compile"});
 }
 
 TEST_CASE("builder: compile() shares compiled graphs between callables only when its compilers have a key",
@@ -238,14 +230,16 @@ TEST_CASE("builder: compile() shares compiled graphs between callables only when
       // Shared or not, each callable computes eager's values and gradients
       // (same kernels; the backward may accumulate in another order).
       REQUIRE_EQUAL_TENSORS(out.detach(), ref.detach());
-      for (size_t i = 1; i < in.size(); ++i) REQUIRE_CLOSE(in[i].grad(), eager_in[i].grad(), crucible::testing::kGradRtol, crucible::testing::kGradAtol);
+      for (size_t i = 1; i < in.size(); ++i)
+        REQUIRE_CLOSE(in[i].grad(), eager_in[i].grad(), crucible::testing::kGradRtol, crucible::testing::kGradAtol);
     }
     const auto backend_runs = std::count_if(recorder->events.begin(), recorder->events.end(),
                                             [](const std::string& e) { return e.rfind("before:backend:", 0) == 0; });
     // Every compiler stage reports, served from the cache or not.
-    const auto compiler_stages = std::count_if(recorder->events.begin(), recorder->events.end(), [](const std::string& e) {
-      return e.rfind("after:fw_compiler:", 0) == 0 || e.rfind("after:bw_compiler:", 0) == 0;
-    });
+    const auto compiler_stages =
+        std::count_if(recorder->events.begin(), recorder->events.end(), [](const std::string& e) {
+          return e.rfind("after:fw_compiler:", 0) == 0 || e.rfind("after:bw_compiler:", 0) == 0;
+        });
     const auto cached = std::count_if(recorder->events.begin(), recorder->events.end(),
                                       [](const std::string& e) { return e.ends_with(":cached"); });
     CHECK(compiler_stages == 2 * callables);
@@ -313,7 +307,8 @@ TEST_CASE("builder: compile() over a module gives eager's loss and fills the mod
   for (const auto& p : compiled.model.module->named_parameters()) {
     INFO(p.key());
     REQUIRE(p.value().grad().defined());
-    REQUIRE_CLOSE(p.value().grad(), eager_params[p.key()].grad(), crucible::testing::kGradRtol, crucible::testing::kGradAtol);
+    REQUIRE_CLOSE(p.value().grad(), eager_params[p.key()].grad(), crucible::testing::kGradRtol,
+                  crucible::testing::kGradAtol);
   }
   auto has = [&](const std::string& event) {
     return std::find(recorder->events.begin(), recorder->events.end(), event) != recorder->events.end();
@@ -354,10 +349,10 @@ TEST_CASE("instruments: stage timer, graph dumps and verification", "[pipeline][
   auto stage_timer = std::make_shared<runtime::StageTimer>(timer);
   const std::string dir = std::filesystem::temp_directory_path() / ("crucible_dump_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
-  auto dumper = std::make_shared<GraphDumper>(GraphDumpOptions{
-      .dir = dir, .svg = false, .code = [](const ir::Graph& g) {
-        return std::vector<GeneratedFile>{{"kernel.txt", std::to_string(g.num_nodes()) + " nodes"}};
-      }});
+  auto dumper = std::make_shared<GraphDumper>(
+      GraphDumpOptions{.dir = dir, .svg = false, .code = [](const ir::Graph& g) {
+                         return std::vector<GeneratedFile>{{"kernel.txt", std::to_string(g.num_nodes()) + " nodes"}};
+                       }});
   // Only these instruments: the process-wide defaults stay untouched.
   Builder b;
   b.instruments({stage_timer, dumper, std::make_shared<GraphVerifier>()});
@@ -365,15 +360,14 @@ TEST_CASE("instruments: stage timer, graph dumps and verification", "[pipeline][
 
   // One phase per stage, each run once, nested as the stages ran.
   const std::vector<runtime::PhaseStats> phases = timer.phases();
-  const std::vector<std::pair<std::string, std::string>> expected = {
-      {"compile", ""},
-      {"collect_metadata", "compile"},
-      {"trace_inference", "compile"},
-      {"inference_compiler", "compile"},
-      {"name_state", "inference_compiler"},
-      {"dce", "inference_compiler"},
-      {"cse", "inference_compiler"},
-      {"backend", "inference_compiler"}};
+  const std::vector<std::pair<std::string, std::string>> expected = {{"compile", ""},
+                                                                     {"collect_metadata", "compile"},
+                                                                     {"trace_inference", "compile"},
+                                                                     {"inference_compiler", "compile"},
+                                                                     {"name_state", "inference_compiler"},
+                                                                     {"dce", "inference_compiler"},
+                                                                     {"cse", "inference_compiler"},
+                                                                     {"backend", "inference_compiler"}};
   REQUIRE(phases.size() == expected.size());
   for (size_t i = 0; i < expected.size(); ++i) {
     CHECK(phases[i].name == expected[i].first);
@@ -395,7 +389,8 @@ TEST_CASE("instruments: stage timer, graph dumps and verification", "[pipeline][
 }
 
 TEST_CASE("instruments: a dump of a compilation the graph cache serves still holds its graphs", "[pipeline][builder]") {
-  const std::string dir = std::filesystem::temp_directory_path() / ("crucible_dump_cached_" + std::to_string(::getpid()));
+  const std::string dir =
+      std::filesystem::temp_directory_path() / ("crucible_dump_cached_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   autograd::default_aot_cache()->clear();
   at::manual_seed(5);
@@ -458,7 +453,8 @@ TEST_CASE("builder: a training step traced in fake mode (meta tensors) trains as
   torch::optim::Adam eager_opt(eager.model.module->parameters(), torch::optim::AdamOptions(1e-2));
   tracer::TraceOptions fake;
   fake.mode = tracer::TraceMode::Fake;
-  TrainStep step = Builder().trace_options(fake).compile_train_step(compiled.model.module, compiled_opt, compiled.loss());
+  TrainStep step =
+      Builder().trace_options(fake).compile_train_step(compiled.model.module, compiled_opt, compiled.loss());
   for (int i = 0; i < 5; ++i) {
     const at::Tensor loss = step(compiled.batch);
     eager_opt.zero_grad();
@@ -541,9 +537,10 @@ TEST_CASE("builder: an AOT wrapper joins AOTAutograd's chain, around the compile
   CHECK_THROWS_AS(Builder().add_aot_wrapper(nullptr), PipelineError);
 }
 
-TEST_CASE("builder: the core ATen decompositions leave no fused softmax, gelu, layer norm or nll_loss in a GPT "
-          "train step, which trains as eager within rounding",
-          "[pipeline][builder][decomp]") {
+TEST_CASE(
+    "builder: the core ATen decompositions leave no fused softmax, gelu, layer norm or nll_loss in a GPT "
+    "train step, which trains as eager within rounding",
+    "[pipeline][builder][decomp]") {
   torch::manual_seed(4);
   Model compiled = make_model("gpt"), eager = make_model("gpt");
   copy_state(*compiled.module, *eager.module);

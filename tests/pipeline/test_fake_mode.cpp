@@ -2,9 +2,9 @@
 // the graphs traced on meta tensors are the graphs traced on real copies,
 // and a training step compiled in fake mode trains as eager.
 #include <crucible/ir/printer.h>
+#include <crucible/models/zoo.h>
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/train_step.h>
-#include <crucible/models/zoo.h>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -40,7 +40,8 @@ Builder builder_for(crucible::tracer::TraceMode mode, const std::shared_ptr<Reco
 
 }  // namespace
 
-TEST_CASE("fake mode: every zoo model's train-step, forward and backward graphs equal real mode's", "[pipeline][fake]") {
+TEST_CASE("fake mode: every zoo model's train-step, forward and backward graphs equal real mode's",
+          "[pipeline][fake]") {
   for (const std::string& name : model_names()) {
     INFO(name);
     std::vector<std::vector<std::string>> per_mode;
@@ -85,5 +86,6 @@ TEST_CASE("fake mode: a training step compiled on meta tensors trains as eager",
     REQUIRE_EQUAL_TENSORS(c, e.detach());
   }
   auto ep = eager.module->named_parameters();
-  for (const auto& p : compiled.module->named_parameters()) REQUIRE_EQUAL_TENSORS(p.value().detach(), ep[p.key()].detach());
+  for (const auto& p : compiled.module->named_parameters())
+    REQUIRE_EQUAL_TENSORS(p.value().detach(), ep[p.key()].detach());
 }

@@ -5,8 +5,8 @@
 // its BatchNorm statistics as eager does, and give it the gradient eager's
 // backward gives it. A tensor captured by the loss: changed in place,
 // replaced, reshaped.
-#include <crucible/pipeline/builder.h>
 #include <crucible/data/fashion_mnist.h>
+#include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/train_step.h>
 
 #include <ATen/ATen.h>
@@ -42,11 +42,11 @@ struct GeneratorImpl : torch::nn::Module {
   GeneratorImpl() {
     namespace nn = torch::nn;
     net = register_module(
-        "net", nn::Sequential(nn::ConvTranspose2d(nn::ConvTranspose2dOptions(kLatent, 32, 7)), nn::BatchNorm2d(32),
-                              nn::ReLU(), nn::ConvTranspose2d(nn::ConvTranspose2dOptions(32, 16, 4).stride(2).padding(1)),
-                              nn::BatchNorm2d(16), nn::ReLU(),
-                              nn::ConvTranspose2d(nn::ConvTranspose2dOptions(16, 1, 4).stride(2).padding(1)),
-                              nn::Tanh()));
+        "net",
+        nn::Sequential(nn::ConvTranspose2d(nn::ConvTranspose2dOptions(kLatent, 32, 7)), nn::BatchNorm2d(32), nn::ReLU(),
+                       nn::ConvTranspose2d(nn::ConvTranspose2dOptions(32, 16, 4).stride(2).padding(1)),
+                       nn::BatchNorm2d(16), nn::ReLU(),
+                       nn::ConvTranspose2d(nn::ConvTranspose2dOptions(16, 1, 4).stride(2).padding(1)), nn::Tanh()));
   }
   at::Tensor forward(const at::Tensor& z) { return net->forward(z); }
   torch::nn::Sequential net{nullptr};
@@ -121,12 +121,12 @@ TEST_CASE("a GAN's two compiled steps train as eager, each reading the other mod
   copy_module(*compiled.d, *eager.d);
 
   Builder builder;
-  builder.backend("interpreter").name_module("generator", compiled.g.ptr()).name_module("discriminator",
-                                                                                         compiled.d.ptr());
-  TrainStep d_step = builder.compile_train_step(compiled.d.ptr(), compiled.d_opt,
-                                                [&](torch::nn::Module&, const std::vector<at::Tensor>& b) {
-                                                  return d_loss(compiled.d, compiled.g, b[0], b[1]);
-                                                });
+  builder.backend("interpreter")
+      .name_module("generator", compiled.g.ptr())
+      .name_module("discriminator", compiled.d.ptr());
+  TrainStep d_step = builder.compile_train_step(
+      compiled.d.ptr(), compiled.d_opt,
+      [&](torch::nn::Module&, const std::vector<at::Tensor>& b) { return d_loss(compiled.d, compiled.g, b[0], b[1]); });
   TrainStep g_step = builder.compile_train_step(
       compiled.g.ptr(), compiled.g_opt,
       [&](torch::nn::Module&, const std::vector<at::Tensor>& b) { return g_loss(compiled.d, compiled.g, b[0]); });

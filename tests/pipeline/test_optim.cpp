@@ -111,7 +111,12 @@ TEST_CASE("Adam matches torch::optim::Adam over 120 steps", "[pipeline][optim]")
   }
   SECTION("weight decay, betas, eps and amsgrad") {
     compare<torch::optim::Adam>(
-        {.kind = OptimizerKind::Adam, .lr = 1e-2, .weight_decay = 1e-2, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6,
+        {.kind = OptimizerKind::Adam,
+         .lr = 1e-2,
+         .weight_decay = 1e-2,
+         .beta1 = 0.8,
+         .beta2 = 0.99,
+         .eps = 1e-6,
          .amsgrad = true},
         torch::optim::AdamOptions(1e-2).weight_decay(1e-2).betas({0.8, 0.99}).eps(1e-6).amsgrad(true));
   }

@@ -2,12 +2,12 @@
 // the same initial weights train on the same batches, one through the
 // compiled training step (one graph: forward, backward, optimizer update),
 // one with torch::optim.
-#include <crucible/pipeline/builder.h>
-#include <crucible/pipeline/error.h>
 #include <crucible/data/fashion_mnist.h>
 #include <crucible/data/synthetic_tokens.h>
-#include <crucible/pipeline/train_step.h>
 #include <crucible/models/zoo.h>
+#include <crucible/pipeline/builder.h>
+#include <crucible/pipeline/error.h>
+#include <crucible/pipeline/train_step.h>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -151,18 +151,24 @@ TEST_CASE("train step: ResNet-18's BatchNorm running statistics are updated as e
   // downsampling path are still there.
   const ResNetConfig config{.in_channels = 1, .image_size = 16, .width = 4, .blocks = {1, 1, 1, 1}};
   const Model shapes = make_resnet(config);
-  train_and_compare<torch::optim::SGD>([&] { return make_resnet(config); }, torch::optim::SGDOptions(0.05).momentum(0.9),
+  train_and_compare<torch::optim::SGD>([&] { return make_resnet(config); },
+                                       torch::optim::SGDOptions(0.05).momentum(0.9),
                                        [&](int64_t i) { return shapes.example_batch(8, 100 + i); }, 8, kRtol, kAtol);
 }
 
-TEST_CASE("train step: the GPT with its tied head (one parameter) trains as eager with AdamW", "[pipeline][train_step]") {
+TEST_CASE("train step: the GPT with its tied head (one parameter) trains as eager with AdamW",
+          "[pipeline][train_step]") {
   const GptConfig config{.vocab_size = 32, .block_size = 16, .n_layer = 1, .n_head = 2, .n_embd = 32};
   train_and_compare<torch::optim::AdamW>(
       [&] { return make_gpt(config); }, torch::optim::AdamWOptions(3e-3),
-      [&](int64_t i) { return synthetic_token_batch({config.vocab_size, config.block_size, 4, 0}, i); }, 20, kRtol, kAtol);
+      [&](int64_t i) {
+        return synthetic_token_batch({config.vocab_size, config.block_size, 4, 0}, i);
+      },
+      20, kRtol, kAtol);
 }
 
-TEST_CASE("train step: the step count and the learning rate are graph inputs, not constants", "[pipeline][train_step]") {
+TEST_CASE("train step: the step count and the learning rate are graph inputs, not constants",
+          "[pipeline][train_step]") {
   Twins t = twins([] { return make_mlp({.in_features = 784, .hidden = {32}, .num_classes = 10}); });
   torch::optim::Adam compiled_opt(t.compiled.module->parameters(), torch::optim::AdamOptions(1e-2));
   torch::optim::Adam eager_opt(t.eager.module->parameters(), torch::optim::AdamOptions(1e-2));
@@ -216,8 +222,7 @@ TEST_CASE("train step: compiling changes nothing; a new batch size compiles agai
   require_same_state(t.compiled, t.eager, kRtol, kAtol);
 }
 
-TEST_CASE("train step: one submodule switched to eval() compiles again and trains as eager",
-          "[pipeline][train_step]") {
+TEST_CASE("train step: one submodule switched to eval() compiles again and trains as eager", "[pipeline][train_step]") {
   const ResNetConfig config{.in_channels = 1, .image_size = 16, .width = 4, .blocks = {1, 1, 1, 1}};
   const Model shapes = make_resnet(config);
   Twins t = twins([&] { return make_resnet(config); });
@@ -276,14 +281,14 @@ TEST_CASE("train step: clear errors for optimizers it cannot compile", "[pipelin
   }
   SECTION("a loss that is not a scalar") {
     torch::optim::SGD opt(m.module->parameters(), torch::optim::SGDOptions(0.1));
-    TrainStep step = compile_train_step(m.module, opt, [&](torch::nn::Module&, const std::vector<at::Tensor>& b) {
-      return m.forward(b[0]);
-    });
+    TrainStep step = compile_train_step(
+        m.module, opt, [&](torch::nn::Module&, const std::vector<at::Tensor>& b) { return m.forward(b[0]); });
     CHECK_THROWS_WITH(step({at::ones({2, 4}), at::zeros({2}, at::kLong)}), CRUCIBLE_HAS_SUBSTR("0-dim"));
   }
 }
 
-TEST_CASE("train step: every zoo model's graph is functional, its writes the trailing copies", "[pipeline][train_step]") {
+TEST_CASE("train step: every zoo model's graph is functional, its writes the trailing copies",
+          "[pipeline][train_step]") {
   for (const std::string& name : model_names()) {
     INFO(name);
     torch::manual_seed(0);
@@ -299,7 +304,8 @@ TEST_CASE("train step: every zoo model's graph is functional, its writes the tra
     size_t copies = 0;
     for (const crucible::ir::Node* n : g.nodes()) {
       if (!n->is_call()) continue;
-      const bool copy = n->target() == "aten::copy_" && n->arg(0).is_value() && n->arg(0).value()->node()->is_placeholder();
+      const bool copy =
+          n->target() == "aten::copy_" && n->arg(0).is_value() && n->arg(0).value()->node()->is_placeholder();
       INFO(n->target());
       REQUIRE((copy || !n->is_mutating()));
       REQUIRE((copy || !writing));

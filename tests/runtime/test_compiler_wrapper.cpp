@@ -93,11 +93,11 @@ TEST_CASE("compile_with_wrappers hands the edited request to the compiler", "[ru
   const auto x = at::randn({3}), b = at::randn({3});
   runtime::WrapperList<GraphRequest> wrappers{std::make_shared<ReluWrapper>(), std::make_shared<ReluWrapper>()};
   size_t compiled_nodes = 0;
-  ir::CompiledFn fn = runtime::compile_with_wrappers<GraphRequest>(wrappers, GraphRequest{affine(x, b), {x, b}},
-                                                                   [&](GraphRequest& r) {
-                                                                     compiled_nodes = r.graph.num_nodes();
-                                                                     return ir::interpret(r.graph, r.example_inputs);
-                                                                   });
+  ir::CompiledFn fn =
+      runtime::compile_with_wrappers<GraphRequest>(wrappers, GraphRequest{affine(x, b), {x, b}}, [&](GraphRequest& r) {
+        compiled_nodes = r.graph.num_nodes();
+        return ir::interpret(r.graph, r.example_inputs);
+      });
   REQUIRE(compiled_nodes == 7);
   std::vector<at::Tensor> args{x, b};
   REQUIRE_EQUAL_TENSORS(fn(args)[0], at::relu(at::relu(x * 2 + b)));

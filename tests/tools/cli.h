@@ -3,6 +3,8 @@
 // printed and its exit status.
 #pragma once
 
+#include <sys/wait.h>
+#include <unistd.h>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -10,8 +12,6 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
-#include <sys/wait.h>
-#include <unistd.h>
 
 namespace crucible::testing {
 

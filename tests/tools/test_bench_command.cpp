@@ -9,8 +9,9 @@ TEST_CASE("crucible bench lists and runs the per-stage benchmarks", "[tools][ben
   const auto list = run_cli("bench --list --model mlp,gpt --stage Trace,StepCompiled");
   INFO(list.err);
   REQUIRE(list.exit_code == 0);
-  CHECK(list.out == "BM_PipelineTrace/mlp\nBM_PipelineStepCompiled/mlp\nBM_PipelineTrace/gpt\n"
-                    "BM_PipelineStepCompiled/gpt\n");
+  CHECK(list.out ==
+        "BM_PipelineTrace/mlp\nBM_PipelineStepCompiled/mlp\nBM_PipelineTrace/gpt\n"
+        "BM_PipelineStepCompiled/gpt\n");
   const auto run = run_cli("bench --model mlp --stage Partition -- --benchmark_min_time=0.01");
   INFO(run.err);
   REQUIRE(run.exit_code == 0);

@@ -90,8 +90,8 @@ TEST_CASE("crucible graph reports bad input on stderr with a non-zero exit", "[t
     CHECK_THAT(r.err, CRUCIBLE_HAS_SUBSTR("no output node"));
   }
   SECTION("--run refuses a graph whose declared types its kernels contradict") {
-    const auto r = run_cli("graph " + write_temp("%x : f32[2] = placeholder()\n%y : f32[3] = aten::neg(%x)\nreturn (%y)\n") +
-                           " --run");
+    const auto r = run_cli(
+        "graph " + write_temp("%x : f32[2] = placeholder()\n%y : f32[3] = aten::neg(%x)\nreturn (%y)\n") + " --run");
     CHECK(r.exit_code == 1);
     CHECK_THAT(r.err, CRUCIBLE_HAS_SUBSTR("%y is declared f32[3] but its kernel computed f32[2]"));
   }

@@ -25,7 +25,8 @@ nlohmann::json last_line_json(const std::string& out) {
 
 TEST_CASE("crucible train --check-eager --json: every field, and the compiled run agrees with eager",
           "[tools][train]") {
-  const auto r = run_cli("train --model convnet --steps 40 --batch 32 --check-eager --json --data-dir " + fashion_mnist_test_dir());
+  const auto r = run_cli("train --model convnet --steps 40 --batch 32 --check-eager --json --data-dir " +
+                         fashion_mnist_test_dir());
   INFO(r.out << r.err);
   REQUIRE(r.exit_code == 0);
   const nlohmann::json j = last_line_json(r.out);
@@ -66,13 +67,16 @@ TEST_CASE("crucible train --check-eager --json: every field, and the compiled ru
   CHECK_THAT(r.err, CRUCIBLE_HAS_SUBSTR("train 40/40 (100%)"));
 }
 
-TEST_CASE("crucible train --device cuda trains on the GPU and agrees with an eager copy there", "[tools][train][cuda]") {
+TEST_CASE("crucible train --device cuda trains on the GPU and agrees with an eager copy there",
+          "[tools][train][cuda]") {
   CRUCIBLE_REQUIRE_CUDA();
   // --check-eager runs both copies with deterministic kernels on a GPU, and
   // the traceable Adam rounds as torch::optim's does there: the same kernels
   // on the same operands, so the copies stay bitwise equal.
-  const auto r = run_cli("train --model convnet --steps 40 --batch 32 --device cuda --check-eager --tolerance 0 "
-                         "--json --data-dir " + fashion_mnist_test_dir());
+  const auto r = run_cli(
+      "train --model convnet --steps 40 --batch 32 --device cuda --check-eager --tolerance 0 "
+      "--json --data-dir " +
+      fashion_mnist_test_dir());
   INFO(r.out << r.err);
   REQUIRE(r.exit_code == 0);
   const nlohmann::json j = last_line_json(r.out);
@@ -153,7 +157,8 @@ TEST_CASE("crucible train refuses contradictory options", "[tools][train][errors
 TEST_CASE("crucible train --decompositions core trains as eager within rounding", "[tools][train]") {
   // Adam on the decomposed softmax, layer norm and nll_loss: sums in another
   // order than the fused kernels, compounded over 10 steps.
-  const auto r = run_cli("train --model gpt --steps 10 --batch 4 --check-eager --decompositions core --tolerance 1e-3 --json");
+  const auto r =
+      run_cli("train --model gpt --steps 10 --batch 4 --check-eager --decompositions core --tolerance 1e-3 --json");
   INFO(r.out << r.err);
   REQUIRE(r.exit_code == 0);
   const nlohmann::json j = last_line_json(r.out);

@@ -74,19 +74,23 @@ TEST_CASE("core decompositions: softmax and log_softmax, forward and backward, o
       for (int64_t dim = -1; dim < static_cast<int64_t>(shape.size()); ++dim) {
         INFO("shape " << c10::IntArrayRef(shape) << " dim " << dim);
         const Tensors in = {at::clamp(4 * at::randn(shape), -15, 15).to(dtype), at::randn(shape).to(dtype)};
-        check("aten::_softmax", [dim](const Tensors& t) { return Tensors{at::_softmax(t[0], dim, false)}; }, in, dtype);
-        check("aten::_log_softmax", [dim](const Tensors& t) { return Tensors{at::_log_softmax(t[0], dim, false)}; }, in,
-              dtype);
-        check("aten::_softmax_backward_data",
-              [dim, dtype](const Tensors& t) {
-                return Tensors{at::_softmax_backward_data(t[1], at::_softmax(t[0], dim, false), dim, dtype)};
-              },
-              in, dtype);
-        check("aten::_log_softmax_backward_data",
-              [dim, dtype](const Tensors& t) {
-                return Tensors{at::_log_softmax_backward_data(t[1], at::_log_softmax(t[0], dim, false), dim, dtype)};
-              },
-              in, dtype);
+        check(
+            "aten::_softmax", [dim](const Tensors& t) { return Tensors{at::_softmax(t[0], dim, false)}; }, in, dtype);
+        check(
+            "aten::_log_softmax", [dim](const Tensors& t) { return Tensors{at::_log_softmax(t[0], dim, false)}; }, in,
+            dtype);
+        check(
+            "aten::_softmax_backward_data",
+            [dim, dtype](const Tensors& t) {
+              return Tensors{at::_softmax_backward_data(t[1], at::_softmax(t[0], dim, false), dim, dtype)};
+            },
+            in, dtype);
+        check(
+            "aten::_log_softmax_backward_data",
+            [dim, dtype](const Tensors& t) {
+              return Tensors{at::_log_softmax_backward_data(t[1], at::_log_softmax(t[0], dim, false), dim, dtype)};
+            },
+            in, dtype);
       }
 }
 
@@ -97,9 +101,11 @@ TEST_CASE("core decompositions: gelu and its backward, exact and tanh", "[tracer
       for (const std::string approximate : {"none", "tanh"}) {
         INFO("shape " << c10::IntArrayRef(shape) << " " << approximate);
         const Tensors in = {3 * at::randn(shape).to(dtype), at::randn(shape).to(dtype)};
-        check("aten::gelu", [approximate](const Tensors& t) { return Tensors{at::gelu(t[0], approximate)}; }, in, dtype);
-        check("aten::gelu_backward",
-              [approximate](const Tensors& t) { return Tensors{at::gelu_backward(t[1], t[0], approximate)}; }, in, dtype);
+        check(
+            "aten::gelu", [approximate](const Tensors& t) { return Tensors{at::gelu(t[0], approximate)}; }, in, dtype);
+        check(
+            "aten::gelu_backward",
+            [approximate](const Tensors& t) { return Tensors{at::gelu_backward(t[1], t[0], approximate)}; }, in, dtype);
       }
 }
 
@@ -115,20 +121,22 @@ TEST_CASE("core decompositions: native_layer_norm and its backward, with and wit
           const auto opt = at::TensorOptions().dtype(dtype);
           const Tensors in = {at::randn(shape, opt), at::randn(shape, opt), at::randn(norm, opt), at::randn(norm, opt)};
           auto forward = [norm, affine](const Tensors& t) {
-            auto [y, mean, rstd] = at::native_layer_norm(t[0], norm, affine ? std::optional<at::Tensor>(t[2]) : std::nullopt,
-                                                         affine ? std::optional<at::Tensor>(t[3]) : std::nullopt, 1e-5);
+            auto [y, mean, rstd] =
+                at::native_layer_norm(t[0], norm, affine ? std::optional<at::Tensor>(t[2]) : std::nullopt,
+                                      affine ? std::optional<at::Tensor>(t[3]) : std::nullopt, 1e-5);
             return Tensors{y, mean, rstd};
           };
           check("aten::native_layer_norm", forward, in, dtype);
-          check("aten::native_layer_norm_backward",
-                [norm, affine, forward](const Tensors& t) {
-                  const Tensors f = forward(t);
-                  auto [dx, dw, db] = at::native_layer_norm_backward(
-                      t[1], t[0], norm, f[1], f[2], affine ? std::optional<at::Tensor>(t[2]) : std::nullopt,
-                      affine ? std::optional<at::Tensor>(t[3]) : std::nullopt, {true, affine, affine});
-                  return affine ? Tensors{dx, dw, db} : Tensors{dx};
-                },
-                in, dtype);
+          check(
+              "aten::native_layer_norm_backward",
+              [norm, affine, forward](const Tensors& t) {
+                const Tensors f = forward(t);
+                auto [dx, dw, db] = at::native_layer_norm_backward(
+                    t[1], t[0], norm, f[1], f[2], affine ? std::optional<at::Tensor>(t[2]) : std::nullopt,
+                    affine ? std::optional<at::Tensor>(t[3]) : std::nullopt, {true, affine, affine});
+                return affine ? Tensors{dx, dw, db} : Tensors{dx};
+              },
+              in, dtype);
         }
 }
 
@@ -141,31 +149,34 @@ TEST_CASE("core decompositions: nll_loss forward and backward, every reduction, 
         for (const bool batched : {true, false}) {
           INFO("reduction " << reduction << (weighted ? " weighted" : "") << (batched ? " [N, C]" : " [C]"));
           const auto opt = at::TensorOptions().dtype(dtype);
-          const at::Tensor x = batched ? at::log_softmax(at::randn({6, 5}, opt), 1) : at::log_softmax(at::randn({5}, opt), 0);
+          const at::Tensor x =
+              batched ? at::log_softmax(at::randn({6, 5}, opt), 1) : at::log_softmax(at::randn({5}, opt), 0);
           // Class 2 is ignored; the batch holds it twice.
-          const at::Tensor target = batched ? at::tensor({0, 2, 4, 1, 2, 3}, at::kLong) : at::scalar_tensor(3, at::kLong);
+          const at::Tensor target =
+              batched ? at::tensor({0, 2, 4, 1, 2, 3}, at::kLong) : at::scalar_tensor(3, at::kLong);
           const Tensors in = {x, target, at::rand({5}, opt) + 0.5};
           auto forward = [reduction, weighted](const Tensors& t) {
-            auto [loss, total] = at::nll_loss_forward(t[0], t[1], weighted ? std::optional<at::Tensor>(t[2]) : std::nullopt,
-                                                      reduction, /*ignore_index=*/2);
+            auto [loss, total] = at::nll_loss_forward(
+                t[0], t[1], weighted ? std::optional<at::Tensor>(t[2]) : std::nullopt, reduction, /*ignore_index=*/2);
             return Tensors{loss, total};
           };
           // With reduction none, ATen's total_weight is not a value anyone reads.
-          check("aten::nll_loss_forward",
-                [forward, reduction, batched](const Tensors& t) {
-                  const Tensors f = forward(t);
-                  return reduction == at::Reduction::None && batched ? Tensors{f[0]} : f;
-                },
-                in, dtype);
-          check("aten::nll_loss_backward",
-                [forward, reduction, weighted](const Tensors& t) {
-                  const Tensors f = forward(t);
-                  const at::Tensor grad = at::ones_like(f[0]) * 0.75;
-                  return Tensors{at::nll_loss_backward(grad, t[0], t[1],
-                                                       weighted ? std::optional<at::Tensor>(t[2]) : std::nullopt,
-                                                       reduction, 2, f[1])};
-                },
-                in, dtype);
+          check(
+              "aten::nll_loss_forward",
+              [forward, reduction, batched](const Tensors& t) {
+                const Tensors f = forward(t);
+                return reduction == at::Reduction::None && batched ? Tensors{f[0]} : f;
+              },
+              in, dtype);
+          check(
+              "aten::nll_loss_backward",
+              [forward, reduction, weighted](const Tensors& t) {
+                const Tensors f = forward(t);
+                const at::Tensor grad = at::ones_like(f[0]) * 0.75;
+                return Tensors{at::nll_loss_backward(
+                    grad, t[0], t[1], weighted ? std::optional<at::Tensor>(t[2]) : std::nullopt, reduction, 2, f[1])};
+              },
+              in, dtype);
         }
 }
 
@@ -183,17 +194,24 @@ TEST_CASE("core decompositions: silu, threshold_backward, addcmul and addcdiv, b
       const at::Tensor row = at::randn({shape.back()}).to(dtype);
       const at::Tensor away_from_zero = at::rand({shape.back()}).to(dtype) + 0.5;
       const Tensors in = {x, g, row, away_from_zero};
-      check("aten::silu", [](const Tensors& t) { return Tensors{at::silu(t[0])}; }, in, dtype);
-      check("aten::silu_backward", [](const Tensors& t) { return Tensors{at::silu_backward(t[1], t[0])}; }, in, dtype);
-      check("aten::threshold_backward", [](const Tensors& t) { return Tensors{at::threshold_backward(t[1], t[0], 0)}; },
-            in, dtype);
-      check("aten::addcmul", [](const Tensors& t) { return Tensors{at::addcmul(t[0], t[1], t[2], 0.5)}; }, in, dtype);
-      check("aten::addcdiv", [](const Tensors& t) { return Tensors{at::addcdiv(t[0], t[1], t[3], -0.25)}; }, in, dtype);
+      check(
+          "aten::silu", [](const Tensors& t) { return Tensors{at::silu(t[0])}; }, in, dtype);
+      check(
+          "aten::silu_backward", [](const Tensors& t) { return Tensors{at::silu_backward(t[1], t[0])}; }, in, dtype);
+      check(
+          "aten::threshold_backward", [](const Tensors& t) { return Tensors{at::threshold_backward(t[1], t[0], 0)}; },
+          in, dtype);
+      check(
+          "aten::addcmul", [](const Tensors& t) { return Tensors{at::addcmul(t[0], t[1], t[2], 0.5)}; }, in, dtype);
+      check(
+          "aten::addcdiv", [](const Tensors& t) { return Tensors{at::addcdiv(t[0], t[1], t[3], -0.25)}; }, in, dtype);
     }
   // 0-size tensors go through as 0-size results.
   const Tensors empty = {at::randn({0, 3}), at::randn({0, 3}), at::randn({3}), at::rand({3}) + 0.5};
-  check("aten::silu", [](const Tensors& t) { return Tensors{at::silu(t[0])}; }, empty, at::kFloat);
-  check("aten::addcdiv", [](const Tensors& t) { return Tensors{at::addcdiv(t[0], t[1], t[3], 2)}; }, empty, at::kFloat);
+  check(
+      "aten::silu", [](const Tensors& t) { return Tensors{at::silu(t[0])}; }, empty, at::kFloat);
+  check(
+      "aten::addcdiv", [](const Tensors& t) { return Tensors{at::addcdiv(t[0], t[1], t[3], 2)}; }, empty, at::kFloat);
 }
 
 TEST_CASE("core decompositions: mse_loss and its backward, every reduction", "[tracer][decomp]") {
@@ -203,14 +221,16 @@ TEST_CASE("core decompositions: mse_loss and its backward, every reduction", "[t
       INFO("reduction " << reduction);
       const auto opt = at::TensorOptions().dtype(dtype);
       const Tensors in = {at::randn({4, 6}, opt), at::randn({4, 6}, opt)};
-      check("aten::mse_loss", [reduction](const Tensors& t) { return Tensors{at::mse_loss(t[0], t[1], reduction)}; }, in,
-            dtype);
-      check("aten::mse_loss_backward",
-            [reduction](const Tensors& t) {
-              const at::Tensor grad = at::ones_like(at::mse_loss(t[0], t[1], reduction)) * 0.5;
-              return Tensors{at::mse_loss_backward(grad, t[0], t[1], reduction)};
-            },
-            in, dtype);
+      check(
+          "aten::mse_loss", [reduction](const Tensors& t) { return Tensors{at::mse_loss(t[0], t[1], reduction)}; }, in,
+          dtype);
+      check(
+          "aten::mse_loss_backward",
+          [reduction](const Tensors& t) {
+            const at::Tensor grad = at::ones_like(at::mse_loss(t[0], t[1], reduction)) * 0.5;
+            return Tensors{at::mse_loss_backward(grad, t[0], t[1], reduction)};
+          },
+          in, dtype);
     }
 }
 
@@ -223,11 +243,12 @@ TEST_CASE("core decompositions: embedding_dense_backward with repeated indices, 
         INFO("padding_idx " << padding_idx << (scale ? " scale_grad_by_freq" : ""));
         const at::Tensor indices = at::tensor({0, 2, 5, 2, 2, 7}, at::kLong).reshape({2, 3});
         const Tensors in = {at::randn({2, 3, 4}, at::TensorOptions().dtype(dtype)), indices};
-        check("aten::embedding_dense_backward",
-              [padding_idx, scale](const Tensors& t) {
-                return Tensors{at::embedding_dense_backward(t[0], t[1], 9, padding_idx, scale)};
-              },
-              in, dtype);
+        check(
+            "aten::embedding_dense_backward",
+            [padding_idx, scale](const Tensors& t) {
+              return Tensors{at::embedding_dense_backward(t[0], t[1], 9, padding_idx, scale)};
+            },
+            in, dtype);
       }
 }
 
@@ -242,17 +263,18 @@ TEST_CASE("core decompositions: native_batch_norm_backward, training and eval, w
           const auto opt = at::TensorOptions().dtype(dtype);
           const Tensors in = {at::randn(shape, opt), at::randn(shape, opt), at::rand({3}, opt) + 0.5,
                               at::randn({3}, opt), at::rand({3}, opt) + 0.5};
-          check("aten::native_batch_norm_backward",
-                [train, affine](const Tensors& t) {
-                  const std::optional<at::Tensor> weight = affine ? std::optional<at::Tensor>(t[2]) : std::nullopt;
-                  at::Tensor running_mean = t[3].clone(), running_var = t[4].clone();
-                  auto [y, save_mean, save_invstd] =
-                      at::native_batch_norm(t[0], weight, std::nullopt, running_mean, running_var, train, 0.1, 1e-5);
-                  auto [dx, dw, db] = at::native_batch_norm_backward(t[1], t[0], weight, t[3], t[4], save_mean,
-                                                                     save_invstd, train, 1e-5, {true, affine, affine});
-                  return affine ? Tensors{dx, dw, db} : Tensors{dx};
-                },
-                in, dtype);
+          check(
+              "aten::native_batch_norm_backward",
+              [train, affine](const Tensors& t) {
+                const std::optional<at::Tensor> weight = affine ? std::optional<at::Tensor>(t[2]) : std::nullopt;
+                at::Tensor running_mean = t[3].clone(), running_var = t[4].clone();
+                auto [y, save_mean, save_invstd] =
+                    at::native_batch_norm(t[0], weight, std::nullopt, running_mean, running_var, train, 0.1, 1e-5);
+                auto [dx, dw, db] = at::native_batch_norm_backward(t[1], t[0], weight, t[3], t[4], save_mean,
+                                                                   save_invstd, train, 1e-5, {true, affine, affine});
+                return affine ? Tensors{dx, dw, db} : Tensors{dx};
+              },
+              in, dtype);
         }
 }
 

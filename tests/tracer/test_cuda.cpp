@@ -62,7 +62,8 @@ TEST_CASE("CUDA: dropout replays eager's mask when the CUDA generator is re-seed
   REQUIRE_EQUAL_TENSORS(actual[0], expected[0]);
 }
 
-TEST_CASE("CUDA: functionalized in-place updates of a GPU input come back as a mutated-input output", "[tracer][cuda]") {
+TEST_CASE("CUDA: functionalized in-place updates of a GPU input come back as a mutated-input output",
+          "[tracer][cuda]") {
   CRUCIBLE_REQUIRE_CUDA();
   auto fn = [](const Tensors& in) {
     in[0].mul_(2.0).add_(in[1]);

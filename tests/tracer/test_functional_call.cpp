@@ -25,7 +25,6 @@ namespace ir = crucible::ir;
 
 namespace {
 
-
 crucible::tracer::ModuleFn forward_of(const crucible::models::Model& model) {
   return [&model](torch::nn::Module&, const Tensors& in) { return Tensors{model.forward(in[0])}; };
 }
@@ -38,9 +37,7 @@ struct TiedNet : torch::nn::Module {
     register_module("proj_again", proj);  // the same Linear under a second name
     register_buffer("scale", torch::full({6}, 0.5));
   }
-  torch::Tensor forward(const torch::Tensor& tokens) {
-    return proj(norm(emb(tokens))) * named_buffers()["scale"];
-  }
+  torch::Tensor forward(const torch::Tensor& tokens) { return proj(norm(emb(tokens))) * named_buffers()["scale"]; }
   torch::nn::Embedding emb{nullptr};
   torch::nn::LayerNorm norm{nullptr};
   torch::nn::Linear proj{nullptr};
@@ -64,7 +61,8 @@ TEST_CASE("functional_call lifts parameters and replays the MLP and the ConvNet"
     REQUIRE(specs.back().kind == ir::InputKind::UserInput);
     // Same kernels in the same order: bitwise equal.
     torch::NoGradGuard no_grad;
-    REQUIRE_EQUAL_TENSORS(run_traced(r, module_graph_inputs(*model.module, {batch.inputs}))[0], model.forward(batch.inputs));
+    REQUIRE_EQUAL_TENSORS(run_traced(r, module_graph_inputs(*model.module, {batch.inputs}))[0],
+                          model.forward(batch.inputs));
   }
 }
 
@@ -72,8 +70,8 @@ TEST_CASE("functional_call: embedding, LayerNorm, buffers and a module registere
   torch::manual_seed(1);
   auto net = std::make_shared<TiedNet>();
   auto tokens = torch::tensor({{1, 2, 9}, {0, 4, 4}}, torch::kLong);
-  auto r = functional_call(
-      *net, [&](torch::nn::Module&, const Tensors& in) { return Tensors{net->forward(in[0])}; }, {tokens});
+  auto r = functional_call(*net, [&](torch::nn::Module&, const Tensors& in) { return Tensors{net->forward(in[0])}; },
+                           {tokens});
   const auto& specs = r.graph.signature().inputs;
   // emb.weight, norm.weight, norm.bias, proj.weight, proj.bias, proj_again.weight, proj_again.bias, scale, tokens
   REQUIRE(specs.size() == 9);
@@ -188,7 +186,8 @@ TEST_CASE("fake mode: meta tensors, with CPU stand-ins for ops without a Meta ke
   REQUIRE(model.module->parameters()[0].device().is_cpu());
   REQUIRE_EQUAL_TENSORS(model.module->parameters()[0].detach(), before);
   torch::NoGradGuard no_grad;
-  REQUIRE_EQUAL_TENSORS(run_traced(f, module_graph_inputs(*model.module, {batch.inputs}))[0], model.forward(batch.inputs));
+  REQUIRE_EQUAL_TENSORS(run_traced(f, module_graph_inputs(*model.module, {batch.inputs}))[0],
+                        model.forward(batch.inputs));
 }
 
 TEST_CASE("functionalize: a module's in-place state writes become MutatedInput outputs", "[tracer]") {

@@ -70,8 +70,8 @@ TEST_CASE("functionalize: views followed by mutation", "[tracer]") {
 TEST_CASE("functionalize: mutated inputs come back as extra outputs", "[tracer]") {
   at::manual_seed(12);
   auto fn = [](const Tensors& in) {
-    in[0].mul_(3.0);                      // data mutation
-    in[1].transpose_(0, 1);               // metadata mutation
+    in[0].mul_(3.0);                          // data mutation
+    in[1].transpose_(0, 1);                   // metadata mutation
     in[2].view({-1}).slice(0, 0, 2).zero_();  // data mutation through a view
     return Tensors{in[0] + in[1].sum()};
   };

@@ -1,5 +1,5 @@
 // Precompiled header for the crucible command: every subcommand parses ATen,
 // the torch::nn module header and CLI11.
 #include <ATen/ATen.h>
-#include <CLI/CLI.hpp>
 #include <torch/nn/module.h>
+#include <CLI/CLI.hpp>

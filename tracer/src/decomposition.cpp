@@ -141,9 +141,9 @@ void log_softmax_backward(const c10::OperatorHandle&, std::vector<c10::IValue>& 
   push_results(stack, {(grad - at::exp(y) * at::sum(grad, {dim}, /*keepdim=*/true)).to(input_dtype)});
 }
 
-constexpr double kSqrt1_2 = 0.70710678118654752440;       // 1/sqrt(2)
-constexpr double kSqrt2OverPi = 0.79788456080286535588;   // sqrt(2/pi)
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;    // 1/sqrt(2 pi)
+constexpr double kSqrt1_2 = 0.70710678118654752440;      // 1/sqrt(2)
+constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi)
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1/sqrt(2 pi)
 constexpr double kKappa = 0.044715;
 
 // gelu(x, approximate): x * Phi(x), Phi the normal CDF ("none"), or its tanh
@@ -369,9 +369,9 @@ DecompositionTable spmd_decomposition_table() {
   DecompositionTable table;
   // In-place op (name, overload) → functional op (name, overload).
   const std::vector<std::pair<std::string, std::string>> foreach_ops = {
-      {"_foreach_add_", "List"},      {"_foreach_add_", "Scalar"},   {"_foreach_addcdiv_", "Scalar"},
-      {"_foreach_addcmul_", "Scalar"}, {"_foreach_div_", "List"},    {"_foreach_mul_", "Scalar"},
-      {"_foreach_div_", "Scalar"},     {"_foreach_neg_", ""},        {"_foreach_reciprocal_", ""},
+      {"_foreach_add_", "List"},       {"_foreach_add_", "Scalar"}, {"_foreach_addcdiv_", "Scalar"},
+      {"_foreach_addcmul_", "Scalar"}, {"_foreach_div_", "List"},   {"_foreach_mul_", "Scalar"},
+      {"_foreach_div_", "Scalar"},     {"_foreach_neg_", ""},       {"_foreach_reciprocal_", ""},
       {"_foreach_sqrt_", ""},          {"_foreach_sub_", "Scalar"},
   };
   for (const auto& [name, overload] : foreach_ops) {

@@ -9,8 +9,8 @@
 
 namespace crucible::tracer {
 
-TraceResult functional_call(torch::nn::Module& module, const ModuleFn& fn, const std::vector<at::Tensor>& example_inputs,
-                            const ModuleTraceOptions& options) {
+TraceResult functional_call(torch::nn::Module& module, const ModuleFn& fn,
+                            const std::vector<at::Tensor>& example_inputs, const ModuleTraceOptions& options) {
   // Module state is reached: Note [Swapping reached tensors] in trace_session.cpp.
   std::vector<detail::TraceInput> inputs;
   std::unordered_map<const c10::TensorImpl*, size_t> first;

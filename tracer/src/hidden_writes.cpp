@@ -80,7 +80,8 @@ bool TraceSession::trace_functional_variant(const c10::OperatorHandle& op, torch
     return true;
   }
   static const c10::OperatorHandle functional = ir::resolve_operator("crucible::cudnn_batch_norm_functional");
-  std::vector<c10::IValue> call = {input, weight.value_or(at::Tensor()), bias, running_mean, running_var, momentum, eps};
+  std::vector<c10::IValue> call = {input, weight.value_or(at::Tensor()), bias, running_mean, running_var, momentum,
+                                   eps};
   functional.callBoxed(call);
   running_mean.copy_(call[4].toTensor());
   running_var.copy_(call[5].toTensor());

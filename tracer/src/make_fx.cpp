@@ -87,8 +87,10 @@ void write_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch
         if (written(a) || !iv.isTensor() || !fn::isFunctionalTensor(iv.toTensor())) continue;
         at::Tensor t = iv.toTensor();
         if (t.requires_grad() && at::GradMode::is_enabled())
-          throw TraceError(ir::operator_name(op) + " writes a value that requires grad into module state or a "
-                           "tensor read from outside the function (argument '" + formals[a].name() +
+          throw TraceError(ir::operator_name(op) +
+                           " writes a value that requires grad into module state or a "
+                           "tensor read from outside the function (argument '" +
+                           formals[a].name() +
                            "'); the compiled graph cannot carry its gradient through that write: detach() the "
                            "value, or write under NoGradGuard as eager training code does");
         fn::sync(t);
@@ -111,10 +113,9 @@ struct ActiveTrace {
 // Note [Functionalizing module state]
 // Module state and lifted tensors cannot be wrapped for functionalization
 // (see Note [Swapping reached tensors] in trace_session.cpp), so an in-place
-// op on a parameter, buffer or lifted tensor reaches the tracer as itself: BatchNorm's `num_batches_tracked += 1` records
-// `aten::add_.Scalar(%num_batches_tracked, 1, 1)`. After the trace each such
-// node is replaced by the op's out-of-place variant (the same name without
-// the trailing '_', same overload and arguments), later reads use the new
+// op on a parameter, buffer or lifted tensor reaches the tracer as itself: BatchNorm's `num_batches_tracked += 1`
+// records `aten::add_.Scalar(%num_batches_tracked, 1, 1)`. After the trace each such node is replaced by the op's
+// out-of-place variant (the same name without the trailing '_', same overload and arguments), later reads use the new
 // value, and the state's final value becomes an extra output of kind
 // MutatedInput, exactly as for a wrapped input. An in-place op that has no
 // such variant, writes several arguments, or writes state through a view
@@ -249,7 +250,8 @@ TraceResult trace(const std::vector<TraceInput>& inputs, const TraceHooks& hooks
       if (options.functionalize) {
         functionalize_on.emplace(c10::DispatchKey::Functionalize);
         reapply_views.emplace(true);
-        writes_on.emplace(c10::DispatchKey::DeferredInit);  // Note [Writes into reached tensors under functionalization]
+        writes_on.emplace(
+            c10::DispatchKey::DeferredInit);  // Note [Writes into reached tensors under functionalization]
       }
 
       outputs = hooks.body(traced);
@@ -272,8 +274,9 @@ TraceResult trace(const std::vector<TraceInput>& inputs, const TraceHooks& hooks
           m.data = w->has_data_mutation();
           m.metadata = w->has_metadata_mutation();
           if (m.data || m.metadata)
-            outputs.push_back({at::functionalization::impl::from_functional_tensor(traced[i]),
-                               ir::OutputSpec{m.data ? ir::OutputKind::MutatedInput : ir::OutputKind::MutatedInputMetadata, i}});
+            outputs.push_back(
+                {at::functionalization::impl::from_functional_tensor(traced[i]),
+                 ir::OutputSpec{m.data ? ir::OutputKind::MutatedInput : ir::OutputKind::MutatedInputMetadata, i}});
         }
       }
       // Outputs are mapped while the reached tensors are still swapped: one

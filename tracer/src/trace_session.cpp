@@ -4,8 +4,8 @@
 #include <crucible/tracer/error.h>
 
 #include <ATen/ATen.h>
-#include <ATen/core/enum_tag.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/enum_tag.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/graph_task.h>
@@ -60,8 +60,8 @@ const char* data_dependent_reason(const c10::OperatorHandle& op) {
 }  // namespace
 
 size_t TraceSession::ViewKeyHash::operator()(const ViewKey& k) const {
-  size_t h = std::hash<const void*>()(k.storage) ^ (std::hash<int64_t>()(k.offset) * 31) ^
-             (static_cast<size_t>(k.dtype) << 7);
+  size_t h =
+      std::hash<const void*>()(k.storage) ^ (std::hash<int64_t>()(k.offset) * 31) ^ (static_cast<size_t>(k.dtype) << 7);
   for (int64_t s : k.sizes) h = h * 1000003 ^ std::hash<int64_t>()(s);
   for (int64_t s : k.strides) h = h * 998244353 ^ std::hash<int64_t>()(s);
   return h;
@@ -156,7 +156,8 @@ void TraceSession::define(ir::Value* v, const at::Tensor& t, bool alias_base) {
   // See Note [Devices in fake mode].
   if (t.is_meta() && result_device_) meta.device = *result_device_;
   v->set_meta(std::move(meta));
-  by_impl_.insert_or_assign(t.unsafeGetTensorImpl(), ImplEntry{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), v});
+  by_impl_.insert_or_assign(t.unsafeGetTensorImpl(),
+                            ImplEntry{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), v});
   if (!t.has_storage()) return;
   const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
   by_view_[ViewKey{storage, t.storage_offset(), t.scalar_type(), t.sizes().vec(), t.strides().vec()}] = v;
@@ -170,7 +171,7 @@ ir::Value* TraceSession::lookup(const at::Tensor& t) {
   ViewKey key{storage, t.storage_offset(), t.scalar_type(), t.sizes().vec(), t.strides().vec()};
   if (auto it = by_view_.find(key); it != by_view_.end()) {
     by_impl_.insert_or_assign(t.unsafeGetTensorImpl(),
-                             ImplEntry{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), it->second});
+                              ImplEntry{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), it->second});
     return it->second;
   }
   auto s = by_storage_.find(storage);
@@ -224,9 +225,8 @@ at::Tensor copy_of(const at::Tensor& t) {
 at::Tensor traced_copy(const at::Tensor& t, TraceMode mode) {
   auto opts = t.options().requires_grad(false);
   if (mode == TraceMode::Fake) opts = opts.device(at::kMeta);
-  const int64_t storage_numel = t.has_storage()
-                                    ? static_cast<int64_t>(t.storage().nbytes()) / static_cast<int64_t>(t.element_size())
-                                    : t.numel();
+  const int64_t storage_numel =
+      t.has_storage() ? static_cast<int64_t>(t.storage().nbytes()) / static_cast<int64_t>(t.element_size()) : t.numel();
   at::Tensor c = at::empty({storage_numel}, opts).as_strided(t.sizes(), t.strides(), t.storage_offset());
   if (mode == TraceMode::Real) c.copy_(t.detach());
   return c.detach();
@@ -379,8 +379,8 @@ std::vector<LiftedTensor> TraceSession::settle_lifted(std::vector<InputMutation>
     const Reached& r = reached_[k];
     if (!r.lifted_here) continue;
     const std::vector<ir::Value*> placeholders = graph_.placeholders();
-    const size_t index = static_cast<size_t>(
-        std::find(placeholders.begin(), placeholders.end(), r.value) - placeholders.begin());
+    const size_t index =
+        static_cast<size_t>(std::find(placeholders.begin(), placeholders.end(), r.value) - placeholders.begin());
     if (!r.weak->expired()) {
       lifted.insert(lifted.begin(), LiftedTensor{index, at::Tensor(r.weak->lock())});
       continue;

@@ -145,9 +145,9 @@ class TraceSession {
     at::Tensor grad;    // its own gradient
     ir::Value* value;
     ir::InputKind kind;
-    bool lifted_here = false;  // found while tracing, not given as an input
+    bool lifted_here = false;        // found while tracing, not given as an input
     std::optional<WeakTensor> weak;  // set by settle_lifted
-    at::Tensor pristine;       // lifted_here: its value when first read, if small enough for a constant
+    at::Tensor pristine;             // lifted_here: its value when first read, if small enough for a constant
   };
 
   const OpInfo& info(const c10::OperatorHandle& op);

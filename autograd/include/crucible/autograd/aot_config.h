@@ -110,11 +110,11 @@ struct AotConfig {
   /// aot_autograd; pipeline::Builder sets it: Note [Pre-grad graphs]). Called
   /// outside any trace, once per compilation. Unset: the function as given.
   /// (`trace` is the compilation's TraceFn, aot_request.h.)
-  std::function<tracer::TensorFn(const tracer::TensorFn& flat_fn,
-                                 const std::function<tracer::TraceResult(const tracer::TensorFn&,
-                                                                         const std::vector<at::Tensor>&,
-                                                                         const tracer::TraceOptions&)>& trace,
-                                 const std::vector<at::Tensor>& flat_args)>
+  std::function<tracer::TensorFn(
+      const tracer::TensorFn& flat_fn,
+      const std::function<tracer::TraceResult(const tracer::TensorFn&, const std::vector<at::Tensor>&,
+                                              const tracer::TraceOptions&)>& trace,
+      const std::vector<at::Tensor>& flat_args)>
       pre_grad;
   /// What identifies fw_compiler, bw_compiler and inference_compiler with
   /// their options, e.g. a backend's name and its pass list

@@ -77,7 +77,7 @@ void check_no_unfunctionalized_rng(const ir::Graph& graph);
 /// c10::Error, not AotError: from .item() when `seed` or `offset` does not
 /// hold exactly one element, for a negative size, or when `device` is not
 /// available.
-at::Tensor philox_rand(c10::IntArrayRef size, const at::Tensor& seed, const at::Tensor& offset,
-                       c10::ScalarType dtype, c10::Device device, bool normal);
+at::Tensor philox_rand(c10::IntArrayRef size, const at::Tensor& seed, const at::Tensor& offset, c10::ScalarType dtype,
+                       c10::Device device, bool normal);
 
 }  // namespace crucible::autograd

@@ -61,8 +61,8 @@ class AOTSyntheticBaseWrapper : public AotWrapper {
   };
   size_t num_state_ = 0;
   std::vector<Group> groups_;
-  std::vector<size_t> others_;                 // outer indices passed through, in order
-  std::vector<size_t> metadata_mutated_;       // outer indices whose metadata the wrapper applies
+  std::vector<size_t> others_;            // outer indices passed through, in order
+  std::vector<size_t> metadata_mutated_;  // outer indices whose metadata the wrapper applies
 };
 
 }  // namespace crucible::autograd

@@ -92,13 +92,13 @@ class Argument {
  public:
   using ValueList = std::vector<Value*>;
 
-  Argument(Value* v) : data_(v) {}                   // NOLINT(google-explicit-constructor)
-  Argument(ValueList vs) : data_(std::move(vs)) {}   // NOLINT(google-explicit-constructor)
+  Argument(Value* v) : data_(v) {}                  // NOLINT(google-explicit-constructor)
+  Argument(ValueList vs) : data_(std::move(vs)) {}  // NOLINT(google-explicit-constructor)
   /// Any constant c10::IValue can hold: `int64_t{2}`, `1e-5`, `true`,
   /// `std::vector<int64_t>{6}`, `c10::IValue()` (None), `at::kFloat`, ...
-  template <typename T, typename = std::enable_if_t<std::is_constructible_v<c10::IValue, T&&> &&
-                                                    !std::is_convertible_v<T&&, Value*> &&
-                                                    !std::is_convertible_v<T&&, ValueList>>>
+  template <typename T,
+            typename = std::enable_if_t<std::is_constructible_v<c10::IValue, T&&> &&
+                                        !std::is_convertible_v<T&&, Value*> && !std::is_convertible_v<T&&, ValueList>>>
   Argument(T&& c) : data_(c10::IValue(std::forward<T>(c))) {}  // NOLINT(google-explicit-constructor)
 
   bool is_value() const { return std::holds_alternative<Value*>(data_); }
@@ -272,16 +272,28 @@ class Graph {
       iterator() = default;
       explicit iterator(Base it) : it_(it) {}
       Node* operator*() const { return it_->get(); }
-      iterator& operator++() { ++it_; return *this; }
-      iterator operator++(int) { auto t = *this; ++it_; return t; }
-      iterator& operator--() { --it_; return *this; }
+      iterator& operator++() {
+        ++it_;
+        return *this;
+      }
+      iterator operator++(int) {
+        auto t = *this;
+        ++it_;
+        return t;
+      }
+      iterator& operator--() {
+        --it_;
+        return *this;
+      }
       bool operator==(const iterator& o) const { return it_ == o.it_; }
+
      private:
       Base it_;
     };
     NodeRange(Base b, Base e) : b_(b), e_(e) {}
     iterator begin() const { return iterator(b_); }
     iterator end() const { return iterator(e_); }
+
    private:
     Base b_, e_;
   };

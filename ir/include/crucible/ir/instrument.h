@@ -125,8 +125,7 @@ class StageScope {
 /// graphs `outputs(result)` returns and `changed`, or failed if it threw.
 /// Returns body's result.
 template <typename Body, typename Outputs>
-auto run_stage(const Instruments& instruments, StageEvent before, Body&& body, Outputs&& outputs,
-               bool changed = true) {
+auto run_stage(const Instruments& instruments, StageEvent before, Body&& body, Outputs&& outputs, bool changed = true) {
   StageScope scope(instruments, before);
   auto result = body();
   StageEvent after;

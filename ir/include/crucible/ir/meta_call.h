@@ -35,7 +35,8 @@ MetaPath call_on_meta(const c10::OperatorHandle& op, torch::jit::Stack& stack);
 /// (convolution, convolution_backward, native_batch_norm and its backward on
 /// contiguous float inputs), else call_on_cpu_stand_ins; an op that returns
 /// nothing and writes no argument (_assert_async) is not run at all, its
-/// arguments popped. Returns the path taken (Function, StandIns or Nothing). Throws c10::Error when the CPU kernel fails.
+/// arguments popped. Returns the path taken (Function, StandIns or Nothing). Throws c10::Error when the CPU kernel
+/// fails.
 MetaPath call_without_meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack& stack);
 
 /// Runs `op` on zero-filled CPU tensors with the sizes, strides, storage

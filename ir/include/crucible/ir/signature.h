@@ -12,23 +12,23 @@
 namespace crucible::ir {
 
 enum class InputKind : uint8_t {
-  UserInput,  ///< an argument of the user's function
-  Parameter,  ///< a module parameter lifted to a placeholder
-  Buffer,     ///< a module buffer lifted to a placeholder
-  Tangent,    ///< an incoming gradient of a forward output (joint / backward graphs)
-  State,      ///< other lifted state (optimizer state, RNG seed/offset, step counters)
-  Lifted,     ///< a tensor the function reads from outside its arguments (a captured or global
-              ///< tensor, another module's parameter or buffer), read afresh at every call
-  SavedValue, ///< a value the forward saved for the backward (backward graphs of a partition)
+  UserInput,   ///< an argument of the user's function
+  Parameter,   ///< a module parameter lifted to a placeholder
+  Buffer,      ///< a module buffer lifted to a placeholder
+  Tangent,     ///< an incoming gradient of a forward output (joint / backward graphs)
+  State,       ///< other lifted state (optimizer state, RNG seed/offset, step counters)
+  Lifted,      ///< a tensor the function reads from outside its arguments (a captured or global
+               ///< tensor, another module's parameter or buffer), read afresh at every call
+  SavedValue,  ///< a value the forward saved for the backward (backward graphs of a partition)
 };
 
 enum class OutputKind : uint8_t {
-  UserOutput,     ///< a result of the user's function
-  Loss,           ///< the loss of a training graph (a scalar)
-  Gradient,       ///< the gradient of input `input_index`
-  MutatedInput,   ///< the new value of input `input_index` (data written in place)
+  UserOutput,            ///< a result of the user's function
+  Loss,                  ///< the loss of a training graph (a scalar)
+  Gradient,              ///< the gradient of input `input_index`
+  MutatedInput,          ///< the new value of input `input_index` (data written in place)
   MutatedInputMetadata,  ///< input `input_index` after a shape/stride mutation
-  SavedValue,     ///< a value the forward saves for the backward (partitioned graphs)
+  SavedValue,            ///< a value the forward saves for the backward (partitioned graphs)
 };
 
 struct InputSpec {

@@ -233,7 +233,7 @@ class Builder {
   runtime::WrapperList<autograd::AotRequest> aot_wrappers_;
   ir::Instruments instruments_;
   std::optional<std::string> compiler_key_;  // set by compiler_key(std::string)
-  bool user_compilers_ = false;  // a user pass, registry, backend or wrapper is in the chain
+  bool user_compilers_ = false;              // a user pass, registry, backend or wrapper is in the chain
 };
 
 }  // namespace crucible::pipeline

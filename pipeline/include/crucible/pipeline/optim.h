@@ -18,9 +18,9 @@
 // step == 0 — or, without dampening, needs no branch at all: the momentum
 // buffer starts at zero, and momentum * 0 + d_p is d_p exactly, so the later
 // steps' in-place update also gives the first step's value, at the cost of
-// torch's own update (the where() would read and write every buffer twice more). Nothing reads a tensor back to the host. Hyperparameters that stay
-// fixed for a run (betas, eps, momentum, dampening, weight decay) are plain
-// doubles and become graph constants.
+// torch's own update (the where() would read and write every buffer twice more). Nothing reads a tensor back to the
+// host. Hyperparameters that stay fixed for a run (betas, eps, momentum, dampening, weight decay) are plain doubles and
+// become graph constants.
 //
 // Numerics: each update runs the same ATen ops, with the same operands in the
 // same order, as torch::optim's C++ implementation (torch/csrc/api/src/optim/
@@ -115,8 +115,8 @@ at::Tensor lr_tensor(double lr);
 /// `lr` is a 0-dim float64 tensor (lr_tensor). Updates params and state in
 /// place under a no-grad guard. Throws PipelineError when params, grads and
 /// state disagree in length or the options are not SGD's.
-void sgd_step(const OptimizerOptions& options, at::TensorList params, at::TensorList grads,
-              OptimizerState& state, const at::Tensor& lr);
+void sgd_step(const OptimizerOptions& options, at::TensorList params, at::TensorList grads, OptimizerState& state,
+              const at::Tensor& lr);
 
 /// Adam (kind Adam) and AdamW (kind AdamW), mirroring torch::optim::Adam::step
 /// (adam.cpp) and torch::optim::AdamW::step (adamw.cpp):
@@ -130,12 +130,12 @@ void sgd_step(const OptimizerOptions& options, at::TensorList params, at::Tensor
 ///   p += (-(lr / bc1) * m) / denom                   (CPU; on CUDA fma(-(lr / bc1), m / denom, p),
 ///                                                      each as torch::optim's addcdiv_ rounds there)
 /// Same arguments, guard and errors as sgd_step.
-void adam_step(const OptimizerOptions& options, at::TensorList params, at::TensorList grads,
-               OptimizerState& state, const at::Tensor& lr);
+void adam_step(const OptimizerOptions& options, at::TensorList params, at::TensorList grads, OptimizerState& state,
+               const at::Tensor& lr);
 
 /// sgd_step or adam_step, by options.kind.
-void optimizer_step(const OptimizerOptions& options, at::TensorList params, at::TensorList grads,
-                    OptimizerState& state, const at::Tensor& lr);
+void optimizer_step(const OptimizerOptions& options, at::TensorList params, at::TensorList grads, OptimizerState& state,
+                    const at::Tensor& lr);
 
 /// The options of a torch::optim::SGD, Adam or AdamW (its param groups must
 /// share one set of options). Throws PipelineError for other optimizers or for

@@ -46,9 +46,9 @@ class InputGuards {
     c10::ScalarType dtype = c10::ScalarType::Undefined;
     c10::Device device = c10::Device(c10::kCPU);
     bool requires_grad = false;
-    int32_t same_as = -1;      // earlier argument that is the same tensor
-    int32_t storage_of = -1;   // earlier argument sharing its storage
-    bool aliased = false;      // shares storage with another argument
+    int32_t same_as = -1;     // earlier argument that is the same tensor
+    int32_t storage_of = -1;  // earlier argument sharing its storage
+    bool aliased = false;     // shares storage with another argument
     int64_t storage_offset = 0;
     int64_t storage_nbytes = 0;
   };

@@ -15,12 +15,12 @@ namespace crucible::runtime {
 
 /// What one compilation did. Times are wall-clock milliseconds.
 struct CompilationMetrics {
-  std::string compile_id;  ///< e.g. "0/1": function 0, its second compilation
-  std::string kind;        ///< "forward", "backward", "inference", "export"
-  int64_t graph_node_count = 0;   ///< all nodes of the compiled graph
-  int64_t graph_op_count = 0;     ///< Call nodes
-  int64_t graph_input_count = 0;  ///< placeholders
-  double compile_time_ms = 0.0;   ///< the whole compilation (trace, partition, backend)
+  std::string compile_id;                ///< e.g. "0/1": function 0, its second compilation
+  std::string kind;                      ///< "forward", "backward", "inference", "export"
+  int64_t graph_node_count = 0;          ///< all nodes of the compiled graph
+  int64_t graph_op_count = 0;            ///< Call nodes
+  int64_t graph_input_count = 0;         ///< placeholders
+  double compile_time_ms = 0.0;          ///< the whole compilation (trace, partition, backend)
   double backend_compile_time_ms = 0.0;  ///< the backend call alone
   /// Why the cache missed ("first call", "sizes of input 0 changed"), if it did.
   std::string recompile_reason;

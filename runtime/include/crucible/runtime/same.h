@@ -57,7 +57,7 @@ SameResult same(const at::Tensor& ref, const at::Tensor& res, const SameOptions&
 /// Element-wise over lists: lengths must match, and every pair passes
 /// (the reason names the first failing index). `fp64_ref` is empty or has
 /// one entry per element of `ref`; throws WrapperError otherwise.
-SameResult same(const std::vector<at::Tensor>& ref, const std::vector<at::Tensor>& res,
-                const SameOptions& options = {}, const std::vector<at::Tensor>& fp64_ref = {});
+SameResult same(const std::vector<at::Tensor>& ref, const std::vector<at::Tensor>& res, const SameOptions& options = {},
+                const std::vector<at::Tensor>& fp64_ref = {});
 
 }  // namespace crucible::runtime

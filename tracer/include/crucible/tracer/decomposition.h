@@ -41,10 +41,9 @@ DecompositionTable spmd_decomposition_table();
 /// its backward, threshold_backward (relu's backward), addcmul, addcdiv,
 /// mse_loss and its backward, the native_layer_norm forward and backward,
 /// native_batch_norm_backward, embedding_dense_backward, nll_loss_forward
-/// and nll_loss_backward (cross_entropy is log_softmax then nll_loss). Values agree with the fused kernels up to the order
-/// of floating-point sums, not bitwise (Note [Core ATen decompositions] in
-/// decomposition.cpp): use it for a fusing backend, not where bitwise
-/// equality with eager is wanted. Give it to Builder::decompositions or
+/// and nll_loss_backward (cross_entropy is log_softmax then nll_loss). Values agree with the fused kernels up to the
+/// order of floating-point sums, not bitwise (Note [Core ATen decompositions] in decomposition.cpp): use it for a
+/// fusing backend, not where bitwise equality with eager is wanted. Give it to Builder::decompositions or
 /// TraceOptions::decompositions; extend it as spmd_decomposition_table.
 DecompositionTable core_aten_decompositions();
 

@@ -17,7 +17,8 @@ namespace crucible::tracer {
 
 /// What to trace over a module: typically `module.forward(inputs)`, or a whole
 /// training step (forward, loss, .backward()).
-using ModuleFn = std::function<std::vector<at::Tensor>(torch::nn::Module& module, const std::vector<at::Tensor>& inputs)>;
+using ModuleFn =
+    std::function<std::vector<at::Tensor>(torch::nn::Module& module, const std::vector<at::Tensor>& inputs)>;
 
 struct ModuleTraceOptions {
   TraceOptions trace;

@@ -157,7 +157,7 @@ TraceResult make_fx(const TensorFn& fn, const std::vector<at::Tensor>& example_i
 /// Convenience forms for one and two tensors in, one tensor out.
 TraceResult make_fx(const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& x,
                     const TraceOptions& options = {});
-TraceResult make_fx(const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& fn,
-                    const at::Tensor& x, const at::Tensor& y, const TraceOptions& options = {});
+TraceResult make_fx(const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& fn, const at::Tensor& x,
+                    const at::Tensor& y, const TraceOptions& options = {});
 
 }  // namespace crucible::tracer
