@@ -1,6 +1,7 @@
 #include <crucible/pipeline/backend_registry.h>
 #include <crucible/pipeline/error.h>
 
+#include <crucible/inductor/compile_fx.h>
 #include <crucible/ir/interpreter.h>
 
 namespace crucible::pipeline {
@@ -12,6 +13,17 @@ BackendRegistry BackendRegistry::builtin() {
          ir::interpret,
          {},
          0});
+  // Rank below the interpreter's until `train --check-eager` compares fused
+  // (differently rounded) results with a tolerance instead of bitwise.
+  r.add({"inductor", "fuses pointwise ops into generated C++/OpenMP loops; other ops run as ATen extern kernels",
+         [](const ir::Graph& g, const std::vector<at::Tensor>& example_inputs) {
+           return inductor::compile_fx_inner(g, example_inputs);
+         },
+         [](const ir::Graph& g) {
+           std::string code = inductor::generate_cpp(g);
+           return code.empty() ? std::vector<GeneratedFile>{} : std::vector<GeneratedFile>{{"kernels.cpp", code}};
+         },
+         -1});
   return r;
 }
 

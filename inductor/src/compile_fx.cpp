@@ -1,0 +1,290 @@
+#include <crucible/inductor/compile_fx.h>
+#include <crucible/inductor/error.h>
+
+#include "cpp_builder.h"
+#include "fusion.h"
+
+#include <crucible/ir/graph.h>
+#include <crucible/ir/interpreter.h>
+
+#include <ATen/core/List.h>
+#include <ATen/core/stack.h>
+#include <ATen/ops/empty.h>
+
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <unordered_map>
+
+namespace crucible::inductor {
+
+// Note [Run-time plan]
+// compile_fx_inner turns the schedule into flat steps once; a call only
+// indexes arrays. Every tensor the graph makes or takes has a slot (an
+// IValue); a step is an extern kernel (a boxed dispatcher call, as the
+// interpreter makes) or a generated kernel (raw pointers of its inputs, fresh
+// contiguous outputs, one call into the loaded library). After each step the
+// slots whose last reader it was are cleared, so a buffer lives from its
+// producer to its last consumer. The graph is functional, and fused nodes are
+// pure, so running steps in schedule order keeps every side effect where the
+// graph put it (Note [Order of side effects]).
+namespace {
+
+constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
+
+struct Source {
+  enum Kind : uint8_t { Slot, Constant, TensorList, OptionalTensorList } kind = Slot;
+  uint32_t slot = kNone;
+  const c10::IValue* constant = nullptr;
+  std::vector<Source> elements;  // lists; a None element is a Constant of None
+};
+
+using KernelFn = void (*)(const void* const*, void* const*, int64_t);
+
+struct Step {
+  // Extern kernel.
+  const ir::Node* node = nullptr;
+  std::optional<c10::OperatorHandle> op;
+  std::vector<Source> args;
+  std::vector<std::vector<uint32_t>> returns;  // per schema return: one slot, or a Tensor[]'s slots
+  std::vector<bool> list_return;
+  // Generated kernel.
+  KernelFn fn = nullptr;
+  std::string kernel_name;
+  std::vector<Source> inputs;
+  std::vector<uint32_t> outputs;
+  std::vector<ir::TensorMeta> output_metas;
+  int64_t numel = 0;
+  c10::ScalarType dtype = c10::kFloat;
+  // Both: slots to clear after the step.
+  std::vector<uint32_t> dead;
+};
+
+struct Plan {
+  std::shared_ptr<ir::Graph> graph;  // owns the nodes and constants steps point at
+  detail::Library library;
+  size_t num_slots = 0;
+  std::vector<uint32_t> input_slots;
+  std::vector<Step> steps;
+  std::vector<Source> outputs;
+};
+
+class Planner {
+ public:
+  Planner(Plan& p, const detail::Schedule& s) : p_(p), s_(s) {}
+
+  void plan() {
+    const ir::Graph& g = *p_.graph;
+    for (ir::Node* n : g.nodes()) {
+      if (n->is_placeholder()) p_.input_slots.push_back(define(n->result()));
+      if (n->is_constant()) constants_[n->result()] = &n->constant_value();
+    }
+    for (const auto& item : s_.items) {
+      if (item.extern_node)
+        plan_extern(item.extern_node);
+      else
+        plan_kernel(s_.kernels[item.kernel]);
+    }
+    for (const ir::Argument& a : g.output_node()->args()) {
+      if (!a.is_value() || !a.value()->is_tensor())
+        throw InductorError("inductor: the graph returns a non-tensor; a CompiledFn returns tensors only");
+      p_.outputs.push_back(source(a.value(), kNone));
+    }
+    for (auto& [slot, step] : last_)
+      if (step != kNone) p_.steps[step].dead.push_back(slot);
+  }
+
+ private:
+  uint32_t define(const ir::Value* v) {
+    auto slot = static_cast<uint32_t>(p_.num_slots++);
+    slots_[v] = slot;
+    return slot;
+  }
+
+  // A read of `v` by step `step` (kNone: the graph's output).
+  Source source(const ir::Value* v, uint32_t step) {
+    if (auto c = constants_.find(v); c != constants_.end()) return Source{Source::Constant, kNone, c->second, {}};
+    auto it = slots_.find(v);
+    if (it == slots_.end()) throw InductorError("inductor: %" + v->name() + " is read before it is defined");
+    last_[it->second] = step;
+    return Source{Source::Slot, it->second, nullptr, {}};
+  }
+
+  void plan_extern(const ir::Node* n) {
+    auto step_index = static_cast<uint32_t>(p_.steps.size());
+    Step st;
+    st.node = n;
+    st.op = n->op();
+    const auto& formals = n->schema().arguments();
+    for (size_t i = 0; i < n->args().size(); ++i) {
+      const ir::Argument& a = n->args()[i];
+      if (a.is_constant()) {
+        st.args.push_back(Source{Source::Constant, kNone, &a.constant(), {}});
+      } else if (a.is_value()) {
+        st.args.push_back(source(a.value(), step_index));
+      } else {
+        auto list = formals.at(i).type()->cast<c10::ListType>();
+        auto elem = list ? list->getElementType() : nullptr;
+        Source s;
+        if (elem && elem->kind() == c10::TypeKind::TensorType)
+          s.kind = Source::TensorList;
+        else if (elem && elem->kind() == c10::TypeKind::OptionalType)
+          s.kind = Source::OptionalTensorList;
+        else
+          throw InductorError("inductor: unsupported list argument of " + n->target());
+        for (const ir::Value* v : a.value_list())
+          s.elements.push_back(v ? source(v, step_index) : Source{Source::Constant, kNone, &none_, {}});
+        st.args.push_back(std::move(s));
+      }
+    }
+    size_t next = 0;
+    const auto& rets = n->schema().returns();
+    for (const auto& r : rets) {
+      auto list = r.type()->cast<c10::ListType>();
+      bool is_list = list && list->getElementType()->kind() == c10::TypeKind::TensorType;
+      std::vector<uint32_t> slots;
+      size_t count = is_list ? n->num_results() - (rets.size() - 1) : 1;
+      for (size_t j = 0; j < count; ++j) slots.push_back(define(n->result(next++)));
+      st.returns.push_back(std::move(slots));
+      st.list_return.push_back(is_list);
+    }
+    p_.steps.push_back(std::move(st));
+  }
+
+  void plan_kernel(const detail::Kernel& k) {
+    auto step_index = static_cast<uint32_t>(p_.steps.size());
+    Step st;
+    st.kernel_name = k.name;
+    st.fn = reinterpret_cast<KernelFn>(detail::symbol(p_.library, k.name));
+    for (const ir::Value* v : k.inputs) st.inputs.push_back(source(v, step_index));
+    for (const ir::Value* v : k.outputs) {
+      st.outputs.push_back(define(v));
+      st.output_metas.push_back(v->meta());
+    }
+    st.numel = k.numel;
+    st.dtype = k.dtype;
+    p_.steps.push_back(std::move(st));
+  }
+
+  Plan& p_;
+  const detail::Schedule& s_;
+  std::unordered_map<const ir::Value*, uint32_t> slots_;
+  std::unordered_map<const ir::Value*, const c10::IValue*> constants_;
+  std::unordered_map<uint32_t, uint32_t> last_;
+  static inline const c10::IValue none_{};
+};
+
+c10::IValue read(const Source& s, std::vector<c10::IValue>& slots) {
+  switch (s.kind) {
+    case Source::Slot:
+      return slots[s.slot];
+    case Source::Constant:
+      return *s.constant;
+    case Source::TensorList: {
+      c10::List<at::Tensor> list;
+      for (const Source& e : s.elements) list.push_back(read(e, slots).toTensor());
+      return list;
+    }
+    case Source::OptionalTensorList: {
+      c10::List<std::optional<at::Tensor>> list;
+      for (const Source& e : s.elements) {
+        c10::IValue v = read(e, slots);
+        list.push_back(v.isNone() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(v.toTensor()));
+      }
+      return list;
+    }
+  }
+  return {};
+}
+
+void run_extern(const Step& st, std::vector<c10::IValue>& slots) {
+  torch::jit::Stack stack;
+  stack.reserve(st.args.size());
+  for (const Source& s : st.args) stack.push_back(read(s, slots));
+  try {
+    st.op->callBoxed(stack);
+  } catch (const std::exception& e) {
+    throw InductorError("inductor: extern kernel %" + st.node->result(0)->name() + " (" + st.node->target() +
+                        ") failed: " + e.what());
+  }
+  for (size_t r = 0; r < st.returns.size(); ++r) {
+    if (st.list_return[r]) {
+      c10::List<at::Tensor> list = std::move(stack[r]).toTensorList();
+      for (size_t j = 0; j < st.returns[r].size(); ++j) slots[st.returns[r][j]] = list.get(j);
+    } else {
+      slots[st.returns[r][0]] = std::move(stack[r]);
+    }
+  }
+}
+
+void run_kernel(const Step& st, std::vector<c10::IValue>& slots) {
+  std::vector<at::Tensor> keep;
+  std::vector<const void*> in;
+  for (const Source& s : st.inputs) {
+    at::Tensor t = read(s, slots).toTensor();
+    // Guard the layout the kernel was generated for: a caller may pass a
+    // tensor whose strides differ from the graph's metadata.
+    if (t.scalar_type() != st.dtype) t = t.to(st.dtype);
+    if (!t.is_contiguous()) t = t.contiguous();
+    if (t.numel() != st.numel && t.numel() != 1)
+      throw InductorError("inductor: " + st.kernel_name + " expects inputs of " + std::to_string(st.numel) +
+                          " elements, got " + std::to_string(t.numel()) +
+                          "; the inputs differ from the compiled graph's");
+    in.push_back(t.data_ptr());
+    keep.push_back(std::move(t));
+  }
+  std::vector<void*> out;
+  for (size_t i = 0; i < st.outputs.size(); ++i) {
+    at::Tensor t = at::empty(st.output_metas[i].sizes, at::TensorOptions().dtype(st.dtype));
+    out.push_back(t.data_ptr());
+    slots[st.outputs[i]] = std::move(t);
+  }
+  st.fn(in.data(), out.data(), st.numel);
+}
+
+}  // namespace
+
+std::string generate_cpp(const ir::Graph& graph) { return detail::render_cpp(detail::schedule(graph), 0); }
+
+ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Tensor>& /*example_inputs*/,
+                                const InductorOptions& options) {
+  auto plan = std::make_shared<Plan>();
+  plan->graph = std::make_shared<ir::Graph>(graph.clone());
+  if (!plan->graph->output_node())
+    throw InductorError("inductor: the graph has no output node; call Graph::set_output first");
+  detail::Schedule s = detail::schedule(*plan->graph);
+  std::string source = detail::render_cpp(s, options.threads);
+  if (options.print_generated_code && !source.empty()) std::cerr << source;
+  try {
+    if (!source.empty()) plan->library = detail::compile_and_load(source, options);
+  } catch (const InductorError&) {
+    if (!options.fallback_to_eager) throw;
+    return ir::interpret(graph);
+  }
+  try {
+    Planner(*plan, s).plan();
+  } catch (const InductorError&) {
+    return ir::interpret(graph);  // a graph the plan cannot express: the interpreter runs it, or names the fault
+  }
+  return [plan](std::vector<at::Tensor>& inputs) {
+    if (inputs.size() != plan->input_slots.size())
+      throw InductorError("inductor: the compiled graph takes " + std::to_string(plan->input_slots.size()) +
+                          " inputs, got " + std::to_string(inputs.size()));
+    std::vector<c10::IValue> slots(plan->num_slots);
+    for (size_t i = 0; i < inputs.size(); ++i) slots[plan->input_slots[i]] = std::move(inputs[i]);
+    inputs.clear();
+    for (const Step& st : plan->steps) {
+      if (st.fn)
+        run_kernel(st, slots);
+      else
+        run_extern(st, slots);
+      for (uint32_t d : st.dead) slots[d] = c10::IValue();
+    }
+    std::vector<at::Tensor> out;
+    out.reserve(plan->outputs.size());
+    for (const Source& s : plan->outputs) out.push_back(read(s, slots).toTensor());
+    return out;
+  };
+}
+
+}  // namespace crucible::inductor

@@ -1,0 +1,31 @@
+// Private: the compiled-kernel cache and the C++ compiler driver.
+#pragma once
+
+#include <crucible/inductor/options.h>
+
+#include <memory>
+#include <string>
+
+namespace crucible::inductor::detail {
+
+/// The cache directory of `options` (see InductorOptions::cache_dir),
+/// created mode 0700 if missing. Throws InductorError if it cannot be made,
+/// is not a directory, or group or others may write it.
+std::string cache_dir(const InductorOptions& options);
+
+/// A loaded shared library; dlclose'd when the last owner goes.
+using Library = std::shared_ptr<void>;
+
+/// Compiles `source` into a shared library and loads it, through the cache:
+/// the key hashes the source, compiler, flags and Crucible's version, and a
+/// library already built under that key is loaded without running the
+/// compiler. Source and library are written to temporary names and renamed,
+/// so concurrent compilers never see half a file; a library that does not
+/// load is rebuilt once. Throws InductorError naming the source file and
+/// quoting the compiler when it fails.
+Library compile_and_load(const std::string& source, const InductorOptions& options);
+
+/// The address of `symbol` in `lib`. Throws InductorError if absent.
+void* symbol(const Library& lib, const std::string& name);
+
+}  // namespace crucible::inductor::detail

@@ -1,0 +1,221 @@
+// compile_fx_inner against eager LibTorch: fused pointwise chains over
+// several shapes and dtypes, extern kernels between them, inputs whose
+// layout differs from the graph's, compiler failures and the kernel cache.
+#include <crucible/inductor/compile_fx.h>
+#include <crucible/inductor/error.h>
+#include <crucible/ir/graph.h>
+#include <crucible/ir/interpreter.h>
+#include <crucible/ir/propagate_meta.h>
+
+#include "catch.h"
+#include "testing.h"
+
+#include <torch/torch.h>
+
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+using namespace crucible;
+namespace fs = std::filesystem;
+
+namespace {
+
+// One cache directory per test run: kernels compiled by one test case are
+// reused by the others.
+const std::string& test_cache() {
+  static const std::string dir = [] {
+    std::string tmpl = (fs::temp_directory_path() / "crucible-inductor-test-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    return tmpl;
+  }();
+  return dir;
+}
+
+inductor::InductorOptions options() {
+  inductor::InductorOptions o;
+  o.cache_dir = test_cache();
+  return o;
+}
+
+// Fused code may contract a*b+c into one FMA (GCC's default -ffp-contract=fast)
+// and uses libm's exp/tanh where ATen uses its vectorized ones; both differ
+// from eager by a few units in the last place, so the tolerance is a few
+// ulps of the dtype at the values' scale.
+double rtol(c10::ScalarType t) { return t == at::kDouble ? 1e-12 : 1e-5; }
+double atol(c10::ScalarType t) { return t == at::kDouble ? 1e-12 : 1e-6; }
+
+std::vector<at::Tensor> run(const ir::CompiledFn& fn, std::vector<at::Tensor> inputs) { return fn(inputs); }
+
+// y = exp(tanh(relu(x * 3 + b * 0.5) - x) / (b*b + 1)), in one fused loop.
+ir::Graph chain(const at::Tensor& x, const at::Tensor& b) {
+  ir::Graph g;
+  ir::Value* px = g.add_placeholder("x", ir::TensorMeta::of(x));
+  ir::Value* pb = g.add_placeholder("b", ir::TensorMeta::of(b));
+  ir::Value* m = g.add_call("aten::mul.Scalar", {px, c10::Scalar(3.0)})->result();
+  ir::Value* a = g.add_call("aten::add.Tensor", {m, pb, c10::Scalar(0.5)})->result();
+  ir::Value* r = g.add_call("aten::relu", {a})->result();
+  ir::Value* s = g.add_call("aten::sub.Tensor", {r, px, c10::Scalar(1)})->result();
+  ir::Value* t = g.add_call("aten::tanh", {s})->result();
+  ir::Value* bb = g.add_call("aten::pow.Tensor_Scalar", {pb, c10::Scalar(2)})->result();
+  ir::Value* d = g.add_call("aten::add.Scalar", {bb, c10::Scalar(1), c10::Scalar(1)})->result();
+  ir::Value* q = g.add_call("aten::div.Tensor", {t, d})->result();
+  ir::Value* e = g.add_call("aten::exp", {q})->result();
+  g.set_output({e, r});
+  ir::propagate_meta(g);
+  return g;
+}
+
+std::vector<at::Tensor> chain_eager(const at::Tensor& x, const at::Tensor& b) {
+  at::Tensor r = at::relu(x * 3.0 + b * 0.5);
+  return {at::exp(at::tanh(r - x) / (b.pow(2) + 1)), r};
+}
+
+}  // namespace
+
+TEST_CASE("a pointwise chain fuses into one loop and matches eager over shapes and dtypes", "[inductor]") {
+  std::vector<std::vector<int64_t>> shapes = {{7, 5}, {1 << 16}, {1}, {}, {0}, {3, 0, 2}};
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    for (const auto& shape : shapes) {
+      CAPTURE(dtype, shape);
+      at::Tensor x = at::randn(shape, at::TensorOptions().dtype(dtype));
+      at::Tensor b = at::randn(shape, at::TensorOptions().dtype(dtype));
+      ir::Graph g = chain(x, b);
+      std::string code = inductor::generate_cpp(g);
+      REQUIRE(code.find("kernel_0 fuses:") != std::string::npos);
+      REQUIRE(code.find("kernel_1") == std::string::npos);  // one loop for all nine nodes
+      ir::CompiledFn fn = inductor::compile_fx_inner(g, {x, b}, options());
+      auto got = run(fn, {x, b});
+      auto want = chain_eager(x, b);
+      REQUIRE(got.size() == 2);
+      REQUIRE_CLOSE(got[0], want[0], rtol(dtype), atol(dtype));
+      REQUIRE_CLOSE(got[1], want[1], rtol(dtype), atol(dtype));
+    }
+  }
+}
+
+TEST_CASE("inputs laid out unlike the graph's metadata are made contiguous first", "[inductor]") {
+  at::Tensor x = at::randn({6, 4});
+  at::Tensor b = at::randn({6, 4});
+  ir::CompiledFn fn = inductor::compile_fx_inner(chain(x, b), {x, b}, options());
+  at::Tensor xt = at::randn({4, 6}).t();  // same sizes, transposed strides
+  auto got = run(fn, {xt, b});
+  auto want = chain_eager(xt, b);
+  REQUIRE_CLOSE(got[0], want[0], 1e-5, 1e-6);
+}
+
+TEST_CASE("broadcast, non-contiguous and 0-dim operands: lowered where a flat loop is right, extern otherwise",
+          "[inductor]") {
+  at::Tensor x = at::randn({5, 3});
+  at::Tensor row = at::randn({3});
+  at::Tensor s = at::randn({});
+  at::Tensor w = at::randn({3, 4});
+  ir::Graph g;
+  ir::Value* px = g.add_placeholder("x", ir::TensorMeta::of(x));
+  ir::Value* prow = g.add_placeholder("row", ir::TensorMeta::of(row));
+  ir::Value* ps = g.add_placeholder("s", ir::TensorMeta::of(s));
+  ir::Value* pw = g.add_placeholder("w", ir::TensorMeta::of(w));
+  ir::Value* a = g.add_call("aten::add.Tensor", {px, prow, c10::Scalar(1)})->result();  // broadcast: extern
+  ir::Value* m = g.add_call("aten::mul.Tensor", {a, ps})->result();                     // 0-dim: lowered
+  ir::Value* sg = g.add_call("aten::sigmoid", {m})->result();
+  ir::Value* mm = g.add_call("aten::mm", {sg, pw})->result();  // extern between loops
+  ir::Value* t = g.add_call("aten::t", {mm})->result();        // a view: extern
+  ir::Value* n = g.add_call("aten::neg", {t})->result();       // non-contiguous operand
+  ir::Value* sb = g.add_call("aten::sigmoid_backward", {mm, mm})->result();
+  ir::Value* tb = g.add_call("aten::threshold_backward", {sb, mm, c10::Scalar(0.1)})->result();
+  g.set_output({n, tb, sg});
+  ir::propagate_meta(g);
+  std::string code = inductor::generate_cpp(g);
+  REQUIRE(code.find("kernel_0") != std::string::npos);
+  REQUIRE(code.find("kernel_1") != std::string::npos);
+  REQUIRE(code.find("aten::neg") == std::string::npos);
+  ir::CompiledFn fn = inductor::compile_fx_inner(g, {x, row, s, w}, options());
+  auto got = run(fn, {x, row, s, w});
+  at::Tensor sg_e = at::sigmoid((x + row) * s);
+  at::Tensor mm_e = at::mm(sg_e, w);
+  REQUIRE_CLOSE(got[0], -mm_e.t(), 1e-5, 1e-6);
+  REQUIRE_CLOSE(got[1], at::threshold_backward(at::sigmoid_backward(mm_e, mm_e), mm_e, 0.1), 1e-5, 1e-6);
+  REQUIRE_CLOSE(got[2], sg_e, 1e-5, 1e-6);
+}
+
+TEST_CASE("a graph of extern kernels only (integer and bool tensors) runs like the interpreter", "[inductor]") {
+  at::Tensor i = at::arange(10, at::kLong);
+  ir::Graph g;
+  ir::Value* pi = g.add_placeholder("i", ir::TensorMeta::of(i));
+  ir::Value* a = g.add_call("aten::add.Tensor", {pi, pi, c10::Scalar(2)})->result();
+  ir::Value* c = g.add_call("aten::gt.Scalar", {a, c10::Scalar(7)})->result();
+  g.set_output({a, c});
+  ir::propagate_meta(g);
+  REQUIRE(inductor::generate_cpp(g).empty());
+  auto got = run(inductor::compile_fx_inner(g, {i}, options()), {i});
+  REQUIRE_EQUAL_TENSORS(got[0], i * 3);
+  REQUIRE_EQUAL_TENSORS(got[1], i * 3 > 7);
+}
+
+TEST_CASE("a compiler failure names the generated source and the compiler's message, or falls back", "[inductor]") {
+  at::Tensor x = at::randn({8});
+  at::Tensor b = at::randn({8});
+  ir::Graph g = chain(x, b);
+  inductor::InductorOptions o = options();
+  o.flags = {"-O2", "-fthis-flag-does-not-exist"};
+  try {
+    inductor::compile_fx_inner(g, {x, b}, o);
+    FAIL("the compiler should have failed");
+  } catch (const inductor::InductorError& e) {
+    std::string what = e.what();
+    CHECK(what.find(".cpp") != std::string::npos);
+    CHECK(what.find("this-flag-does-not-exist") != std::string::npos);
+  }
+  o.fallback_to_eager = true;
+  auto got = run(inductor::compile_fx_inner(g, {x, b}, o), {x, b});
+  REQUIRE_CLOSE(got[0], chain_eager(x, b)[0], 1e-5, 1e-6);
+}
+
+TEST_CASE("the kernel cache: a second compile loads the library without running the compiler", "[inductor]") {
+  fs::path dir = fs::path(test_cache()) / "counted";
+  fs::create_directory(dir);
+  fs::permissions(dir, fs::perms::owner_all, fs::perm_options::replace);
+  fs::path script = dir / "counting-g++";
+  fs::path count = dir / "runs";
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\necho run >> '" << count.string() << "'\nexec g++ \"$@\"\n";
+  }
+  fs::permissions(script, fs::perms::owner_all, fs::perm_options::replace);
+  inductor::InductorOptions o;
+  o.cache_dir = (dir / "cache").string();
+  o.compiler = script.string();
+  at::Tensor x = at::randn({9});
+  at::Tensor b = at::randn({9});
+  ir::Graph g = chain(x, b);
+  auto runs = [&] {
+    std::ifstream f(count);
+    return std::count(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>(), '\n');
+  };
+  run(inductor::compile_fx_inner(g, {x, b}, o), {x, b});
+  REQUIRE(runs() == 1);
+  auto got = run(inductor::compile_fx_inner(g, {x, b}, o), {x, b});
+  REQUIRE(runs() == 1);
+  REQUIRE_CLOSE(got[0], chain_eager(x, b)[0], 1e-5, 1e-6);
+  // A truncated library is detected (it does not load) and rebuilt.
+  for (const auto& e : fs::directory_iterator(o.cache_dir))
+    if (e.path().extension() == ".so") fs::resize_file(e.path(), 100);
+  got = run(inductor::compile_fx_inner(g, {x, b}, o), {x, b});
+  REQUIRE(runs() == 2);
+  REQUIRE_CLOSE(got[0], chain_eager(x, b)[0], 1e-5, 1e-6);
+}
+
+TEST_CASE("a cache directory others can write is refused", "[inductor]") {
+  fs::path dir = fs::path(test_cache()) / "shared";
+  fs::create_directory(dir);
+  ::chmod(dir.c_str(), 0777);
+  inductor::InductorOptions o;
+  o.cache_dir = dir.string();
+  at::Tensor x = at::randn({4});
+  at::Tensor b = at::randn({4});
+  REQUIRE_THROWS_WITH(inductor::compile_fx_inner(chain(x, b), {x, b}, o),
+                      Catch::Matchers::Contains("writable by group or others"));
+}
