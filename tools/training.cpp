@@ -65,6 +65,11 @@ void CompileFlags::add_to(CLI::App& cmd) {
                  "cheap ops instead of saving them)")
       ->check(CLI::IsMember({"default", "min-cut"}))
       ->capture_default_str();
+  cmd.add_option("--memory-budget", memory_budget,
+                 "with --partitioner min-cut: 1 saves what the heuristics choose, 0 the least any partition can "
+                 "(recomputing matmuls too), in between a share of the difference")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
 }
 
 void CompileFlags::apply(pipeline::Builder& builder) const {
@@ -72,10 +77,13 @@ void CompileFlags::apply(pipeline::Builder& builder) const {
   tracer::TraceOptions options = builder.trace_options();
   options.mode = trace_mode == "fake" ? tracer::TraceMode::Fake : tracer::TraceMode::Real;
   if (decompositions == "core") options.decompositions = tracer::core_aten_decompositions();
-  if (partitioner == "min-cut")
-    builder.partitioner([](const ir::Graph& joint, size_t num_fwd_outputs) {
-      return partitioner::min_cut_rematerialization_partition(joint, num_fwd_outputs);
+  if (partitioner == "min-cut") {
+    partitioner::MinCutOptions min_cut;
+    min_cut.memory_budget = memory_budget;
+    builder.partitioner([min_cut](const ir::Graph& joint, size_t num_fwd_outputs) {
+      return partitioner::min_cut_rematerialization_partition(joint, num_fwd_outputs, min_cut);
     });
+  }
   builder.trace_options(options);
 }
 

@@ -33,14 +33,14 @@ struct OptimizerFlags {
   /// 0.002 for adam and adamw, 0.02 for sgd.
   double default_lr() const;
   double effective_lr() const { return lr.value_or(default_lr()); }
-  /// Adds the six flags to `cmd`.
+  /// Adds the seven flags to `cmd`.
   void add_to(CLI::App& cmd);
   /// A torch::optim optimizer of this kind over `params`.
   std::unique_ptr<torch::optim::Optimizer> make(const std::vector<at::Tensor>& params) const;
 };
 
 /// --passes, --pre-grad-passes, --joint-passes, --trace-mode,
-/// --decompositions, --partitioner: how the builder compiles (Note [Pass
+/// --decompositions, --partitioner, --memory-budget: how the builder compiles (Note [Pass
 /// phases], AotConfig::trace_mode, tracer::core_aten_decompositions, Note
 /// [Min-cut partition]).
 struct CompileFlags {
@@ -50,7 +50,8 @@ struct CompileFlags {
   std::string trace_mode = "real";      ///< real or fake
   std::string decompositions = "none";  ///< none or core (tracer::core_aten_decompositions)
   std::string partitioner = "default";  ///< default or min-cut (partitioner/min_cut_partition.h)
-  /// Adds the six flags to `cmd`.
+  double memory_budget = 1.0;           ///< min-cut's MinCutOptions::memory_budget
+  /// Adds the seven flags to `cmd`.
   void add_to(CLI::App& cmd);
   /// Sets the builder's pass lists and trace mode. Throws ir::IrError for an
   /// unknown pass.

@@ -16,6 +16,7 @@
 #include <boost/graph/boykov_kolmogorov_max_flow.hpp>
 #pragma GCC diagnostic pop
 
+#include <algorithm>
 #include <limits>
 #include <string_view>
 #include <unordered_map>
@@ -63,6 +64,18 @@ bool recomputable(const ir::Node& n, const MinCutOptions& options) {
   if (ir::has_side_effects(n)) return false;
   if (options.ban_compute_intensive && compute_intensive(n.schema().name())) return false;
   return !options.only_recompute_cheap_ops || cheap(n);
+}
+
+// What recomputing a node costs, estimated by op class and bytes: its
+// results' bytes, times 64 for a compute-intensive op (a matmul or
+// convolution does many FLOPs per byte it writes), times 4 for other ops
+// that are not cheap (softmax, normalizations: a few passes over the data).
+double recompute_cost(const ir::Node& n) {
+  double bytes = 0;
+  for (const auto& r : n.results())
+    if (r->is_tensor() && r->has_meta()) bytes += static_cast<double>(r->meta().nbytes());
+  if (compute_intensive(n.schema().name())) return 64 * bytes;
+  return cheap(n) ? bytes : 4 * bytes;
 }
 
 using Traits = boost::adjacency_list_traits<boost::vecS, boost::vecS, boost::directedS>;
@@ -151,36 +164,87 @@ PartitionResult min_cut_rematerialization_partition(const ir::Graph& joint, size
       }
     }
 
-  // The network of Note [Min-cut partition].
-  const size_t source = 2 * values.size(), sink = source + 1;
-  Network net(sink + 1);
-  auto in = [](size_t i) { return 2 * i; };
-  auto out = [](size_t i) { return 2 * i + 1; };
-  for (size_t i = 0; i < values.size(); ++i) {
-    const ir::Value* v = values[i];
-    const ir::Node* n = v->node();
-    if (backward[i]) {
-      net.add(in(i), out(i), kInfinity);
-      net.add(in(i), sink, kInfinity);
-    } else {
-      if (v->is_tensor() && !v->has_meta())
-        throw PartitionError(std::string(kWho) + ": %" + v->name() +
-                             " has no metadata, so what saving it costs is unknown; run the propagate_meta pass "
-                             "first");
-      net.add(in(i), out(i), v->is_tensor() ? static_cast<double>(v->meta().nbytes()) : kInfinity);
-      const bool banned =
-          !recomputable(*n, options) || (distance[i] != kFar && distance[i] > options.max_recompute_distance);
-      if (n->is_placeholder() || banned) net.add(source, in(i), kInfinity);
-    }
-    for (const ir::Node* user : v->users())
-      if (user->is_call())
-        for (size_t k = 0; k < user->num_results(); ++k) net.add(out(i), in(index.at(user->result(k))), kInfinity);
-  }
-  const double flow = net.max_flow(source, sink);
-
-  std::unordered_set<const ir::Value*> saved;
   for (size_t i = 0; i < values.size(); ++i)
-    if (!backward[i] && net.source_side(in(i)) && !net.source_side(out(i))) saved.insert(values[i]);
+    if (!backward[i] && values[i]->is_tensor() && !values[i]->has_meta())
+      throw PartitionError(std::string(kWho) + ": %" + values[i]->name() +
+                           " has no metadata, so what saving it costs is unknown; run the propagate_meta pass first");
+
+  // The values the heuristics keep in the forward, and among them those the
+  // memory budget may let the backward recompute (Note [Memory budget]).
+  // A node that reads an input the function mutates runs in the forward
+  // only: the runtime writes the input's new value after the forward, so the
+  // backward would read the new value (autograd's version check refuses it).
+  std::unordered_set<const ir::Value*> mutated;
+  for (const ir::OutputSpec& spec : sig.outputs)
+    if (spec.kind == ir::OutputKind::MutatedInput && spec.input_index && *spec.input_index < placeholders.size())
+      mutated.insert(placeholders[*spec.input_index]);
+  std::vector<bool> banned(values.size(), false);
+  std::vector<size_t> candidates;  // value indices, one per node (its first result)
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (backward[i]) continue;
+    const ir::Node* n = values[i]->node();
+    const bool far = distance[i] != kFar && distance[i] > options.max_recompute_distance;
+    bool reads_mutated = false;
+    for (const ir::Value* in : n->inputs()) reads_mutated = reads_mutated || mutated.count(in) > 0;
+    banned[i] = n->is_placeholder() || reads_mutated || !recomputable(*n, options) || far;
+    if (banned[i] && n->is_call() && !reads_mutated && !ir::has_side_effects(*n) && values[i] == n->result(0))
+      candidates.push_back(i);
+  }
+
+  // The minimum cut of the network of Note [Min-cut partition] with the
+  // values of `ban` fed by the source: the values it saves and their bytes.
+  auto min_cut = [&](const std::vector<bool>& ban, double* bytes) {
+    const size_t source = 2 * values.size(), sink = source + 1;
+    Network net(sink + 1);
+    auto in = [](size_t i) { return 2 * i; };
+    auto out = [](size_t i) { return 2 * i + 1; };
+    for (size_t i = 0; i < values.size(); ++i) {
+      const ir::Value* v = values[i];
+      if (backward[i]) {
+        net.add(in(i), out(i), kInfinity);
+        net.add(in(i), sink, kInfinity);
+      } else {
+        net.add(in(i), out(i), v->is_tensor() ? static_cast<double>(v->meta().nbytes()) : kInfinity);
+        if (ban[i]) net.add(source, in(i), kInfinity);
+      }
+      for (const ir::Node* user : v->users())
+        if (user->is_call())
+          for (size_t k = 0; k < user->num_results(); ++k) net.add(out(i), in(index.at(user->result(k))), kInfinity);
+    }
+    *bytes = net.max_flow(source, sink);
+    std::unordered_set<const ir::Value*> saved;
+    for (size_t i = 0; i < values.size(); ++i)
+      if (!backward[i] && net.source_side(in(i)) && !net.source_side(out(i))) saved.insert(values[i]);
+    return saved;
+  };
+  double flow = 0;
+  std::unordered_set<const ir::Value*> saved = min_cut(banned, &flow);
+  if (options.memory_budget < 1.0 && !candidates.empty()) {
+    // See Note [Memory budget].
+    std::stable_sort(candidates.begin(), candidates.end(), [&](size_t a, size_t b) {
+      return recompute_cost(*values[a]->node()) < recompute_cost(*values[b]->node());
+    });
+    auto unbanned = [&](size_t k) {
+      std::vector<bool> ban = banned;
+      for (size_t c = 0; c < k; ++c)
+        for (const auto& r : values[candidates[c]]->node()->results()) ban[index.at(r.get())] = false;
+      return ban;
+    };
+    double least = 0;
+    (void)min_cut(unbanned(candidates.size()), &least);
+    const double target = least + std::max(0.0, options.memory_budget) * (flow - least);
+    size_t lo = 0, hi = candidates.size();  // the fewest unbanned candidates whose cut fits the target
+    while (lo < hi) {
+      const size_t mid = (lo + hi) / 2;
+      double bytes = 0;
+      (void)min_cut(unbanned(mid), &bytes);
+      if (bytes <= target)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    saved = min_cut(unbanned(lo), &flow);
+  }
   PartitionResult result = detail::split(joint, num_fwd_outputs, &saved, kWho);
   if (report) {
     report->saved.clear();

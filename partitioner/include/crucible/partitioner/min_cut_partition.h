@@ -30,6 +30,9 @@ namespace crucible::partitioner {
 //  - ban_compute_intensive: matrix products and convolutions (mm, addmm,
 //    bmm, baddbmm, matmul, convolution and its backward, attention) are
 //    never recomputed: their FLOPs cost more than their bytes.
+//  - an op that reads an input the function mutates (batch norm and its
+//    running statistics) is never recomputed: the backward runs after the
+//    runtime wrote the input's new value.
 //  - side effects are never recomputed (Note [Order of side effects]):
 //    random ops (recomputing one draws new numbers; with functionalized RNG,
 //    crucible::philox_rand takes its seed and offset as inputs and is an
@@ -43,10 +46,24 @@ namespace crucible::partitioner {
 //    from the first backward use is not recomputed (long chains cost time
 //    for little memory).
 
+// Note [Memory budget]
+// memory_budget (PyTorch's activation_memory_budget) trades recomputation
+// for memory beyond the heuristics: 1 keeps them (the min-cut above); 0
+// saves the least any cut can, letting the backward recompute every op
+// without side effects (matmuls and convolutions included); in between, the
+// saved bytes aim at least + budget × (heuristic − least). The ops the
+// heuristics keep in the forward are the knapsack's items, each with a
+// recompute cost estimated by op class and bytes; the cheapest are let go
+// first, and a binary search over how many (each step one min-cut; fewer
+// constraints never save more) finds the fewest that meet the target. So a
+// smaller budget never saves more bytes.
+
 struct MinCutOptions {
   bool ban_compute_intensive = true;
   bool only_recompute_cheap_ops = true;
   size_t max_recompute_distance = 1000;
+  /// 0..1; see Note [Memory budget]. Values above 1 act as 1, below 0 as 0.
+  double memory_budget = 1.0;
 };
 
 /// What the cut chose, for inspection (crucible compile --dump-dir).
