@@ -68,7 +68,7 @@ void CompileFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--memory-budget", memory_budget,
                  "with --partitioner min-cut: 1 saves what the heuristics choose, 0 the least any partition can "
                  "(recomputing matmuls too), in between a share of the difference")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(between_zero_and_one())
       ->capture_default_str();
 }
 
@@ -104,6 +104,20 @@ CLI::Validator at_least_one() {
         return "must be at least 1 (got " + value + ")";
       },
       "INT >= 1");
+}
+
+CLI::Validator between_zero_and_one() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        try {
+          const double v = std::stod(value);
+          if (v >= 0 && v <= 1) return "";
+        } catch (const std::exception&) {
+          return "must be a number from 0 to 1 (got '" + value + "')";
+        }
+        return "must be from 0 to 1 (got " + value + ")";
+      },
+      "NUMBER in [0, 1]");
 }
 
 CLI::Validator greater_than_zero() {

@@ -65,6 +65,8 @@ void add_size_option(CLI::App& cmd, std::string& size);
 CLI::Validator at_least_one();
 /// Checks that a number (--lr) is greater than 0, saying so in words.
 CLI::Validator greater_than_zero();
+/// Checks that a share (--memory-budget) is from 0 to 1, saying so in words.
+CLI::Validator between_zero_and_one();
 
 /// Seconds per innermost stage, from the PhaseTimer a runtime::StageTimer
 /// recorded into, in the order the stages first ran (collect_metadata,

@@ -148,6 +148,9 @@ TEST_CASE("crucible train refuses contradictory options", "[tools][train][errors
       CHECK_THAT(r.err, CRUCIBLE_HAS_SUBSTR("must be at least 1"));
       CHECK(r.err.find("1797693") == std::string::npos);
     }
+    const auto budget = run_cli("train --model mlp --partitioner min-cut --memory-budget 1.5");
+    CHECK(budget.exit_code != 0);
+    CHECK_THAT(budget.err, CRUCIBLE_HAS_SUBSTR("--memory-budget: must be from 0 to 1 (got 1.5)"));
     const auto r = run_cli("train --model mlp --lr -0.5");
     CHECK(r.exit_code != 0);
     CHECK_THAT(r.err, CRUCIBLE_HAS_SUBSTR("--lr: must be greater than 0 (got -0.5)"));
