@@ -78,6 +78,37 @@ void check_against_eager(const tracer::TensorFn& fn, const Tensors& inputs, cons
     if (e_in[i].grad().defined()) REQUIRE_CLOSE(c_in[i].grad(), e_in[i].grad(), testing::kGradRtol, testing::kGradAtol);
 }
 
+// A zoo model's loss through aot_module with `partition`, and its eager
+// copy from the same weights, in train mode: the same loss (the same
+// kernels), gradients within the gradient tolerance. Returns the bytes the
+// partition saved.
+double zoo_against_eager(const std::string& name, const Recorded& partition) {
+  torch::manual_seed(0);
+  models::Model compiled = models::make_model(name), eager = models::make_model(name);
+  models::copy_state(*compiled.module, *eager.module);
+  compiled.module->train();
+  eager.module->train();
+  const data::Batch batch = compiled.example_batch(4, 0);
+  autograd::AotConfig config;
+  config.partition_fn = partition.fn();
+  config.cache = nullptr;
+  const autograd::AotModule f = autograd::aot_module(
+      compiled.module,
+      [loss = models::loss_of(compiled)](torch::nn::Module& m, const Tensors& in) { return Tensors{loss(m, in)}; },
+      config);
+  const at::Tensor loss = f({batch.inputs, batch.targets}).at(0);
+  loss.backward();
+  const at::Tensor eager_loss = models::loss_of(eager)(*eager.module, {batch.inputs, batch.targets});
+  eager_loss.backward();
+  REQUIRE_EQUAL_TENSORS(loss.detach(), eager_loss.detach());
+  auto eager_params = eager.module->named_parameters();
+  for (const auto& p : compiled.module->named_parameters()) {
+    INFO(p.key());
+    REQUIRE_CLOSE(p.value().grad(), eager_params[p.key()].grad(), testing::kGradRtol, testing::kGradAtol);
+  }
+  return partition.result->bytes;
+}
+
 }  // namespace
 
 TEST_CASE("min-cut: a pointwise chain is recomputed from its input instead of saved", "[partitioner][min_cut]") {
@@ -149,32 +180,9 @@ TEST_CASE("min-cut: every zoo model's loss and gradients equal eager, saving no 
     INFO(name);
     double bytes[2] = {0, 0};
     for (const bool min_cut : {false, true}) {
-      torch::manual_seed(0);
-      models::Model compiled = models::make_model(name), eager = models::make_model(name);
-      models::copy_state(*compiled.module, *eager.module);
-      compiled.module->train();
-      eager.module->train();
-      const data::Batch batch = compiled.example_batch(4, 0);
       Recorded partition;
       partition.min_cut = min_cut;
-      autograd::AotConfig config;
-      config.partition_fn = partition.fn();
-      config.cache = nullptr;
-      const autograd::AotModule f = autograd::aot_module(
-          compiled.module,
-          [loss = models::loss_of(compiled)](torch::nn::Module& m, const Tensors& in) { return Tensors{loss(m, in)}; },
-          config);
-      const at::Tensor loss = f({batch.inputs, batch.targets}).at(0);
-      loss.backward();
-      const at::Tensor eager_loss = models::loss_of(eager)(*eager.module, {batch.inputs, batch.targets});
-      eager_loss.backward();
-      REQUIRE_EQUAL_TENSORS(loss.detach(), eager_loss.detach());
-      auto eager_params = eager.module->named_parameters();
-      for (const auto& p : compiled.module->named_parameters()) {
-        INFO(p.key());
-        REQUIRE_CLOSE(p.value().grad(), eager_params[p.key()].grad(), testing::kGradRtol, testing::kGradAtol);
-      }
-      bytes[min_cut] = partition.result->bytes;
+      bytes[min_cut] = zoo_against_eager(name, partition);
     }
     INFO("saved bytes: default " << bytes[0] << ", min-cut " << bytes[1]);
     CHECK(bytes[1] <= bytes[0]);
@@ -189,31 +197,13 @@ TEST_CASE("min-cut: a memory budget sweep saves non-increasing bytes with eager'
     double previous = std::numeric_limits<double>::infinity(), at_one = 0, at_zero = 0;
     for (const double budget : {1.0, 0.5, 0.1, 0.0}) {
       INFO("budget " << budget);
-      torch::manual_seed(0);
-      models::Model compiled = models::make_model(name), eager = models::make_model(name);
-      models::copy_state(*compiled.module, *eager.module);
-      const data::Batch batch = compiled.example_batch(4, 0);
       Recorded partition;
       partition.options.memory_budget = budget;
-      autograd::AotConfig config;
-      config.partition_fn = partition.fn();
-      config.cache = nullptr;
-      const autograd::AotModule f = autograd::aot_module(
-          compiled.module,
-          [loss = models::loss_of(compiled)](torch::nn::Module& m, const Tensors& in) { return Tensors{loss(m, in)}; },
-          config);
-      const at::Tensor loss = f({batch.inputs, batch.targets}).at(0);
-      loss.backward();
-      const at::Tensor eager_loss = models::loss_of(eager)(*eager.module, {batch.inputs, batch.targets});
-      eager_loss.backward();
-      REQUIRE_EQUAL_TENSORS(loss.detach(), eager_loss.detach());
-      auto eager_params = eager.module->named_parameters();
-      for (const auto& p : compiled.module->named_parameters())
-        REQUIRE_CLOSE(p.value().grad(), eager_params[p.key()].grad(), testing::kGradRtol, testing::kGradAtol);
-      CHECK(partition.result->bytes <= previous);
-      previous = partition.result->bytes;
-      if (budget == 1.0) at_one = partition.result->bytes;
-      if (budget == 0.0) at_zero = partition.result->bytes;
+      const double bytes = zoo_against_eager(name, partition);
+      CHECK(bytes <= previous);
+      previous = bytes;
+      if (budget == 1.0) at_one = bytes;
+      if (budget == 0.0) at_zero = bytes;
     }
     // Letting matmuls and convolutions be recomputed saves strictly less.
     CHECK(at_zero < at_one);
