@@ -67,6 +67,12 @@ Builder& Builder::add_pass(ir::Pass pass) {
   return *this;
 }
 
+Builder& Builder::add_joint_pass(ir::Pass pass) {
+  joint_passes_.push_back(std::move(pass));
+  user_compilers_ = true;
+  return *this;
+}
+
 Builder& Builder::verify_passes(bool verify) {
   verify_passes_ = verify;
   return *this;

@@ -65,8 +65,9 @@ struct TrainStepState {
 // The step as AOTAutograd traces it, over the module and (flat state, rate,
 // batch...): Note [Train step graph].
 tracer::ModuleFn step_function(OptimizerOptions options, std::vector<at::Tensor> params, size_t num_flat,
-                               LossFn loss_fn) {
-  return [options = std::move(options), params = std::move(params), num_flat, loss_fn = std::move(loss_fn)](
+                               LossFn loss_fn, GradientHook gradient_hook) {
+  return [options = std::move(options), params = std::move(params), num_flat, loss_fn = std::move(loss_fn),
+          gradient_hook = std::move(gradient_hook)](
              torch::nn::Module& m, const std::vector<at::Tensor>& in) {
     // The compiled call runs under no_grad; the step differentiates itself.
     at::AutoGradMode grad_on(true);
@@ -80,6 +81,13 @@ tracer::ModuleFn step_function(OptimizerOptions options, std::vector<at::Tensor>
     loss.backward();
     std::vector<at::Tensor> grads;
     for (const at::Tensor& p : params) grads.push_back(p.grad());
+    if (gradient_hook) {
+      const size_t n = grads.size();
+      grads = gradient_hook(std::move(grads));
+      if (grads.size() != n)
+        throw PipelineError("compile_train_step: the gradient hook returned " + std::to_string(grads.size()) +
+                            " gradients for " + std::to_string(n) + " parameters; return one per parameter");
+    }
     optimizer_step(options, params, grads, state, in[num_flat]);
     // The gradients stay inside the graph: the parameters end as after zero_grad().
     for (const at::Tensor& p : params) p.mutable_grad().reset();
@@ -143,7 +151,7 @@ const OptimizerOptions& TrainStep::optimizer_options() const { return state_->op
 const OptimizerState& TrainStep::optimizer_state() const { return state_->optimizer_state; }
 
 TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimizer& optimizer,
-                             LossFn loss_fn, const Builder& builder) {
+                             LossFn loss_fn, const Builder& builder, TrainStepOptions step_options) {
   if (!module) throw PipelineError("compile_train_step: the module is null");
   if (!loss_fn) throw PipelineError("compile_train_step: the loss function is empty");
   auto s = std::make_shared<detail::TrainStepState>();
@@ -202,7 +210,9 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
     return fn;
   };
   s->aot.emplace(autograd::aot_module(
-      module, detail::step_function(traced_options, s->params, s->flat_state.size(), std::move(loss_fn)), config));
+      module, detail::step_function(traced_options, s->params, s->flat_state.size(), std::move(loss_fn),
+                                     std::move(step_options.gradient_hook)),
+      config));
   s->module = std::move(module);
   TrainStep step;
   step.state_ = std::move(s);

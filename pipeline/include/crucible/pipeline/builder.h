@@ -107,6 +107,10 @@ class Builder {
   Builder& passes(const std::vector<std::string>& names, const ir::PassRegistry& registry);
   /// Appends a pass (a user pass, or one from any registry) to the list.
   Builder& add_pass(ir::Pass pass);
+  /// Appends a pass to the joint list (Note [Pass phases]): it sees the
+  /// joint graph of compile() and the whole graph of compile_train_step
+  /// (spmd's data-parallel expansion runs here).
+  Builder& add_joint_pass(ir::Pass pass);
   /// Verify the graph before the first pass and after each (ir::PassManager's
   /// verify); on by default.
   Builder& verify_passes(bool verify);

@@ -72,6 +72,22 @@ namespace detail {
 struct TrainStepState;
 }
 
+/// Rewrites the gradients inside the traced step, between the backward and
+/// the optimizer update: called once per trace with the gradient of each of
+/// the optimizer's parameters, in its order (undefined for a parameter the
+/// loss does not reach), it returns the gradients the update reads (the same
+/// count; undefined ones are skipped by the update). What it computes is
+/// traced into the graph: spmd tags each gradient here (crucible::tag_grad)
+/// so that the data-parallel expansion can find them, as the seed's
+/// gradients_tagging does.
+using GradientHook = std::function<std::vector<at::Tensor>(std::vector<at::Tensor> grads)>;
+
+/// What compile_train_step does besides the builder's stages.
+struct TrainStepOptions {
+  /// Applied to the gradients before the update (empty: none).
+  GradientHook gradient_hook;
+};
+
 /// A compiled training step. Copies share one state (module, optimizer state,
 /// compiled graphs).
 class TrainStep {
@@ -118,7 +134,7 @@ class TrainStep {
 
  private:
   friend TrainStep compile_train_step(std::shared_ptr<torch::nn::Module>, torch::optim::Optimizer&, LossFn,
-                                      const Builder&);
+                                      const Builder&, TrainStepOptions);
   std::shared_ptr<detail::TrainStepState> state_;
 };
 
@@ -136,8 +152,11 @@ class TrainStep {
 /// not one of the module's parameters, has no parameters, or holds state
 /// whose sizes differ from its parameter's. Compile errors come at the first
 /// call or TrainStep::compile.
+/// `options.gradient_hook`, where set, rewrites the gradients in the traced
+/// step; a hook that returns another count of gradients makes the first
+/// compilation throw PipelineError.
 TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimizer& optimizer,
-                             LossFn loss_fn, const Builder& builder);
+                             LossFn loss_fn, const Builder& builder, TrainStepOptions options = {});
 /// The same with a default Builder.
 TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimizer& optimizer,
                              LossFn loss_fn);

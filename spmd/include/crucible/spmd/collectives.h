@@ -1,0 +1,53 @@
+// Functional collectives: graph ops that compute a new tensor (or hand one
+// back) and talk to the other ranks through a c10d backend, as PyTorch's
+// _c10d_functional ops (torch/csrc/distributed/c10d/Functional.cpp) do.
+// Registered with TORCH_LIBRARY in the `crucible` namespace, so the tracer
+// records them, the interpreter runs them, generated code calls them as
+// extern kernels, and ir::is_collective knows them:
+//
+//   crucible::all_reduce(Tensor input, str reduce_op, str group_name) -> Tensor
+//     Issues an all-reduce of a copy of `input` ("sum", "avg", "max", "min")
+//     over the group registered under `group_name` (process_group.h) and
+//     returns the copy at once; its value is only final after wait_tensor.
+//   crucible::wait_tensor(Tensor input) -> Tensor
+//     Waits for the collective that writes `input` (none: returns at once)
+//     and returns `input`: the point where the result is read.
+//   crucible::tag_grad(Tensor grad) -> Tensor
+//     A copy of `grad`. The data-parallel expansion finds the gradients of
+//     a traced train step by these tags and replaces them (the seed's
+//     _spmd.tag_grad).
+//
+// All three have meta kernels (the result is like the input), so graphs
+// holding them propagate metadata and trace on fake tensors.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+namespace crucible::spmd {
+
+/// How all_reduce combines the ranks' tensors. Avg is the sum divided by
+/// the group's size (c10d's Gloo has no AVG: the division happens when the
+/// result is waited for).
+enum class ReduceOp { Sum, Avg, Max, Min };
+
+/// "sum", "avg", "max", "min": the op's `reduce_op` string.
+const char* to_string(ReduceOp op);
+
+/// Calls crucible::all_reduce. Read the result only after wait_tensor.
+/// Throws SpmdError for an unknown group or an `input` on another device
+/// than the group's backend serves.
+at::Tensor all_reduce(const at::Tensor& input, ReduceOp op, const std::string& group_name);
+/// Calls crucible::wait_tensor. Throws SpmdError naming the rank and the
+/// group when the collective failed (a rank died, timed out, or issued other
+/// collectives).
+at::Tensor wait_tensor(const at::Tensor& input);
+/// Calls crucible::tag_grad.
+at::Tensor tag_grad(const at::Tensor& grad);
+
+/// Collectives issued and not yet waited for in this process (a graph that
+/// leaves one behind has a bug; the tests check it is 0).
+size_t pending_collectives();
+
+}  // namespace crucible::spmd

@@ -1,0 +1,136 @@
+// See api.h.
+#include <crucible/autograd/aot_module.h>
+#include <crucible/ir/hash.h>
+#include <crucible/spmd/api.h>
+#include <crucible/spmd/collectives.h>
+#include <crucible/spmd/error.h>
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <mutex>
+#include <optional>
+
+namespace crucible::spmd {
+
+namespace detail {
+
+struct SpmdState {
+  ProcessGroup group;
+  std::optional<pipeline::TrainStep> step;
+  std::shared_ptr<torch::nn::Module> module;
+  std::mutex mu;
+  std::optional<SpmdReport> report;
+  size_t compilations = 0;
+
+  explicit SpmdState(ProcessGroup g) : group(std::move(g)) {}
+
+  std::vector<at::Tensor> flat_state() const {
+    std::vector<at::Tensor> flat = autograd::module_state(*module);
+    for (const at::Tensor& t : step->optimizer_state().flat()) flat.push_back(t);
+    return flat;
+  }
+};
+
+}  // namespace detail
+
+namespace {
+
+void apply_overrides(torch::nn::Module& parent, const std::string& prefix,
+                     const std::vector<std::shared_ptr<Override>>& overrides) {
+  for (const auto& item : parent.named_children()) {
+    const std::string fqn = prefix.empty() ? item.key() : prefix + "." + item.key();
+    std::shared_ptr<torch::nn::Module> child = item.value();
+    bool replaced = false;
+    for (const auto& o : overrides) {
+      std::shared_ptr<torch::nn::Module> r = o->replacement(fqn, child);
+      if (!r) throw SpmdError("spmd::compile: an Override returned no module for \"" + fqn + "\"");
+      if (r != child) {
+        parent.replace_module(item.key(), r);
+        child = r;
+        replaced = true;
+      }
+    }
+    if (!replaced) apply_overrides(*child, fqn, overrides);
+  }
+}
+
+// Every rank starts from rank 0's state, as DDP's constructor broadcasts it.
+void broadcast_state(const ProcessGroup& group, const std::vector<at::Tensor>& state) {
+  if (group.size() == 1) return;
+  const bool cuda = group.backend() == "nccl";
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> staged;
+  for (const at::Tensor& t : state) staged.push_back(t.is_cuda() == cuda ? t.detach() : t.detach().to(cuda ? at::kCUDA : at::kCPU));
+  group.broadcast(staged, 0);
+  for (size_t i = 0; i < state.size(); ++i)
+    if (!staged[i].is_same(state[i])) state[i].detach().copy_(staged[i]);
+}
+
+}  // namespace
+
+SpmdStep compile(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimizer& optimizer,
+                 pipeline::LossFn loss_fn, SpmdOptions options) {
+  if (!module) throw SpmdError("spmd::compile: the module is null");
+  auto s = std::make_shared<detail::SpmdState>(resolve_process_group(options.parallel_mode.group));
+  apply_overrides(*module, "", options.module_override);
+  s->module = module;
+
+  pipeline::Builder builder = options.builder;
+  const ir::Pass expand{
+      "data_parallel",
+      [state = std::weak_ptr<detail::SpmdState>(s), options](ir::Graph& g) {
+        auto s = state.lock();
+        if (!s) throw SpmdError("spmd: the step was destroyed while it compiled");
+        SpmdReport report;
+        report.data_parallel = expand_data_parallel(g, options.parallel_mode);
+        report.deduplicated = dedup_collectives(g);
+        for (const auto& o : options.module_override) o->transform(g, s->flat_state());
+        if (options.gm_transformation) options.gm_transformation(g);
+        // Ranks whose graphs differ would issue different collectives and hang
+        // or compute garbage: compare before the first collective runs.
+        report.graph_hash = ir::graph_hash(g).hex();
+        std::lock_guard lock(s->mu);
+        const std::vector<std::string> hashes =
+            s->group.all_gather_string("graph_hash/" + std::to_string(s->compilations++), report.graph_hash);
+        for (size_t r = 0; r < hashes.size(); ++r)
+          if (hashes[r] != hashes[0])
+            throw SpmdError("spmd::compile: rank " + std::to_string(r) + " compiled another graph than rank 0 (hash " +
+                            hashes[r] + " vs " + hashes[0] + ", seen from " + s->group.describe() +
+                            "): every rank must trace the same step on batches of the same sizes");
+        s->report = std::move(report);
+      }};
+  builder.add_joint_pass(expand);
+  pipeline::TrainStepOptions step_options;
+  step_options.gradient_hook = [](std::vector<at::Tensor> grads) {
+    for (at::Tensor& g : grads)
+      if (g.defined()) g = tag_grad(g);
+    return grads;
+  };
+  s->step.emplace(pipeline::compile_train_step(module, optimizer, std::move(loss_fn), builder, step_options));
+  broadcast_state(s->group, s->flat_state());
+  SpmdStep step;
+  step.state_ = std::move(s);
+  return step;
+}
+
+at::Tensor SpmdStep::operator()(const std::vector<at::Tensor>& batch) const {
+  // A rank's shard is often a slice of the global batch: its storage offset
+  // differs by rank, and the compiled graph would too (offsets are part of
+  // an input's metadata). Such inputs are copied to offset 0.
+  std::vector<at::Tensor> local;
+  local.reserve(batch.size());
+  for (const at::Tensor& t : batch) local.push_back(t.defined() && t.storage_offset() != 0 ? t.clone() : t);
+  return (*state_->step)(local);
+}
+const ir::Graph& SpmdStep::graph() const { return state_->step->graph(); }
+const pipeline::TrainStep& SpmdStep::train_step() const { return *state_->step; }
+const ProcessGroup& SpmdStep::group() const { return state_->group; }
+
+const SpmdReport& SpmdStep::report() const {
+  std::lock_guard lock(state_->mu);
+  if (!state_->report) throw SpmdError("SpmdStep::report: nothing is compiled yet; call the step first");
+  return *state_->report;
+}
+
+}  // namespace crucible::spmd

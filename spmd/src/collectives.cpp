@@ -1,0 +1,170 @@
+// See collectives.h.
+#include "group_state.h"
+
+#include <crucible/spmd/collectives.h>
+#include <crucible/spmd/error.h>
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+
+namespace crucible::spmd {
+
+namespace {
+
+// A collective issued and not yet waited for, keyed by the storage of the
+// tensor it writes (wait_tensor may see another TensorImpl of it).
+struct Pending {
+  c10::intrusive_ptr<c10d::Work> work;
+  at::Tensor out;
+  int64_t divisor = 1;  // Avg on a backend without AVG: divide after the sum
+  ProcessGroup group;
+};
+
+std::mutex pending_mu;
+std::unordered_map<const c10::StorageImpl*, Pending>& pending() {
+  static std::unordered_map<const c10::StorageImpl*, Pending> p;
+  return p;
+}
+
+ReduceOp parse_reduce_op(c10::string_view s) {
+  if (s == "sum") return ReduceOp::Sum;
+  if (s == "avg") return ReduceOp::Avg;
+  if (s == "max") return ReduceOp::Max;
+  if (s == "min") return ReduceOp::Min;
+  throw SpmdError("crucible::all_reduce: unknown reduce_op \"" + std::string(s) +
+                  "\"; use \"sum\", \"avg\", \"max\" or \"min\"");
+}
+
+std::string message(const std::exception& e) {
+  std::string what = e.what();
+  if (const size_t cut = what.find("\nException raised from"); cut != std::string::npos) what.resize(cut);
+  return what;
+}
+
+at::Tensor all_reduce_kernel(const at::Tensor& input, c10::string_view reduce_op, c10::string_view group_name) {
+  const ReduceOp op = parse_reduce_op(reduce_op);
+  ProcessGroup group = resolve_process_group(std::string(group_name));
+  const detail::GroupState& s = *group.state();
+  const bool wants_cuda = s.backend_name == "nccl";
+  if (input.is_cuda() != wants_cuda)
+    throw SpmdError("crucible::all_reduce: a " + std::string(input.device().str()) + " tensor given to " +
+                    group.describe() + ", which reduces " + (wants_cuda ? "CUDA" : "CPU") + " tensors");
+  at::Tensor out = input.clone(at::MemoryFormat::Contiguous);
+  if (group.size() == 1) return out;
+  c10d::AllreduceOptions o;
+  o.timeout = group.timeout();
+  int64_t divisor = 1;
+  switch (op) {
+    case ReduceOp::Sum: o.reduceOp = c10d::ReduceOp::SUM; break;
+    case ReduceOp::Max: o.reduceOp = c10d::ReduceOp::MAX; break;
+    case ReduceOp::Min: o.reduceOp = c10d::ReduceOp::MIN; break;
+    case ReduceOp::Avg:
+      o.reduceOp = s.native_avg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
+      divisor = s.native_avg ? 1 : group.size();
+      break;
+  }
+  std::vector<at::Tensor> tensors{out};
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = s.backend->allreduce(tensors, o);
+  } catch (const std::exception& e) {
+    throw SpmdError("crucible::all_reduce could not be issued on " + group.describe() + ": " + message(e));
+  }
+  std::lock_guard lock(pending_mu);
+  pending().insert_or_assign(out.storage().unsafeGetStorageImpl(),
+                             Pending{std::move(work), out, divisor, std::move(group)});
+  return out;
+}
+
+at::Tensor wait_tensor_kernel(const at::Tensor& input) {
+  std::optional<Pending> found;
+  {
+    std::lock_guard lock(pending_mu);
+    auto it = pending().find(input.storage().unsafeGetStorageImpl());
+    if (it == pending().end()) return input;
+    found.emplace(std::move(it->second));
+    pending().erase(it);
+  }
+  Pending& p = *found;
+  try {
+    p.work->wait(p.group.timeout());
+  } catch (const std::exception& e) {
+    throw SpmdError("crucible::wait_tensor: an all_reduce of " + std::to_string(p.out.numel()) + " elements failed on " +
+                    p.group.describe() + " after at most " + std::to_string(p.group.timeout().count() / 1000) +
+                    " s: another rank died, timed out or issued other collectives (" + message(e) + ")");
+  }
+  if (p.divisor != 1) p.out.div_(p.divisor);
+  return input;
+}
+
+at::Tensor tag_grad_kernel(const at::Tensor& grad) { return grad.clone(); }
+
+at::Tensor like_meta(const at::Tensor& input) { return at::empty_like(input, at::MemoryFormat::Contiguous); }
+at::Tensor all_reduce_meta(const at::Tensor& input, c10::string_view reduce_op, c10::string_view /*group*/) {
+  parse_reduce_op(reduce_op);
+  return like_meta(input);
+}
+at::Tensor wait_tensor_meta(const at::Tensor& input) { return input; }
+
+}  // namespace
+
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "?";
+}
+
+at::Tensor all_reduce(const at::Tensor& input, ReduceOp op, const std::string& group_name) {
+  static const auto handle = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("crucible::all_reduce", "")
+                                 .typed<at::Tensor(const at::Tensor&, c10::string_view, c10::string_view)>();
+  return handle.call(input, to_string(op), group_name);
+}
+
+at::Tensor wait_tensor(const at::Tensor& input) {
+  static const auto handle =
+      c10::Dispatcher::singleton().findSchemaOrThrow("crucible::wait_tensor", "").typed<at::Tensor(const at::Tensor&)>();
+  return handle.call(input);
+}
+
+at::Tensor tag_grad(const at::Tensor& grad) {
+  static const auto handle =
+      c10::Dispatcher::singleton().findSchemaOrThrow("crucible::tag_grad", "").typed<at::Tensor(const at::Tensor&)>();
+  return handle.call(grad);
+}
+
+size_t pending_collectives() {
+  std::lock_guard lock(pending_mu);
+  return pending().size();
+}
+
+TORCH_LIBRARY_FRAGMENT(crucible, m) {
+  m.def("all_reduce(Tensor input, str reduce_op, str group_name) -> Tensor");
+  m.def("wait_tensor(Tensor input) -> Tensor");
+  m.def("tag_grad(Tensor grad) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(crucible, CPU, m) {
+  m.impl("all_reduce", &all_reduce_kernel);
+  m.impl("wait_tensor", &wait_tensor_kernel);
+  m.impl("tag_grad", &tag_grad_kernel);
+}
+TORCH_LIBRARY_IMPL(crucible, CUDA, m) {
+  m.impl("all_reduce", &all_reduce_kernel);
+  m.impl("wait_tensor", &wait_tensor_kernel);
+  m.impl("tag_grad", &tag_grad_kernel);
+}
+TORCH_LIBRARY_IMPL(crucible, Meta, m) {
+  m.impl("all_reduce", &all_reduce_meta);
+  m.impl("wait_tensor", &wait_tensor_meta);
+  m.impl("tag_grad", &like_meta);
+}
+
+}  // namespace crucible::spmd

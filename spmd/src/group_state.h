@@ -1,0 +1,21 @@
+// What a ProcessGroup holds: c10d's store and backend. Private to spmd: only
+// its sources include c10d's headers.
+#pragma once
+
+#include <crucible/spmd/process_group.h>
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+namespace crucible::spmd::detail {
+
+struct GroupState {
+  ProcessGroupOptions options;
+  std::string backend_name;  // "gloo" or "nccl"
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> backend;
+  // Gloo reduces with SUM and the result is divided when waited for.
+  bool native_avg = false;
+};
+
+}  // namespace crucible::spmd::detail

@@ -1,0 +1,133 @@
+// See launch.h.
+#include <crucible/spmd/error.h>
+#include <crucible/spmd/launch.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+#include <thread>
+
+extern char** environ;
+
+namespace crucible::spmd {
+
+namespace {
+
+int status_code(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+}  // namespace
+
+uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw SpmdError(std::string("free_port: socket() failed: ") + std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw SpmdError(std::string("free_port: cannot bind a socket: ") + std::strerror(err));
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+int launch(const LaunchOptions& options) {
+  if (options.nproc < 1) throw SpmdError("launch: --nproc must be at least 1, not " + std::to_string(options.nproc));
+  if (options.command.empty()) throw SpmdError("launch: no command to run (crucible launch --nproc N -- command ...)");
+  const uint16_t port = options.master_port != 0 ? options.master_port : free_port();
+
+  std::vector<std::string> base;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string kv = *e;
+    bool ours = false;
+    for (const char* k : {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT="})
+      ours = ours || kv.rfind(k, 0) == 0;
+    if (!ours) base.push_back(kv);
+  }
+  base.insert(base.end(), options.env.begin(), options.env.end());
+  std::vector<char*> argv;
+  for (const std::string& a : options.command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+
+  std::vector<pid_t> pids;
+  auto stop_all = [&](int sig) {
+    for (pid_t p : pids)
+      if (p > 0) ::kill(p, sig);
+  };
+  for (int r = 0; r < options.nproc; ++r) {
+    std::vector<std::string> env = base;
+    for (const auto& [k, v] : {std::pair<const char*, std::string>{"RANK", std::to_string(r)},
+                               {"LOCAL_RANK", std::to_string(r)},
+                               {"WORLD_SIZE", std::to_string(options.nproc)},
+                               {"LOCAL_WORLD_SIZE", std::to_string(options.nproc)},
+                               {"MASTER_ADDR", options.master_addr},
+                               {"MASTER_PORT", std::to_string(port)}})
+      env.push_back(std::string(k) + "=" + v);
+    std::vector<char*> envp;
+    for (std::string& kv : env) envp.push_back(kv.data());
+    envp.push_back(nullptr);
+    pid_t pid = 0;
+    const int err = ::posix_spawnp(&pid, argv[0], nullptr, nullptr, argv.data(), envp.data());
+    if (err != 0) {
+      stop_all(SIGKILL);
+      for (pid_t p : pids) ::waitpid(p, nullptr, 0);
+      throw SpmdError("launch: cannot start rank " + std::to_string(r) + " (`" + options.command[0] +
+                      "`): " + std::strerror(err));
+    }
+    pids.push_back(pid);
+  }
+
+  int result = 0;
+  size_t running = pids.size();
+  std::chrono::steady_clock::time_point term_at{}, kill_at{};
+  bool stopping = false, termed = false;
+  while (running > 0) {
+    int status = 0;
+    const pid_t done = ::waitpid(-1, &status, stopping ? WNOHANG : 0);
+    if (done == 0) {  // stopping, and some rank still runs
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= kill_at) stop_all(SIGKILL);
+      else if (now >= term_at && !termed) stop_all(SIGTERM), termed = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    if (done < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (size_t r = 0; r < pids.size(); ++r) {
+      if (pids[r] != done) continue;
+      pids[r] = -1;
+      --running;
+      const int code = status_code(status);
+      if (code == 0) continue;
+      std::cerr << "launch: rank " << r << " exited with " << code
+                << (stopping ? "\n" : "; stopping the other ranks\n");
+      if (!stopping) {
+        result = code;
+        stopping = true;
+        term_at = std::chrono::steady_clock::now() + options.grace;
+        kill_at = term_at + options.grace;
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace crucible::spmd

@@ -1,0 +1,94 @@
+// One rank of the multi-process spmd tests (test_spmd.cpp starts it with
+// spmd::launch). Usage: spmd_worker SCENARIO OUT_DIR MODEL OPTIMIZER BUCKET_BYTES
+//   train     10 steps on this rank's shard of each global batch; writes
+//             OUT_DIR/rank<R>.bin: the 10 losses (float64), then every
+//             parameter (float32, module order).
+//   die       the last rank exits after 2 steps; the others keep stepping
+//             and write the error they get to OUT_DIR/rank<R>.err.
+//   mismatch  the last rank's shard is one example shorter; every rank
+//             writes the error it gets to OUT_DIR/rank<R>.err.
+// Per-rank batch 4; batches are the model's example_batch(4 * world, step).
+#include <crucible/models/zoo.h>
+#include <crucible/spmd/api.h>
+#include <crucible/spmd/collectives.h>
+#include <crucible/spmd/process_group.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/nn/module.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+
+#include <unistd.h>
+
+#include <fstream>
+#include <iostream>
+
+using namespace crucible;
+
+namespace {
+
+constexpr int64_t kPerRank = 4;
+constexpr int kSteps = 10;
+
+void write_error(const std::string& dir, int rank, const std::string& what) {
+  std::ofstream(dir + "/rank" + std::to_string(rank) + ".err") << what;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 6) {
+    std::cerr << "usage: spmd_worker SCENARIO OUT_DIR MODEL OPTIMIZER BUCKET_BYTES\n";
+    return 2;
+  }
+  const std::string scenario = argv[1], dir = argv[2], model_name = argv[3], opt_name = argv[4];
+  const int64_t bucket_bytes = std::stoll(argv[5]);
+  at::set_num_threads(1);
+  spmd::ProcessGroup group = spmd::init_process_group(spmd::options_from_env());
+  const int rank = group.rank(), world = group.size();
+
+  // Ranks build the model from different seeds: spmd::compile starts every
+  // rank from rank 0's weights.
+  at::manual_seed(100 + rank);
+  models::Model model = models::make_model(model_name);
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (opt_name == "sgd")
+    opt = std::make_unique<torch::optim::SGD>(model.module->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  else
+    opt = std::make_unique<torch::optim::Adam>(model.module->parameters(), torch::optim::AdamOptions(1e-3));
+  spmd::SpmdOptions options;
+  options.parallel_mode.bucket_bytes = bucket_bytes;
+  spmd::SpmdStep step = spmd::compile(model.module, *opt, models::loss_of(model), options);
+
+  std::vector<double> losses;
+  try {
+    for (int s = 0; s < kSteps; ++s) {
+      if (scenario == "die" && rank == world - 1 && s == 2) _exit(3);
+      const data::Batch global = model.example_batch(kPerRank * world, static_cast<uint64_t>(s));
+      int64_t n = kPerRank;
+      if (scenario == "mismatch" && rank == world - 1) n -= 1;
+      const std::vector<at::Tensor> shard{global.inputs.narrow(0, rank * kPerRank, n),
+                                          global.targets.narrow(0, rank * kPerRank, n)};
+      losses.push_back(step(shard).item<double>());
+    }
+  } catch (const std::exception& e) {
+    write_error(dir, rank, e.what());
+    return 1;
+  }
+  if (scenario != "train") {
+    write_error(dir, rank, "no error after " + std::to_string(kSteps) + " steps");
+    return 1;
+  }
+  if (spmd::pending_collectives() != 0) {
+    std::cerr << "rank " << rank << ": collectives left unwaited\n";
+    return 1;
+  }
+  std::ofstream out(dir + "/rank" + std::to_string(rank) + ".bin", std::ios::binary);
+  out.write(reinterpret_cast<const char*>(losses.data()), static_cast<std::streamsize>(losses.size() * sizeof(double)));
+  for (const at::Tensor& p : model.module->parameters()) {
+    const at::Tensor c = p.detach().to(at::kFloat).contiguous();
+    out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+  }
+  return out ? 0 : 1;
+}

@@ -1,0 +1,353 @@
+// spmd against eager LibTorch: the data-parallel train step over c10d's Gloo
+// on processes over loopback, compared with one process training on the
+// global batch; the expansion, bucketing and dedup passes; the failures a
+// user meets (a rank that dies, ranks that compile other graphs, a store
+// that cannot be reached).
+#include <crucible/ir/graph.h>
+#include <crucible/ir/interpreter.h>
+#include <crucible/models/zoo.h>
+#include <crucible/spmd/api.h>
+#include <crucible/spmd/collectives.h>
+#include <crucible/spmd/data_parallel.h>
+#include <crucible/spmd/error.h>
+#include <crucible/spmd/launch.h>
+#include <crucible/spmd/process_group.h>
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <fstream>
+#include <sstream>
+
+#include "catch.h"
+#include "testing.h"
+
+using namespace crucible;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t kPerRank = 4;  // spmd_worker's per-rank batch
+constexpr int kSteps = 10;       // and its step count
+
+size_t count_target(const ir::Graph& g, const std::string& target) {
+  size_t n = 0;
+  for (const ir::Node* node : g.nodes()) n += node->is_call() && node->target() == target;
+  return n;
+}
+
+// A group of one rank, made once: the in-process tests compile through it.
+const spmd::ProcessGroup& solo_group() {
+  static const spmd::ProcessGroup g = [] {
+    spmd::ProcessGroupOptions o;
+    o.name = "solo";
+    o.master_port = spmd::free_port();
+    return spmd::init_process_group(o);
+  }();
+  return g;
+}
+
+models::Model make_optimizer_twin(const std::string& name, uint64_t seed,
+                                                 std::unique_ptr<torch::optim::Optimizer>& opt,
+                                                 const std::string& opt_name) {
+  at::manual_seed(seed);
+  models::Model m = models::make_model(name);
+  if (opt_name == "sgd")
+    opt = std::make_unique<torch::optim::SGD>(m.module->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  else
+    opt = std::make_unique<torch::optim::Adam>(m.module->parameters(), torch::optim::AdamOptions(1e-3));
+  return m;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+struct Run {
+  int code = 0;
+  fs::path dir;
+};
+
+Run launch_workers(const std::string& scenario, int nproc, const std::string& model, const std::string& opt,
+                   int64_t bucket_bytes) {
+  const char* worker = std::getenv("CRUCIBLE_SPMD_WORKER");
+  REQUIRE(worker != nullptr);
+  static int runs = 0;
+  Run r;
+  r.dir = fs::temp_directory_path() /
+          ("crucible_spmd_" + std::to_string(::getpid()) + "_" + std::to_string(runs++) + "_" + scenario);
+  fs::remove_all(r.dir);
+  fs::create_directories(r.dir);
+  spmd::LaunchOptions o;
+  o.nproc = nproc;
+  o.command = {worker, scenario, r.dir.string(), model, opt, std::to_string(bucket_bytes)};
+  // A dead peer fails a Gloo collective at once; the timeout bounds the rest.
+  o.env = {"CRUCIBLE_DIST_TIMEOUT_S=20", "OMP_NUM_THREADS=1"};
+  o.grace = std::chrono::seconds(40);
+  r.code = spmd::launch(o);
+  return r;
+}
+
+// What one process training on the global batch reaches: the reference.
+struct Reference {
+  std::vector<double> losses;
+  at::Tensor params;  // every parameter, flattened, float32
+};
+
+Reference train_global(const std::string& model_name, const std::string& opt_name, int world) {
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  // Rank 0's weights are the ones every rank starts from.
+  models::Model m = make_optimizer_twin(model_name, 100, opt, opt_name);
+  Reference ref;
+  for (int s = 0; s < kSteps; ++s)
+    ref.losses.push_back(
+        models::eager_train_step(m, *opt, m.example_batch(kPerRank * world, static_cast<uint64_t>(s))).item<double>());
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& p : m.module->parameters()) flat.push_back(p.detach().reshape({-1}));
+  ref.params = at::cat(flat);
+  return ref;
+}
+
+Reference read_rank(const fs::path& dir, int rank, int64_t numel) {
+  const std::string bytes = read_file(dir / ("rank" + std::to_string(rank) + ".bin"));
+  REQUIRE(bytes.size() == kSteps * sizeof(double) + static_cast<size_t>(numel) * sizeof(float));
+  Reference r;
+  r.losses.resize(kSteps);
+  std::memcpy(r.losses.data(), bytes.data(), kSteps * sizeof(double));
+  r.params = at::empty({numel}, at::kFloat);
+  std::memcpy(r.params.data_ptr(), bytes.data() + kSteps * sizeof(double), static_cast<size_t>(numel) * sizeof(float));
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("the expansion replaces every gradient tag with bucketed all_reduce and wait", "[spmd]") {
+  const spmd::ProcessGroup& group = solo_group();
+  for (int64_t bucket_bytes : {int64_t{0}, int64_t{4096}, int64_t{25} << 20}) {
+    CAPTURE(bucket_bytes);
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    models::Model m = make_optimizer_twin("mlp", 0, opt, "sgd");
+    const size_t num_params = m.module->parameters().size();
+    spmd::SpmdOptions o;
+    o.parallel_mode.group = group.name();
+    o.parallel_mode.bucket_bytes = bucket_bytes;
+    spmd::SpmdStep step = spmd::compile(m.module, *opt, models::loss_of(m), o);
+    const data::Batch b = m.example_batch(8, 0);
+    step({b.inputs, b.targets});
+    const ir::Graph& g = step.graph();
+    const spmd::SpmdReport& report = step.report();
+    CHECK(count_target(g, "crucible::tag_grad") == 0);
+    CHECK(report.data_parallel.gradients == num_params);
+    const size_t buckets = report.data_parallel.bucket_bytes.size();
+    CHECK(count_target(g, "crucible::all_reduce") == buckets);
+    CHECK(count_target(g, "crucible::wait_tensor") == buckets);
+    int64_t total = 0;
+    for (int64_t bytes : report.data_parallel.bucket_bytes) total += bytes;
+    int64_t param_bytes = 0;
+    for (const at::Tensor& p : m.module->parameters()) param_bytes += p.nbytes();
+    CHECK(total == param_bytes);
+    if (bucket_bytes == 0) CHECK(buckets == num_params);
+    if (bucket_bytes == (int64_t{25} << 20)) CHECK(buckets == 1);
+    if (bucket_bytes == 4096) CHECK((buckets > 1 && buckets < num_params));
+    // Each all_reduce is issued before the nodes that follow its bucket's
+    // last gradient, and waited for after them: the wait is not adjacent.
+    for (const ir::Node* n : g.nodes())
+      if (n->is_call() && n->target() == "crucible::all_reduce") CHECK(n->next()->target() != "crucible::wait_tensor");
+    CHECK(spmd::pending_collectives() == 0);
+  }
+}
+
+TEST_CASE("a data-parallel step over one rank trains bit for bit like eager", "[spmd]") {
+  // One rank averages over itself: the expansion must change no number.
+  const spmd::ProcessGroup& group = solo_group();
+  for (const std::string opt_name : {"sgd", "adam"}) {
+    CAPTURE(opt_name);
+    std::unique_ptr<torch::optim::Optimizer> opt_c, opt_e;
+    models::Model compiled = make_optimizer_twin("mlp", 7, opt_c, opt_name);
+    models::Model eager = make_optimizer_twin("mlp", 7, opt_e, opt_name);
+    spmd::SpmdOptions o;
+    o.parallel_mode.group = group.name();
+    o.parallel_mode.bucket_bytes = 4096;
+    spmd::SpmdStep step = spmd::compile(compiled.module, *opt_c, models::loss_of(compiled), o);
+    for (int s = 0; s < 3; ++s) {
+      const data::Batch b = compiled.example_batch(8, static_cast<uint64_t>(s));
+      const at::Tensor loss = step({b.inputs, b.targets});
+      const at::Tensor expected = models::eager_train_step(eager, *opt_e, b);
+      REQUIRE_EQUAL_TENSORS(loss, expected);
+    }
+    CHECK(models::max_param_diff(*compiled.module, *eager.module) == 0.0);
+  }
+}
+
+TEST_CASE("gm_transformation runs once and sees the expanded graph", "[spmd]") {
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  models::Model m = make_optimizer_twin("mlp", 0, opt, "sgd");
+  int calls = 0;
+  size_t all_reduces = 0;
+  spmd::SpmdOptions o;
+  o.parallel_mode.group = solo_group().name();
+  o.gm_transformation = [&](ir::Graph& g) {
+    ++calls;
+    all_reduces = count_target(g, "crucible::all_reduce");
+  };
+  spmd::SpmdStep step = spmd::compile(m.module, *opt, models::loss_of(m), o);
+  for (int s = 0; s < 3; ++s) {
+    const data::Batch b = m.example_batch(8, static_cast<uint64_t>(s));
+    step({b.inputs, b.targets});
+  }
+  CHECK(calls == 1);
+  CHECK(all_reduces == 1);
+}
+
+TEST_CASE("dedup_collectives merges identical collectives and keeps distinct ones", "[spmd]") {
+  ir::Graph g;
+  ir::Value* x = g.add_placeholder("x", ir::TensorMeta::contiguous({4}));
+  ir::Value* y = g.add_placeholder("y", ir::TensorMeta::contiguous({4}));
+  auto reduce = [&](ir::Value* v, const std::string& op) {
+    ir::Node* ar = g.add_call("crucible::all_reduce", {v, op, std::string("solo")});
+    ar->result()->set_meta(v->meta());
+    ir::Node* w = g.add_call("crucible::wait_tensor", {ar->result()});
+    w->result()->set_meta(v->meta());
+    return w->result();
+  };
+  ir::Value* a = reduce(x, "avg");
+  ir::Value* b = reduce(x, "avg");  // the same: merged
+  ir::Value* c = reduce(x, "sum");  // another op: kept
+  ir::Value* d = reduce(y, "avg");  // another input: kept
+  ir::Node* add = g.add_call("aten::add.Tensor", {a, b});
+  add->result()->set_meta(x->meta());
+  g.set_output({add->result(), c, d});
+  CHECK(spmd::dedup_collectives(g) == 2);
+  CHECK(count_target(g, "crucible::all_reduce") == 3);
+  CHECK(count_target(g, "crucible::wait_tensor") == 3);
+  CHECK(add->arg(0).value() == add->arg(1).value());
+  // Run it: over one rank every reduction is the identity.
+  (void)solo_group();
+  const at::Tensor tx = at::arange(4, at::kFloat), ty = at::ones({4});
+  ir::Interpreter run(g);
+  const std::vector<at::Tensor> out = run({tx, ty});
+  REQUIRE_EQUAL_TENSORS(out.at(0), tx * 2);
+  REQUIRE_EQUAL_TENSORS(out.at(1), tx);
+  REQUIRE_EQUAL_TENSORS(out.at(2), ty);
+  CHECK(spmd::pending_collectives() == 0);
+}
+
+TEST_CASE("2 and 3 ranks over Gloo end where one process on the global batch ends", "[spmd][multiprocess]") {
+  // Tolerance: the ranks average gradients that one process sums inside one
+  // reduction, so float32 sums are taken in another order; that moves each
+  // gradient by a few ulps and, after 10 SGD steps, parameters by ~2e-8
+  // (measured): atol 1e-6. Adam divides by sqrt(v), so for gradients near
+  // zero a few ulps change an update by much more (measured 3e-5 on the
+  // MLP, 5e-6 on the GPT); each update is bounded by lr = 1e-3: atol 1e-4.
+  struct Case {
+    int nproc;
+    std::string model, opt;
+    int64_t bucket_bytes;
+    double atol;
+  };
+  // Two ranks add two numbers, in either order the same: bucketing must then
+  // change no bit.
+  std::optional<at::Tensor> two_rank_sgd;
+  for (const Case& c : {Case{2, "mlp", "sgd", 25 << 20, 1e-6}, Case{3, "mlp", "adam", 25 << 20, 1e-4},
+                        Case{2, "mlp", "sgd", 0, 1e-6}, Case{2, "mlp", "sgd", 4096, 1e-6},
+                        Case{2, "gpt", "adam", 16384, 1e-4}}) {
+    CAPTURE(c.nproc, c.model, c.opt, c.bucket_bytes);
+    const Reference ref = train_global(c.model, c.opt, c.nproc);
+    const Run run = launch_workers("train", c.nproc, c.model, c.opt, c.bucket_bytes);
+    REQUIRE(run.code == 0);
+    const Reference r0 = read_rank(run.dir, 0, ref.params.numel());
+    for (int rank = 0; rank < c.nproc; ++rank) {
+      CAPTURE(rank);
+      const Reference r = read_rank(run.dir, rank, ref.params.numel());
+      // Every rank holds the same parameters: they applied the same update.
+      REQUIRE_EQUAL_TENSORS(r.params, r0.params);
+      REQUIRE_CLOSE(r.params, ref.params, 0.0, c.atol);
+    }
+    if (c.nproc == 2 && c.model == "mlp" && c.opt == "sgd") {
+      if (!two_rank_sgd) two_rank_sgd = r0.params;
+      REQUIRE_EQUAL_TENSORS(r0.params, *two_rank_sgd);
+    }
+    // The global loss is the mean of the ranks' losses (equal shards).
+    for (int s = 0; s < kSteps; ++s) {
+      double mean = 0;
+      for (int rank = 0; rank < c.nproc; ++rank) mean += read_rank(run.dir, rank, ref.params.numel()).losses[s];
+      mean /= c.nproc;
+      CAPTURE(s);
+      CHECK(std::abs(mean - ref.losses[s]) <= 1e-4 * std::max(1.0, std::abs(ref.losses[s])));
+    }
+    fs::remove_all(run.dir);
+  }
+}
+
+TEST_CASE("a rank that dies makes the others fail with an error naming them", "[spmd][multiprocess]") {
+  const Run run = launch_workers("die", 2, "mlp", "sgd", 25 << 20);
+  CHECK(run.code == 3);  // the dead rank's status, reported first
+  const std::string err = read_file(run.dir / "rank0.err");
+  CHECK_THAT(err, CRUCIBLE_HAS_SUBSTR("rank 0 of 2"));
+  CHECK_THAT(err, CRUCIBLE_HAS_SUBSTR("all_reduce"));
+  fs::remove_all(run.dir);
+}
+
+TEST_CASE("ranks that compile other graphs fail at compile time", "[spmd][multiprocess]") {
+  const Run run = launch_workers("mismatch", 2, "mlp", "sgd", 25 << 20);
+  CHECK(run.code == 1);
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string err = read_file(run.dir / ("rank" + std::to_string(rank) + ".err"));
+    CAPTURE(rank);
+    CHECK_THAT(err, CRUCIBLE_HAS_SUBSTR("rank 1 compiled another graph than rank 0"));
+  }
+  fs::remove_all(run.dir);
+}
+
+TEST_CASE("the process group's errors name what to fix", "[spmd]") {
+  CHECK_THROWS_WITH(spmd::resolve_process_group("nope"), CRUCIBLE_HAS_SUBSTR("init_process_group"));
+  CHECK_THROWS_WITH(spmd::all_reduce(at::ones({2}), spmd::ReduceOp::Sum, "nope"),
+                    CRUCIBLE_HAS_SUBSTR("no process group named \"nope\""));
+  (void)solo_group();
+  CHECK_THROWS_WITH(spmd::all_reduce(at::ones({2}), static_cast<spmd::ReduceOp>(9), "solo"),
+                    CRUCIBLE_HAS_SUBSTR("unknown reduce_op"));
+  ::setenv("RANK", "1", 1);
+  ::unsetenv("WORLD_SIZE");
+  CHECK_THROWS_WITH(spmd::options_from_env(), CRUCIBLE_HAS_SUBSTR("RANK is set but WORLD_SIZE is not"));
+  ::setenv("WORLD_SIZE", "x2", 1);
+  CHECK_THROWS_WITH(spmd::options_from_env(), CRUCIBLE_HAS_SUBSTR("WORLD_SIZE=x2 is not a whole number"));
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  // A rank that cannot reach the store says where it looked.
+  spmd::ProcessGroupOptions o;
+  o.name = "unreachable";
+  o.rank = 1;
+  o.world_size = 2;
+  o.master_port = spmd::free_port();
+  o.timeout = std::chrono::seconds(1);
+  CHECK_THROWS_WITH(spmd::init_process_group(o),
+                    CRUCIBLE_HAS_SUBSTR("cannot reach the store at 127.0.0.1:" + std::to_string(o.master_port)));
+  o.rank = 2;
+  CHECK_THROWS_WITH(spmd::init_process_group(o), CRUCIBLE_HAS_SUBSTR("outside [0, world_size = 2)"));
+  o.rank = 0;
+  o.backend = "mpi";
+  CHECK_THROWS_WITH(spmd::init_process_group(o), CRUCIBLE_HAS_SUBSTR("unknown backend \"mpi\""));
+}
+
+TEST_CASE("launch reports the first failing rank's status", "[spmd]") {
+  spmd::LaunchOptions o;
+  o.nproc = 2;
+  o.command = {"sh", "-c", "exit $((RANK + 4))"};
+  o.grace = std::chrono::milliseconds(200);
+  const int code = spmd::launch(o);
+  CHECK((code == 4 || code == 5));
+  o.command = {"sh", "-c", "test \"$WORLD_SIZE\" = 2 && test -n \"$MASTER_PORT\""};
+  CHECK(spmd::launch(o) == 0);
+  o.nproc = 0;
+  CHECK_THROWS_AS(spmd::launch(o), spmd::SpmdError);
+}
