@@ -2,6 +2,9 @@
 // itself to the app; main.cpp runs the one the user named.
 #pragma once
 
+#include <string>
+#include <vector>
+
 namespace CLI {
 class App;
 }
@@ -17,6 +20,12 @@ void add_trace_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 /// `crucible compile --model M [--backend B] [--passes P] --dump-dir D` (compile_command.cpp).
 void add_compile_command(CLI::App& app);
+/// `crucible launch --nproc N [--master-addr A] [--master-port P] -- COMMAND...` (launch_command.cpp).
+void add_launch_command(CLI::App& app);
+/// The command line main() was given (argv), for commands that start
+/// themselves again (train --nproc).
+const std::vector<std::string>& command_line();
+void set_command_line(int argc, char** argv);
 /// `crucible bench [--model M] [--stage S] [--json FILE] [-- FLAGS]` (bench_command.cpp; built where
 /// Google Benchmark is found).
 void add_bench_command(CLI::App& app);

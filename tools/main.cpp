@@ -13,10 +13,12 @@
 int main(int argc, char** argv) {
   CLI::App app{"crucible: a graph compiler for LibTorch programs", "crucible"};
   app.require_subcommand(1);
+  crucible::tools::set_command_line(argc, argv);
   crucible::tools::add_train_command(app);
   crucible::tools::add_compile_command(app);
   crucible::tools::add_trace_command(app);
   crucible::tools::add_graph_command(app);
+  crucible::tools::add_launch_command(app);
 #ifdef CRUCIBLE_HAVE_BENCHMARK
   crucible::tools::add_bench_command(app);
 #endif

@@ -20,6 +20,9 @@
 #include <crucible/pipeline/instruments.h>
 #include <crucible/runtime/instruments.h>
 #include <crucible/runtime/timing.h>
+#include <crucible/spmd/api.h>
+#include <crucible/spmd/launch.h>
+#include <crucible/spmd/process_group.h>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -54,6 +57,7 @@ struct TrainCommandOptions {
   uint64_t seed = 0;
   std::string data_dir = data::kFashionMnistDir;
   double tolerance = 1e-4;
+  int nproc = 1;
 };
 
 constexpr int64_t kSyntheticSteps = 200;
@@ -137,7 +141,34 @@ double test_accuracy(torch::nn::Module& module, const std::function<at::Tensor(c
 
 data::Batch on(const data::Batch& b, const at::Device& device) { return {b.inputs.to(device), b.targets.to(device)}; }
 
+// --nproc N from a plain shell: start N ranks of this same command line
+// (crucible launch's way), each of which sees WORLD_SIZE and trains.
+void launch_ranks(const TrainCommandOptions& o) {
+  spmd::LaunchOptions l;
+  l.nproc = o.nproc;
+  l.command = {"/proc/self/exe"};
+  l.command.insert(l.command.end(), command_line().begin() + 1, command_line().end());
+  if (const int code = spmd::launch(l); code != 0)
+    throw pipeline::PipelineError("a rank of the data-parallel run failed (exit status " + std::to_string(code) +
+                                  "); its error is printed above");
+}
+
 void run_train_command(const TrainCommandOptions& o) {
+  const bool distributed = std::getenv("WORLD_SIZE") != nullptr;
+  if (o.nproc > 1 && !distributed) return launch_ranks(o);
+  std::optional<spmd::ProcessGroup> group;
+  if (distributed) {
+    spmd::ProcessGroupOptions g = spmd::options_from_env();
+    if (g.world_size != o.nproc && o.nproc != 1)
+      throw pipeline::PipelineError("--nproc " + std::to_string(o.nproc) + " but WORLD_SIZE is " +
+                                    std::to_string(g.world_size) + ": give one or the other");
+    g.device = o.device;
+    group = spmd::init_process_group(g);
+  }
+  const int world = group ? group->size() : 1, rank = group ? group->rank() : 0;
+  // Only rank 0 reports; the others print their errors only.
+  static std::ostream quiet(nullptr);
+  if (rank != 0) std::cout.setstate(std::ios::failbit);
   const bool gpt = o.model == "gpt";
   const std::string dataset = o.dataset.empty() ? (gpt ? "synthetic" : "fashion-mnist") : o.dataset;
   if (gpt && dataset == "fashion-mnist")
@@ -146,7 +177,8 @@ void run_train_command(const TrainCommandOptions& o) {
     throw pipeline::PipelineError("synthetic data is a stream without epochs: use --steps");
   const double lr = o.optimizer.effective_lr();
   const bool compiled = o.backend != "eager";
-  const at::Device device(o.device);
+  const at::Device device =
+      o.device == "cuda" && group ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(rank)) : at::Device(o.device);
   if (device.is_cuda() && !at::hasCUDA())
     throw pipeline::PipelineError(
         "--device cuda: no CUDA device is usable here (no GPU, or a LibTorch without "
@@ -171,7 +203,16 @@ void run_train_command(const TrainCommandOptions& o) {
   // "cuda" names the current GPU; report the one the model is on.
   const at::Device placed = model.module->parameters().front().device();
   model.module->train();
-  Data data = dataset == "synthetic" ? synthetic_data(o, model) : fashion_mnist_data(o);
+  // With N ranks each step reads a global batch of N * --batch examples, and
+  // each rank trains on its slice of it (the seed's DataParallel).
+  TrainCommandOptions global = o;
+  global.batch = o.batch * world;
+  Data data = dataset == "synthetic" ? synthetic_data(global, model) : fashion_mnist_data(global);
+  auto shard = [&](const data::Batch& b) {
+    return world == 1
+               ? b
+               : data::Batch{b.inputs.narrow(0, rank * o.batch, o.batch), b.targets.narrow(0, rank * o.batch, o.batch)};
+  };
   for (data::Batch& b : data.test_batches) b = on(b, device);
   const int64_t steps =
       o.steps ? *o.steps : (data.steps_per_epoch ? o.epochs.value_or(1) * data.steps_per_epoch : kSyntheticSteps);
@@ -190,7 +231,9 @@ void run_train_command(const TrainCommandOptions& o) {
   int64_t num_params = 0;
   for (const auto& p : model.module->parameters()) num_params += p.numel();
   std::cout << "model " << o.model << " (" << num_params << " parameters) on " << data.description << "\n"
-            << "optimizer " << o.optimizer.kind << " lr " << lr << ", batch " << o.batch << ", " << steps << " steps";
+            << "optimizer " << o.optimizer.kind << " lr " << lr << ", batch " << o.batch;
+  if (world > 1) std::cout << " per rank x " << world << " ranks (" << group->backend() << ")";
+  std::cout << ", " << steps << " steps";
   if (data.steps_per_epoch) std::cout << " (" << data.steps_per_epoch << " per epoch)";
   std::cout << ", backend " << o.backend << " on " << placed << (deterministic ? " (deterministic kernels)" : "")
             << "\n";
@@ -203,39 +246,58 @@ void run_train_command(const TrainCommandOptions& o) {
   }
   runtime::PhaseTimer timer;
   runtime::Counters counters;
-  std::optional<pipeline::TrainStep> step;
+  std::function<at::Tensor(const std::vector<at::Tensor>&)> step;
   if (compiled) {
     // The step's builder counts and times its own compilations (and a
     // recompile, should a batch need one); the test forward's are not counted.
     pipeline::Builder timed = builder;
     timed.instrument(std::make_shared<runtime::CounterRecorder>(counters))
         .instrument(std::make_shared<runtime::StageTimer>(timer));
-    step = timed.compile_train_step(model.module, *optimizer, models::loss_of(model));
-    const data::Batch first = on(data.train_batch(0), device);
-    step->compile({first.inputs, first.targets});
+    const data::Batch first = shard(on(data.train_batch(0), device));
+    if (group) {
+      spmd::SpmdOptions so;
+      so.builder = timed;
+      so.parallel_mode.group = group->name();
+      spmd::SpmdStep dp = spmd::compile(model.module, *optimizer, models::loss_of(model), so);
+      dp.compile({first.inputs, first.targets});
+      step = dp;
+    } else {
+      pipeline::TrainStep single = timed.compile_train_step(model.module, *optimizer, models::loss_of(model));
+      single.compile({first.inputs, first.targets});
+      step = single;
+    }
     std::cout << "compile (" << o.backend << "): " << describe_stages(timer) << "\n";
   }
   std::cout.flush();
 
   using clock = std::chrono::steady_clock;
   double train_s = 0, eager_s = 0, loss = 0, eager_loss = 0;
-  ProgressBar bar("train", steps);
+  ProgressBar bar("train", steps, rank == 0 ? std::cerr : quiet, rank == 0 && isatty(2));
+  const int64_t global_batch = o.batch * world;
   for (int64_t i = 0; i < steps; ++i) {
-    const data::Batch b = on(data.train_batch(i), device);
+    const data::Batch b = on(data.train_batch(i), device), mine = shard(b);
     // Reading the loss (item()) waits for the step's kernels: the time is the step's on any device.
     auto start = clock::now();
-    loss = (compiled ? (*step)({b.inputs, b.targets}) : models::eager_train_step(model, *optimizer, b)).item<double>();
+    loss = (compiled ? step({mine.inputs, mine.targets}) : models::eager_train_step(model, *optimizer, mine))
+               .item<double>();
     train_s += std::chrono::duration<double>(clock::now() - start).count();
     if (eager) {
       start = clock::now();
       eager_loss = models::eager_train_step(*eager, *eager_optimizer, b).item<double>();
       eager_s += std::chrono::duration<double>(clock::now() - start).count();
     }
-    bar.update(i + 1, "loss " + fixed(loss, 4) + "  " + fixed(static_cast<double>((i + 1) * o.batch) / train_s, 0) +
-                          " samples/s");
+    bar.update(i + 1, "loss " + fixed(loss, 4) + "  " +
+                          fixed(static_cast<double>((i + 1) * global_batch) / train_s, 0) + " samples/s");
   }
-  const double samples_per_s = static_cast<double>(steps * o.batch) / train_s;
-  bar.finish("loss " + fixed(loss, 4) + "  " + fixed(samples_per_s, 0) + " samples/s");
+  const double samples_per_s = static_cast<double>(steps * global_batch) / train_s;
+  bar.finish("loss " + fixed(loss, 4) + (world > 1 ? " (rank 0)" : "") + "  " + fixed(samples_per_s, 0) + " samples/s");
+  if (group && world > 1) {
+    // The global batch's loss: the mean of the ranks' (equal shards, mean loss).
+    std::vector<at::Tensor> l{at::full(
+        {1}, loss, at::TensorOptions(at::kDouble).device(group->backend() == "nccl" ? device : at::Device(at::kCPU)))};
+    group->all_reduce_sum(l);
+    loss = l[0].item<double>() / world;
+  }
 
   // The test split through the forward compiled by the same builder (its AOT
   // inference path), or eagerly with --backend eager.
@@ -252,7 +314,7 @@ void run_train_command(const TrainCommandOptions& o) {
   const double accuracy = test_accuracy(*model.module, forward, data.test_batches, &counted);
   std::cout << "train: final loss " << fixed(loss, 4) << ", " << fixed(samples_per_s, 0) << " samples/s";
   if (eager) {
-    const double eager_rate = static_cast<double>(steps * o.batch) / eager_s;
+    const double eager_rate = static_cast<double>(steps * global_batch) / eager_s;
     std::cout << " (eager copy: " << fixed(eager_rate, 0) << " samples/s; compiled/eager "
               << fixed(samples_per_s / eager_rate, 2) << "x)";
   }
@@ -269,6 +331,7 @@ void run_train_command(const TrainCommandOptions& o) {
   j["dataset"] = dataset;
   j["optimizer"] = o.optimizer.kind;
   j["batch"] = o.batch;
+  j["ranks"] = world;
   j["steps"] = steps;
   j["final_loss"] = loss;
   j["test_accuracy"] = accuracy;
@@ -286,7 +349,7 @@ void run_train_command(const TrainCommandOptions& o) {
     j["eager_final_loss"] = eager_loss;
     j["max_param_diff"] = diff;
     j["eager_test_accuracy"] = eager_accuracy;
-    j["eager_samples_per_s"] = static_cast<double>(steps * o.batch) / eager_s;
+    j["eager_samples_per_s"] = static_cast<double>(steps * global_batch) / eager_s;
     std::cout << "agreement with eager: max |param diff| " << sci(diff) << ", final loss " << fixed(loss, 6) << " vs "
               << fixed(eager_loss, 6) << " (|diff| " << sci(std::abs(loss - eager_loss)) << "), test accuracy "
               << fixed(100 * accuracy, 2) << "% vs " << fixed(100 * eager_accuracy, 2)
@@ -337,6 +400,11 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--json", o->json, "print one JSON object with the results as the last line");
   cmd->add_option("--seed", o->seed, "seed of the initial weights and of the batch order")->capture_default_str();
   cmd->add_option("--data-dir", o->data_dir, "where the Fashion-MNIST files are")->capture_default_str();
+  cmd->add_option("--nproc", o->nproc,
+                  "train data-parallel on N local ranks (spmd over Gloo on cpu, NCCL on cuda); --batch is per "
+                  "rank, and --check-eager compares with one eager process on the global batch")
+      ->check(at_least_one())
+      ->capture_default_str();
   cmd->callback([o] { run_train_command(*o); });
 }
 

@@ -67,8 +67,7 @@ struct TrainStepState {
 tracer::ModuleFn step_function(OptimizerOptions options, std::vector<at::Tensor> params, size_t num_flat,
                                LossFn loss_fn, GradientHook gradient_hook) {
   return [options = std::move(options), params = std::move(params), num_flat, loss_fn = std::move(loss_fn),
-          gradient_hook = std::move(gradient_hook)](
-             torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+          gradient_hook = std::move(gradient_hook)](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
     // The compiled call runs under no_grad; the step differentiates itself.
     at::AutoGradMode grad_on(true);
     const std::vector<at::Tensor> flat(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(num_flat));
@@ -209,10 +208,10 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
     latest->lifted_examples = std::move(lifted);
     return fn;
   };
-  s->aot.emplace(autograd::aot_module(
-      module, detail::step_function(traced_options, s->params, s->flat_state.size(), std::move(loss_fn),
-                                     std::move(step_options.gradient_hook)),
-      config));
+  s->aot.emplace(autograd::aot_module(module,
+                                      detail::step_function(traced_options, s->params, s->flat_state.size(),
+                                                            std::move(loss_fn), std::move(step_options.gradient_hook)),
+                                      config));
   s->module = std::move(module);
   TrainStep step;
   step.state_ = std::move(s);

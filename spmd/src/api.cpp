@@ -61,7 +61,8 @@ void broadcast_state(const ProcessGroup& group, const std::vector<at::Tensor>& s
   const bool cuda = group.backend() == "nccl";
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> staged;
-  for (const at::Tensor& t : state) staged.push_back(t.is_cuda() == cuda ? t.detach() : t.detach().to(cuda ? at::kCUDA : at::kCPU));
+  for (const at::Tensor& t : state)
+    staged.push_back(t.is_cuda() == cuda ? t.detach() : t.detach().to(cuda ? at::kCUDA : at::kCPU));
   group.broadcast(staged, 0);
   for (size_t i = 0; i < state.size(); ++i)
     if (!staged[i].is_same(state[i])) state[i].detach().copy_(staged[i]);
@@ -78,8 +79,7 @@ SpmdStep compile(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimi
 
   pipeline::Builder builder = options.builder;
   const ir::Pass expand{
-      "data_parallel",
-      [state = std::weak_ptr<detail::SpmdState>(s), options](ir::Graph& g) {
+      "data_parallel", [state = std::weak_ptr<detail::SpmdState>(s), options](ir::Graph& g) {
         auto s = state.lock();
         if (!s) throw SpmdError("spmd: the step was destroyed while it compiled");
         SpmdReport report;
@@ -114,15 +114,24 @@ SpmdStep compile(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimi
   return step;
 }
 
-at::Tensor SpmdStep::operator()(const std::vector<at::Tensor>& batch) const {
-  // A rank's shard is often a slice of the global batch: its storage offset
-  // differs by rank, and the compiled graph would too (offsets are part of
-  // an input's metadata). Such inputs are copied to offset 0.
+namespace {
+
+// A rank's shard is often a slice of the global batch: its storage offset
+// differs by rank, and the compiled graph would too (offsets are part of an
+// input's metadata). Such inputs are copied to offset 0.
+std::vector<at::Tensor> at_offset_zero(const std::vector<at::Tensor>& batch) {
   std::vector<at::Tensor> local;
   local.reserve(batch.size());
   for (const at::Tensor& t : batch) local.push_back(t.defined() && t.storage_offset() != 0 ? t.clone() : t);
-  return (*state_->step)(local);
+  return local;
 }
+
+}  // namespace
+
+at::Tensor SpmdStep::operator()(const std::vector<at::Tensor>& batch) const {
+  return (*state_->step)(at_offset_zero(batch));
+}
+void SpmdStep::compile(const std::vector<at::Tensor>& batch) const { state_->step->compile(at_offset_zero(batch)); }
 const ir::Graph& SpmdStep::graph() const { return state_->step->graph(); }
 const pipeline::TrainStep& SpmdStep::train_step() const { return *state_->step; }
 const ProcessGroup& SpmdStep::group() const { return state_->group; }

@@ -49,19 +49,25 @@ at::Tensor all_reduce_kernel(const at::Tensor& input, c10::string_view reduce_op
   const ReduceOp op = parse_reduce_op(reduce_op);
   ProcessGroup group = resolve_process_group(std::string(group_name));
   const detail::GroupState& s = *group.state();
-  const bool wants_cuda = s.backend_name == "nccl";
-  if (input.is_cuda() != wants_cuda)
-    throw SpmdError("crucible::all_reduce: a " + std::string(input.device().str()) + " tensor given to " +
-                    group.describe() + ", which reduces " + (wants_cuda ? "CUDA" : "CPU") + " tensors");
+  // Gloo reduces CPU tensors, and CUDA tensors where LibTorch is a CUDA
+  // build; NCCL reduces CUDA tensors only.
+  if (s.backend_name == "nccl" && !input.is_cuda())
+    throw SpmdError("crucible::all_reduce: a " + input.device().str() + " tensor given to " + group.describe() +
+                    ", which reduces CUDA tensors");
   at::Tensor out = input.clone(at::MemoryFormat::Contiguous);
-  if (group.size() == 1) return out;
   c10d::AllreduceOptions o;
   o.timeout = group.timeout();
   int64_t divisor = 1;
   switch (op) {
-    case ReduceOp::Sum: o.reduceOp = c10d::ReduceOp::SUM; break;
-    case ReduceOp::Max: o.reduceOp = c10d::ReduceOp::MAX; break;
-    case ReduceOp::Min: o.reduceOp = c10d::ReduceOp::MIN; break;
+    case ReduceOp::Sum:
+      o.reduceOp = c10d::ReduceOp::SUM;
+      break;
+    case ReduceOp::Max:
+      o.reduceOp = c10d::ReduceOp::MAX;
+      break;
+    case ReduceOp::Min:
+      o.reduceOp = c10d::ReduceOp::MIN;
+      break;
     case ReduceOp::Avg:
       o.reduceOp = s.native_avg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
       divisor = s.native_avg ? 1 : group.size();
@@ -93,8 +99,9 @@ at::Tensor wait_tensor_kernel(const at::Tensor& input) {
   try {
     p.work->wait(p.group.timeout());
   } catch (const std::exception& e) {
-    throw SpmdError("crucible::wait_tensor: an all_reduce of " + std::to_string(p.out.numel()) + " elements failed on " +
-                    p.group.describe() + " after at most " + std::to_string(p.group.timeout().count() / 1000) +
+    throw SpmdError("crucible::wait_tensor: an all_reduce of " + std::to_string(p.out.numel()) +
+                    " elements failed on " + p.group.describe() + " after at most " +
+                    std::to_string(p.group.timeout().count() / 1000) +
                     " s: another rank died, timed out or issued other collectives (" + message(e) + ")");
   }
   if (p.divisor != 1) p.out.div_(p.divisor);
@@ -114,10 +121,14 @@ at::Tensor wait_tensor_meta(const at::Tensor& input) { return input; }
 
 const char* to_string(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Avg: return "avg";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Avg:
+      return "avg";
+    case ReduceOp::Max:
+      return "max";
+    case ReduceOp::Min:
+      return "min";
   }
   return "?";
 }
@@ -130,8 +141,9 @@ at::Tensor all_reduce(const at::Tensor& input, ReduceOp op, const std::string& g
 }
 
 at::Tensor wait_tensor(const at::Tensor& input) {
-  static const auto handle =
-      c10::Dispatcher::singleton().findSchemaOrThrow("crucible::wait_tensor", "").typed<at::Tensor(const at::Tensor&)>();
+  static const auto handle = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("crucible::wait_tensor", "")
+                                 .typed<at::Tensor(const at::Tensor&)>();
   return handle.call(input);
 }
 

@@ -13,9 +13,9 @@ namespace crucible::spmd {
 namespace {
 
 struct Slot {
-  ir::Value* grad = nullptr;            // the gradient the backward computed
-  std::vector<ir::Node*> tags;          // the tag_grad nodes that read it
-  size_t position = 0;                  // where grad is computed, in graph order
+  ir::Value* grad = nullptr;    // the gradient the backward computed
+  std::vector<ir::Node*> tags;  // the tag_grad nodes that read it
+  size_t position = 0;          // where grad is computed, in graph order
 };
 
 void set_contiguous_meta(ir::Value* v, std::vector<int64_t> sizes, const ir::TensorMeta& like) {
@@ -86,8 +86,8 @@ DataParallelReport expand_data_parallel(ir::Graph& graph, const DataParallelOpti
         set_contiguous_meta(cat->result(), {bucket_bytes / static_cast<int64_t>(c10::elementSize(like.dtype))}, like);
         payload = cat->result();
       }
-      ir::Node* ar = graph.add_call("crucible::all_reduce", {payload, std::string("avg"), options.group}, {},
-                                    "all_reduce");
+      ir::Node* ar =
+          graph.add_call("crucible::all_reduce", {payload, std::string("avg"), options.group}, {}, "all_reduce");
       set_contiguous_meta(ar->result(), payload->meta().sizes, like);
       reduced = ar->result();
     }
@@ -111,7 +111,8 @@ DataParallelReport expand_data_parallel(ir::Graph& graph, const DataParallelOpti
       for (size_t i = 0; i < bucket.size(); ++i) {
         const ir::TensorMeta& m = bucket[i]->grad->meta();
         set_contiguous_meta(split->result(i), {numels[i]}, m);
-        ir::Node* view = graph.add_call("aten::view", {split->result(i), m.sizes}, {}, bucket[i]->grad->name() + "_avg");
+        ir::Node* view =
+            graph.add_call("aten::view", {split->result(i), m.sizes}, {}, bucket[i]->grad->name() + "_avg");
         set_contiguous_meta(view->result(), m.sizes, m);
         averaged.push_back(view->result());
       }
@@ -133,9 +134,12 @@ size_t dedup_collectives(ir::Graph& graph) {
     std::ostringstream key;
     key << n->target();
     for (const ir::Argument& a : n->args()) {
-      if (a.is_value()) key << "|%" << a.value()->name();
-      else if (a.is_constant()) key << "|" << a.constant();
-      else key << "|list";  // no collective here takes a list
+      if (a.is_value())
+        key << "|%" << a.value()->name();
+      else if (a.is_constant())
+        key << "|" << a.constant();
+      else
+        key << "|list";  // no collective here takes a list
     }
     auto [it, fresh] = first.emplace(key.str(), n->result());
     if (fresh) continue;

@@ -102,8 +102,10 @@ int launch(const LaunchOptions& options) {
     const pid_t done = ::waitpid(-1, &status, stopping ? WNOHANG : 0);
     if (done == 0) {  // stopping, and some rank still runs
       const auto now = std::chrono::steady_clock::now();
-      if (now >= kill_at) stop_all(SIGKILL);
-      else if (now >= term_at && !termed) stop_all(SIGTERM), termed = true;
+      if (now >= kill_at)
+        stop_all(SIGKILL);
+      else if (now >= term_at && !termed)
+        stop_all(SIGTERM), termed = true;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       continue;
     }

@@ -53,9 +53,7 @@ int64_t env_int(const char* name, int64_t lo, int64_t hi, int64_t fallback) {
   return x;
 }
 
-bool is_loopback(const std::string& addr) {
-  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
-}
+bool is_loopback(const std::string& addr) { return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1"; }
 
 std::string where(const ProcessGroupOptions& o) {
   return "rank " + std::to_string(o.rank) + " of " + std::to_string(o.world_size);
@@ -115,8 +113,8 @@ ProcessGroupOptions options_from_env() {
 ProcessGroup init_process_group(const ProcessGroupOptions& options) {
   ProcessGroupOptions o = options;
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size)
-    throw SpmdError("init_process_group: rank " + std::to_string(o.rank) + " is outside [0, world_size = " +
-                    std::to_string(o.world_size) + ")");
+    throw SpmdError("init_process_group: rank " + std::to_string(o.rank) +
+                    " is outside [0, world_size = " + std::to_string(o.world_size) + ")");
   if (o.device != "cpu" && o.device != "cuda")
     throw SpmdError("init_process_group: device \"" + o.device + "\" is neither \"cpu\" nor \"cuda\"");
   std::string backend = o.backend == "auto" ? (o.device == "cuda" ? "nccl" : "gloo") : o.backend;

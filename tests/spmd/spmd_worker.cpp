@@ -8,12 +8,15 @@
 //   mismatch  the last rank's shard is one example shorter; every rank
 //             writes the error it gets to OUT_DIR/rank<R>.err.
 // Per-rank batch 4; batches are the model's example_batch(4 * world, step).
+// CRUCIBLE_TEST_DEVICE=cuda trains on cuda:(LOCAL_RANK mod GPUs), and
+// CRUCIBLE_TEST_BACKEND picks the group's backend (default: auto).
 #include <crucible/models/zoo.h>
 #include <crucible/spmd/api.h>
 #include <crucible/spmd/collectives.h>
 #include <crucible/spmd/process_group.h>
 
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <torch/nn/module.h>
 #include <torch/optim/adam.h>
@@ -21,6 +24,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 
@@ -45,13 +49,23 @@ int main(int argc, char** argv) {
   const std::string scenario = argv[1], dir = argv[2], model_name = argv[3], opt_name = argv[4];
   const int64_t bucket_bytes = std::stoll(argv[5]);
   at::set_num_threads(1);
-  spmd::ProcessGroup group = spmd::init_process_group(spmd::options_from_env());
+  spmd::ProcessGroupOptions go = spmd::options_from_env();
+  const char* device_env = std::getenv("CRUCIBLE_TEST_DEVICE");
+  const char* backend_env = std::getenv("CRUCIBLE_TEST_BACKEND");
+  go.device = device_env ? device_env : "cpu";
+  go.backend = backend_env ? backend_env : "auto";
+  const at::Device device =
+      go.device == "cuda"
+          ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(go.local_rank % static_cast<int>(at::getNumGPUs())))
+          : at::Device(at::kCPU);
+  spmd::ProcessGroup group = spmd::init_process_group(go);
   const int rank = group.rank(), world = group.size();
 
   // Ranks build the model from different seeds: spmd::compile starts every
   // rank from rank 0's weights.
   at::manual_seed(100 + rank);
   models::Model model = models::make_model(model_name);
+  model.module->to(device);
   std::unique_ptr<torch::optim::Optimizer> opt;
   if (opt_name == "sgd")
     opt = std::make_unique<torch::optim::SGD>(model.module->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
@@ -68,8 +82,8 @@ int main(int argc, char** argv) {
       const data::Batch global = model.example_batch(kPerRank * world, static_cast<uint64_t>(s));
       int64_t n = kPerRank;
       if (scenario == "mismatch" && rank == world - 1) n -= 1;
-      const std::vector<at::Tensor> shard{global.inputs.narrow(0, rank * kPerRank, n),
-                                          global.targets.narrow(0, rank * kPerRank, n)};
+      const std::vector<at::Tensor> shard{global.inputs.narrow(0, rank * kPerRank, n).to(device),
+                                          global.targets.narrow(0, rank * kPerRank, n).to(device)};
       losses.push_back(step(shard).item<double>());
     }
   } catch (const std::exception& e) {
@@ -87,7 +101,7 @@ int main(int argc, char** argv) {
   std::ofstream out(dir + "/rank" + std::to_string(rank) + ".bin", std::ios::binary);
   out.write(reinterpret_cast<const char*>(losses.data()), static_cast<std::streamsize>(losses.size() * sizeof(double)));
   for (const at::Tensor& p : model.module->parameters()) {
-    const at::Tensor c = p.detach().to(at::kFloat).contiguous();
+    const at::Tensor c = p.detach().to(at::kFloat).cpu().contiguous();
     out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
   }
   return out ? 0 : 1;

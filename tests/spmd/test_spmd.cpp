@@ -15,6 +15,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 
@@ -22,8 +23,8 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <optional>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "catch.h"
@@ -54,9 +55,8 @@ const spmd::ProcessGroup& solo_group() {
   return g;
 }
 
-models::Model make_optimizer_twin(const std::string& name, uint64_t seed,
-                                                 std::unique_ptr<torch::optim::Optimizer>& opt,
-                                                 const std::string& opt_name) {
+models::Model make_optimizer_twin(const std::string& name, uint64_t seed, std::unique_ptr<torch::optim::Optimizer>& opt,
+                                  const std::string& opt_name) {
   at::manual_seed(seed);
   models::Model m = models::make_model(name);
   if (opt_name == "sgd")
@@ -79,7 +79,7 @@ struct Run {
 };
 
 Run launch_workers(const std::string& scenario, int nproc, const std::string& model, const std::string& opt,
-                   int64_t bucket_bytes) {
+                   int64_t bucket_bytes, const std::vector<std::string>& env = {}) {
   const char* worker = std::getenv("CRUCIBLE_SPMD_WORKER");
   REQUIRE(worker != nullptr);
   static int runs = 0;
@@ -93,6 +93,7 @@ Run launch_workers(const std::string& scenario, int nproc, const std::string& mo
   o.command = {worker, scenario, r.dir.string(), model, opt, std::to_string(bucket_bytes)};
   // A dead peer fails a Gloo collective at once; the timeout bounds the rest.
   o.env = {"CRUCIBLE_DIST_TIMEOUT_S=20", "OMP_NUM_THREADS=1"};
+  o.env.insert(o.env.end(), env.begin(), env.end());
   o.grace = std::chrono::seconds(40);
   r.code = spmd::launch(o);
   return r;
@@ -104,16 +105,25 @@ struct Reference {
   at::Tensor params;  // every parameter, flattened, float32
 };
 
-Reference train_global(const std::string& model_name, const std::string& opt_name, int world) {
+Reference train_global(const std::string& model_name, const std::string& opt_name, int world,
+                       const at::Device& device = at::kCPU) {
   std::unique_ptr<torch::optim::Optimizer> opt;
-  // Rank 0's weights are the ones every rank starts from.
-  models::Model m = make_optimizer_twin(model_name, 100, opt, opt_name);
+  // Rank 0's weights are the ones every rank starts from (the optimizer is
+  // made over the parameters once they are on the device).
+  at::manual_seed(100);
+  models::Model m = models::make_model(model_name);
+  m.module->to(device);
+  opt = opt_name == "sgd"
+            ? std::unique_ptr<torch::optim::Optimizer>(std::make_unique<torch::optim::SGD>(
+                  m.module->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9)))
+            : std::make_unique<torch::optim::Adam>(m.module->parameters(), torch::optim::AdamOptions(1e-3));
   Reference ref;
-  for (int s = 0; s < kSteps; ++s)
-    ref.losses.push_back(
-        models::eager_train_step(m, *opt, m.example_batch(kPerRank * world, static_cast<uint64_t>(s))).item<double>());
+  for (int s = 0; s < kSteps; ++s) {
+    const data::Batch b = m.example_batch(kPerRank * world, static_cast<uint64_t>(s));
+    ref.losses.push_back(models::eager_train_step(m, *opt, {b.inputs.to(device), b.targets.to(device)}).item<double>());
+  }
   std::vector<at::Tensor> flat;
-  for (const at::Tensor& p : m.module->parameters()) flat.push_back(p.detach().reshape({-1}));
+  for (const at::Tensor& p : m.module->parameters()) flat.push_back(p.detach().cpu().reshape({-1}));
   ref.params = at::cat(flat);
   return ref;
 }
@@ -258,9 +268,9 @@ TEST_CASE("2 and 3 ranks over Gloo end where one process on the global batch end
   // Two ranks add two numbers, in either order the same: bucketing must then
   // change no bit.
   std::optional<at::Tensor> two_rank_sgd;
-  for (const Case& c : {Case{2, "mlp", "sgd", 25 << 20, 1e-6}, Case{3, "mlp", "adam", 25 << 20, 1e-4},
-                        Case{2, "mlp", "sgd", 0, 1e-6}, Case{2, "mlp", "sgd", 4096, 1e-6},
-                        Case{2, "gpt", "adam", 16384, 1e-4}}) {
+  for (const Case& c :
+       {Case{2, "mlp", "sgd", 25 << 20, 1e-6}, Case{3, "mlp", "adam", 25 << 20, 1e-4}, Case{2, "mlp", "sgd", 0, 1e-6},
+        Case{2, "mlp", "sgd", 4096, 1e-6}, Case{2, "gpt", "adam", 16384, 1e-4}}) {
     CAPTURE(c.nproc, c.model, c.opt, c.bucket_bytes);
     const Reference ref = train_global(c.model, c.opt, c.nproc);
     const Run run = launch_workers("train", c.nproc, c.model, c.opt, c.bucket_bytes);
@@ -350,4 +360,113 @@ TEST_CASE("launch reports the first failing rank's status", "[spmd]") {
   CHECK(spmd::launch(o) == 0);
   o.nproc = 0;
   CHECK_THROWS_AS(spmd::launch(o), spmd::SpmdError);
+}
+
+TEST_CASE("2 ranks on CUDA tensors end where one process on the global batch ends", "[spmd][multiprocess][cuda]") {
+  CRUCIBLE_REQUIRE_CUDA();
+  // Gloo reduces CUDA tensors (through the host) on any number of GPUs;
+  // NCCL needs one GPU per rank. Tolerances as on the CPU.
+  std::vector<std::string> backends = {"gloo"};
+  if (at::getNumGPUs() >= 2) backends.push_back("nccl");
+  for (const std::string& backend : backends) {
+    CAPTURE(backend);
+    const Reference ref = train_global("mlp", "sgd", 2, at::kCUDA);
+    const Run run = launch_workers("train", 2, "mlp", "sgd", 4096,
+                                   {"CRUCIBLE_TEST_DEVICE=cuda", "CRUCIBLE_TEST_BACKEND=" + backend});
+    REQUIRE(run.code == 0);
+    const Reference r0 = read_rank(run.dir, 0, ref.params.numel()), r1 = read_rank(run.dir, 1, ref.params.numel());
+    REQUIRE_EQUAL_TENSORS(r1.params, r0.params);
+    REQUIRE_CLOSE(r0.params, ref.params, 0.0, 1e-6);
+    fs::remove_all(run.dir);
+  }
+}
+
+namespace {
+
+// A layer a parent reaches through its registry, so an Override's
+// replacement takes effect (C++ modules that hold children in fields do not
+// see replace_module).
+struct Layer : torch::nn::Module {
+  virtual at::Tensor forward(const at::Tensor& x) = 0;
+};
+struct Double : Layer {  // the real layer: x * 2
+  at::Tensor forward(const at::Tensor& x) override { return x * 2; }
+};
+struct Placeholder : Layer {  // traced in its place: sinh, whose backward reads cosh
+  at::Tensor forward(const at::Tensor& x) override { return x.sinh(); }
+};
+struct Net : torch::nn::Module {
+  Net() {
+    register_module("fc1", torch::nn::Linear(6, 8));
+    register_module("mid", std::make_shared<Double>());
+    register_module("fc2", torch::nn::Linear(8, 3));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    const auto& kids = named_children();
+    at::Tensor h = kids["fc1"]->as<torch::nn::LinearImpl>()->forward(x);
+    h = kids["mid"]->as<Layer>()->forward(h);
+    return kids["fc2"]->as<torch::nn::LinearImpl>()->forward(h);
+  }
+};
+
+// Swaps "mid" for the placeholder, then splices x * 2 in for its forward
+// (sinh) and 2 for its derivative (cosh): the seed's Override test, in C++.
+struct SpliceDouble : spmd::Override {
+  std::vector<std::string> seen;
+  size_t flat_state = 0;
+  std::shared_ptr<torch::nn::Module> replacement(const std::string& fqn,
+                                                 const std::shared_ptr<torch::nn::Module>& submodule) override {
+    seen.push_back(fqn);
+    return fqn == "mid" ? std::make_shared<Placeholder>() : submodule;
+  }
+  void transform(ir::Graph& g, const std::vector<at::Tensor>& state) override {
+    flat_state = state.size();
+    std::vector<ir::Node*> doomed;
+    for (ir::Node* n : g.nodes()) {
+      if (!n->is_call() || (n->target() != "aten::sinh" && n->target() != "aten::cosh")) continue;
+      ir::Graph::InsertGuard at(g, n);
+      ir::Value* x = n->arg(0).value();
+      ir::Node* real = n->target() == "aten::sinh" ? g.add_call("aten::mul.Scalar", {x, 2.0})
+                                                   : g.add_call("aten::full_like", {x, 2.0});
+      real->result()->set_meta(n->result()->meta());
+      n->result()->replace_all_uses_with(real->result());
+      doomed.push_back(n);
+    }
+    for (ir::Node* n : doomed) g.erase(n);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("an Override traces a placeholder and splices the real layer into forward and backward", "[spmd]") {
+  at::manual_seed(3);
+  auto compiled = std::make_shared<Net>();
+  auto eager = std::make_shared<Net>();
+  models::copy_state(*compiled, *eager);
+  torch::optim::SGD opt_c(compiled->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD opt_e(eager->parameters(), torch::optim::SGDOptions(0.1));
+  auto splice = std::make_shared<SpliceDouble>();
+  spmd::SpmdOptions o;
+  o.parallel_mode.group = solo_group().name();
+  o.module_override = {splice};
+  auto loss_fn = [](torch::nn::Module& m, const std::vector<at::Tensor>& b) {
+    return (static_cast<Net&>(m).forward(b[0]) - b[1]).pow(2).mean();
+  };
+  spmd::SpmdStep step = spmd::compile(compiled, opt_c, loss_fn, o);
+  CHECK(splice->seen == std::vector<std::string>{"fc1", "mid", "fc2"});
+  for (int s = 0; s < 3; ++s) {
+    const at::Tensor x = at::randn({5, 6}), y = at::randn({5, 3});
+    const at::Tensor loss = step({x, y});
+    opt_e.zero_grad();
+    const at::Tensor expected = loss_fn(*eager, {x, y});
+    expected.backward();
+    opt_e.step();
+    REQUIRE_CLOSE(loss, expected.detach(), 1e-6, 1e-6);
+  }
+  CHECK(count_target(step.graph(), "aten::sinh") == 0);
+  CHECK(count_target(step.graph(), "aten::cosh") == 0);
+  // The flat state: the parameters, then the optimizer's state.
+  CHECK(splice->flat_state == compiled->parameters().size() + step.train_step().optimizer_state().flat().size());
+  // Same kernels, other order of the spliced ops' products: within float32 rounding.
+  CHECK(models::max_param_diff(*compiled, *eager) < 1e-6);
 }

@@ -168,3 +168,31 @@ TEST_CASE("crucible train --decompositions core trains as eager within rounding"
   CHECK(j["max_param_diff"].get<double>() <= 1e-3);
   CHECK(j["max_param_diff"].get<double>() > 0);  // not the fused kernels: not bitwise
 }
+
+TEST_CASE("crucible train --nproc 2: two Gloo ranks end where one eager process on the global batch ends",
+          "[tools][train][spmd]") {
+  const auto r = run_cli("train --model convnet --steps 30 --batch 16 --nproc 2 --check-eager --json --data-dir " +
+                         fashion_mnist_test_dir());
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  const nlohmann::json j = last_line_json(r.out);
+  CHECK(j["ranks"] == 2);
+  CHECK(j["batch"] == 16);
+  // Averaged gradients sum in another order than one process's: float32
+  // rounding, not bitwise (tests/spmd measures ~1e-8 after 10 SGD steps; Adam
+  // over 30 steps moves a few 1e-6). The default --tolerance is 1e-4.
+  CHECK(j["max_param_diff"].get<double>() <= 1e-4);
+  // The reported loss is the global batch's (the mean over ranks).
+  CHECK(std::abs(j["final_loss"].get<double>() - j["eager_final_loss"].get<double>()) < 1e-4);
+}
+
+TEST_CASE("crucible launch starts the ranks with the torchrun environment and reports a failing one",
+          "[tools][launch]") {
+  const auto ok = run_cli("launch --nproc 3 -- sh -c 'test $WORLD_SIZE = 3 && echo rank=$RANK'");
+  INFO(ok.out << ok.err);
+  CHECK(ok.exit_code == 0);
+  for (const char* line : {"rank=0", "rank=1", "rank=2"}) CHECK_THAT(ok.out, CRUCIBLE_HAS_SUBSTR(line));
+  const auto bad = run_cli("launch --nproc 2 -- sh -c 'exit 7'");
+  CHECK(bad.exit_code == 7);
+  CHECK_THAT(bad.err, CRUCIBLE_HAS_SUBSTR("exited with 7"));
+}

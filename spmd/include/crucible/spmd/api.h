@@ -82,6 +82,9 @@ class SpmdStep {
   /// collective fails (naming the rank), or when the ranks' graphs differ at
   /// compile time (naming the ranks); what TrainStep throws otherwise.
   at::Tensor operator()(const std::vector<at::Tensor>& batch) const;
+  /// Compiles for `batch` without running a step (TrainStep::compile):
+  /// every rank must call it, as it compares the ranks' graphs.
+  void compile(const std::vector<at::Tensor>& batch) const;
   /// The graph of the latest compilation, expanded (TrainStep::graph).
   const ir::Graph& graph() const;
   /// The compiled step underneath.
@@ -91,8 +94,7 @@ class SpmdStep {
   const SpmdReport& report() const;
 
  private:
-  friend SpmdStep compile(std::shared_ptr<torch::nn::Module>, torch::optim::Optimizer&, pipeline::LossFn,
-                          SpmdOptions);
+  friend SpmdStep compile(std::shared_ptr<torch::nn::Module>, torch::optim::Optimizer&, pipeline::LossFn, SpmdOptions);
   std::shared_ptr<detail::SpmdState> state_;
 };
 

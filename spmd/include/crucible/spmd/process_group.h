@@ -22,11 +22,12 @@ namespace crucible::spmd {
 struct ProcessGroupOptions {
   /// The name collectives use to find the group.
   std::string name = "default";
-  /// "gloo" (CPU tensors), "nccl" (CUDA tensors; needs a CUDA build of
-  /// LibTorch with NCCL), or "auto": nccl when `device` is "cuda", else gloo.
+  /// "gloo" (CPU tensors, and CUDA tensors where LibTorch is a CUDA build),
+  /// "nccl" (CUDA tensors, one GPU per rank; needs a CUDA build of LibTorch
+  /// with NCCL), or "auto": nccl when `device` is "cuda", else gloo.
   std::string backend = "auto";
-  /// The device of the tensors the group reduces: "cpu" or "cuda" (this
-  /// rank uses cuda:LOCAL_RANK).
+  /// The device of the tensors the group reduces: "cpu" or "cuda" (NCCL
+  /// makes cuda:local_rank this rank's device).
   std::string device = "cpu";
   int rank = 0;
   int world_size = 1;
