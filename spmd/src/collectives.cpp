@@ -39,12 +39,6 @@ ReduceOp parse_reduce_op(c10::string_view s) {
                   "\"; use \"sum\", \"avg\", \"max\" or \"min\"");
 }
 
-std::string message(const std::exception& e) {
-  std::string what = e.what();
-  if (const size_t cut = what.find("\nException raised from"); cut != std::string::npos) what.resize(cut);
-  return what;
-}
-
 at::Tensor all_reduce_kernel(const at::Tensor& input, c10::string_view reduce_op, c10::string_view group_name) {
   const ReduceOp op = parse_reduce_op(reduce_op);
   ProcessGroup group = resolve_process_group(std::string(group_name));
@@ -78,7 +72,7 @@ at::Tensor all_reduce_kernel(const at::Tensor& input, c10::string_view reduce_op
   try {
     work = s.backend->allreduce(tensors, o);
   } catch (const std::exception& e) {
-    throw SpmdError("crucible::all_reduce could not be issued on " + group.describe() + ": " + message(e));
+    throw SpmdError("crucible::all_reduce could not be issued on " + group.describe() + ": " + detail::message_of(e));
   }
   std::lock_guard lock(pending_mu);
   pending().insert_or_assign(out.storage().unsafeGetStorageImpl(),
@@ -102,7 +96,7 @@ at::Tensor wait_tensor_kernel(const at::Tensor& input) {
     throw SpmdError("crucible::wait_tensor: an all_reduce of " + std::to_string(p.out.numel()) +
                     " elements failed on " + p.group.describe() + " after at most " +
                     std::to_string(p.group.timeout().count() / 1000) +
-                    " s: another rank died, timed out or issued other collectives (" + message(e) + ")");
+                    " s: another rank died, timed out or issued other collectives (" + detail::message_of(e) + ")");
   }
   if (p.divisor != 1) p.out.div_(p.divisor);
   return input;

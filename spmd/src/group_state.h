@@ -7,7 +7,17 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <exception>
+#include <string>
+
 namespace crucible::spmd::detail {
+
+/// An exception's message without the C++ backtrace c10::Error appends.
+inline std::string message_of(const std::exception& e) {
+  std::string what = e.what();
+  if (const size_t cut = what.find("\nException raised from"); cut != std::string::npos) what.resize(cut);
+  return what;
+}
 
 struct GroupState {
   ProcessGroupOptions options;

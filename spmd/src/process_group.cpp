@@ -85,13 +85,6 @@ c10::intrusive_ptr<c10d::Backend> make_nccl([[maybe_unused]] const c10::intrusiv
 #endif
 }
 
-std::string rethrown(const std::exception& e) {
-  std::string what = e.what();
-  // c10::Error appends a C++ backtrace after the message: keep the message.
-  if (const size_t cut = what.find("\nException raised from"); cut != std::string::npos) what.resize(cut);
-  return what;
-}
-
 }  // namespace
 
 ProcessGroupOptions options_from_env() {
@@ -139,14 +132,15 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options) {
     throw SpmdError("init_process_group: " + where(o) + " cannot reach the store at " + o.master_addr + ":" +
                     std::to_string(o.master_port) + " within " + std::to_string(o.timeout.count() / 1000) +
                     " s (MASTER_ADDR, MASTER_PORT; is rank 0 running, and are all " + std::to_string(o.world_size) +
-                    " ranks started?): " + rethrown(e));
+                    " ranks started?): " + detail::message_of(e));
   }
   try {
     state->backend = backend == "gloo" ? make_gloo(state->store, o) : make_nccl(state->store, o);
   } catch (const SpmdError&) {
     throw;
   } catch (const std::exception& e) {
-    throw SpmdError("init_process_group: " + where(o) + " could not form the " + backend + " group: " + rethrown(e));
+    throw SpmdError("init_process_group: " + where(o) + " could not form the " + backend +
+                    " group: " + detail::message_of(e));
   }
   state->native_avg = backend == "nccl";
   std::lock_guard lock(registry_mu);
@@ -187,7 +181,8 @@ void ProcessGroup::broadcast(std::vector<at::Tensor>& tensors, int root) const {
       state_->backend->broadcast(one, o)->wait(timeout());
     }
   } catch (const std::exception& e) {
-    throw SpmdError("broadcast from rank " + std::to_string(root) + " failed on " + describe() + ": " + rethrown(e));
+    throw SpmdError("broadcast from rank " + std::to_string(root) + " failed on " + describe() + ": " +
+                    detail::message_of(e));
   }
 }
 
@@ -200,7 +195,7 @@ void ProcessGroup::all_reduce_sum(std::vector<at::Tensor>& tensors) const {
       state_->backend->allreduce(one, o)->wait(timeout());
     }
   } catch (const std::exception& e) {
-    throw SpmdError("all_reduce failed on " + describe() + ": " + rethrown(e));
+    throw SpmdError("all_reduce failed on " + describe() + ": " + detail::message_of(e));
   }
 }
 
@@ -216,7 +211,7 @@ std::vector<std::string> ProcessGroup::all_gather_string(const std::string& key,
     } catch (const std::exception& e) {
       throw SpmdError("rank " + std::to_string(r) + " did not publish \"" + key + "\" within " +
                       std::to_string(timeout().count() / 1000) + " s (seen from " + describe() +
-                      "): it died, hangs, or runs other code: " + rethrown(e));
+                      "): it died, hangs, or runs other code: " + detail::message_of(e));
     }
   }
   return all;
