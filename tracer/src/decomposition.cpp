@@ -97,7 +97,13 @@ at::ScalarType compute_dtype(const at::Tensor& t) {
   return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16 ? at::kFloat : t.scalar_type();
 }
 
-at::Tensor upcast(const at::Tensor& t) { return t.to(compute_dtype(t)); }
+// t as `dtype`: t itself when it has that dtype already. (Tensor::to would
+// return an alias of t, recorded as an aten::to node whose result the
+// functionalization cannot tell apart from a view when something later
+// writes to it, e.g. a gradient accumulated in place.)
+at::Tensor cast_to(const at::Tensor& t, c10::ScalarType dtype) { return t.scalar_type() == dtype ? t : t.to(dtype); }
+
+at::Tensor upcast(const at::Tensor& t) { return cast_to(t, compute_dtype(t)); }
 
 void push_results(std::vector<c10::IValue>& stack, std::initializer_list<at::Tensor> results) {
   stack.clear();
@@ -356,10 +362,10 @@ void native_batch_norm_backward(const c10::OperatorHandle&, std::vector<c10::IVa
     dx = train ? (g - centered * (invstd * invstd * dot / n).reshape(shape) - (grad_sum / n).reshape(shape)) *
                      scale.reshape(shape)
                : g * scale.reshape(shape);
-    dx = dx.to(x.scalar_type());
+    dx = cast_to(dx, x.scalar_type());
   }
-  if (mask.get(1) && has_weight) dw = (dot * invstd).to(weight->scalar_type());
-  if (mask.get(2) && has_weight) db = grad_sum.to(weight->scalar_type());
+  if (mask.get(1) && has_weight) dw = cast_to(dot * invstd, weight->scalar_type());
+  if (mask.get(2) && has_weight) db = cast_to(grad_sum, weight->scalar_type());
   push_results(stack, {dx, dw, db});
 }
 
