@@ -1,15 +1,15 @@
 #include <crucible/inductor/compile_fx.h>
 #include <crucible/inductor/error.h>
 
+#include "codegen.h"
 #include "cpp_builder.h"
-#include "fusion.h"
 
 #include <crucible/ir/graph.h>
 #include <crucible/ir/interpreter.h>
 
 #include <ATen/core/List.h>
 #include <ATen/core/stack.h>
-#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 
 #include <iostream>
 #include <limits>
@@ -39,7 +39,18 @@ struct Source {
   std::vector<Source> elements;  // lists; a None element is a Constant of None
 };
 
-using KernelFn = void (*)(const void* const*, void* const*, int64_t);
+using KernelFn = void (*)(void* const*);
+
+// One buffer of a generated kernel's signature: read from a slot (checked
+// against the layout the code was generated for) or written into a fresh
+// tensor of that layout.
+struct KernelArg {
+  bool written = false;
+  Source source;          // read
+  uint32_t slot = kNone;  // written
+  std::vector<int64_t> sizes, strides;
+  c10::ScalarType dtype = c10::kFloat;
+};
 
 struct Step {
   // Extern kernel.
@@ -51,11 +62,7 @@ struct Step {
   // Generated kernel.
   KernelFn fn = nullptr;
   std::string kernel_name;
-  std::vector<Source> inputs;
-  std::vector<uint32_t> outputs;
-  std::vector<ir::TensorMeta> output_metas;
-  int64_t numel = 0;
-  c10::ScalarType dtype = c10::kFloat;
+  std::vector<KernelArg> kernel_args;
   // Both: slots to clear after the step.
   std::vector<uint32_t> dead;
 };
@@ -79,11 +86,11 @@ class Planner {
       if (n->is_placeholder()) p_.input_slots.push_back(define(n->result()));
       if (n->is_constant()) constants_[n->result()] = &n->constant_value();
     }
-    for (const auto& item : s_.items) {
-      if (item.extern_node)
-        plan_extern(item.extern_node);
+    for (const auto& step : s_.steps) {
+      if (step.extern_node)
+        plan_extern(step.extern_node);
       else
-        plan_kernel(s_.kernels[item.kernel]);
+        plan_kernel(s_.kernels[step.kernel]);
     }
     for (const ir::Argument& a : g.output_node()->args()) {
       if (!a.is_value() || !a.value()->is_tensor())
@@ -151,18 +158,27 @@ class Planner {
     p_.steps.push_back(std::move(st));
   }
 
-  void plan_kernel(const detail::Kernel& k) {
+  void plan_kernel(const detail::KernelSignature& k) {
     auto step_index = static_cast<uint32_t>(p_.steps.size());
     Step st;
     st.kernel_name = k.name;
     st.fn = reinterpret_cast<KernelFn>(detail::symbol(p_.library, k.name));
-    for (const ir::Value* v : k.inputs) st.inputs.push_back(source(v, step_index));
-    for (const ir::Value* v : k.outputs) {
-      st.outputs.push_back(define(v));
-      st.output_metas.push_back(v->meta());
-    }
-    st.numel = k.numel;
-    st.dtype = k.dtype;
+    st.kernel_args.resize(k.buffers.size());
+    // Reads first: a kernel never reads a slot it defines.
+    for (int pass = 0; pass < 2; ++pass)
+      for (size_t i = 0; i < k.buffers.size(); ++i) {
+        if (k.written[i] != (pass == 1)) continue;
+        const detail::Buffer& b = s_.program.buffers[k.buffers[i]];
+        KernelArg& a = st.kernel_args[i];
+        a.written = k.written[i];
+        a.sizes = b.sizes;
+        a.strides = b.strides;
+        a.dtype = b.dtype;
+        if (a.written)
+          a.slot = define(b.value);
+        else
+          a.source = source(b.value, step_index);
+      }
     p_.steps.push_back(std::move(st));
   }
 
@@ -217,34 +233,50 @@ void run_extern(const Step& st, std::vector<c10::IValue>& slots) {
   }
 }
 
+bool same_layout(const at::Tensor& t, const KernelArg& a) {
+  if (t.scalar_type() != a.dtype || t.sizes() != c10::IntArrayRef(a.sizes)) return false;
+  for (size_t d = 0; d < a.sizes.size(); ++d)
+    if (a.sizes[d] > 1 && t.stride(static_cast<int64_t>(d)) != a.strides[d]) return false;
+  return true;
+}
+
 void run_kernel(const Step& st, std::vector<c10::IValue>& slots) {
   std::vector<at::Tensor> keep;
-  std::vector<const void*> in;
-  for (const Source& s : st.inputs) {
-    at::Tensor t = read(s, slots).toTensor();
+  keep.reserve(st.kernel_args.size());
+  std::vector<void*> ptrs(st.kernel_args.size());
+  for (size_t i = 0; i < st.kernel_args.size(); ++i) {
+    const KernelArg& a = st.kernel_args[i];
+    if (a.written) continue;
+    at::Tensor t = read(a.source, slots).toTensor();
     // Guard the layout the kernel was generated for: a caller may pass a
-    // tensor whose strides differ from the graph's metadata.
-    if (t.scalar_type() != st.dtype) t = t.to(st.dtype);
-    if (!t.is_contiguous()) t = t.contiguous();
-    if (t.numel() != st.numel && t.numel() != 1)
-      throw InductorError("inductor: " + st.kernel_name + " expects inputs of " + std::to_string(st.numel) +
-                          " elements, got " + std::to_string(t.numel()) +
-                          "; the inputs differ from the compiled graph's");
-    in.push_back(t.data_ptr());
+    // tensor whose strides or dtype differ from the graph's metadata.
+    if (!same_layout(t, a)) {
+      if (t.sizes() != c10::IntArrayRef(a.sizes))
+        throw InductorError("inductor: " + st.kernel_name + " expects an input of sizes " +
+                            c10::str(c10::IntArrayRef(a.sizes)) + ", got " + c10::str(t.sizes()) +
+                            "; the inputs differ from the compiled graph's");
+      at::Tensor c = at::empty_strided(a.sizes, a.strides, at::TensorOptions().dtype(a.dtype));
+      c.copy_(t);
+      t = std::move(c);
+    }
+    ptrs[i] = t.data_ptr();
     keep.push_back(std::move(t));
   }
-  std::vector<void*> out;
-  for (size_t i = 0; i < st.outputs.size(); ++i) {
-    at::Tensor t = at::empty(st.output_metas[i].sizes, at::TensorOptions().dtype(st.dtype));
-    out.push_back(t.data_ptr());
-    slots[st.outputs[i]] = std::move(t);
+  for (size_t i = 0; i < st.kernel_args.size(); ++i) {
+    const KernelArg& a = st.kernel_args[i];
+    if (!a.written) continue;
+    at::Tensor t = at::empty_strided(a.sizes, a.strides, at::TensorOptions().dtype(a.dtype));
+    ptrs[i] = t.data_ptr();
+    slots[a.slot] = std::move(t);
   }
-  st.fn(in.data(), out.data(), st.numel);
+  st.fn(ptrs.data());
 }
 
 }  // namespace
 
-std::string generate_cpp(const ir::Graph& graph) { return detail::render_cpp(detail::schedule(graph), 0); }
+std::string generate_cpp(const ir::Graph& graph) { return detail::compile_schedule(graph, 0).source; }
+
+std::string loop_ir(const ir::Graph& graph) { return detail::to_text(detail::compile_schedule(graph, 0).program); }
 
 ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Tensor>& /*example_inputs*/,
                                 const InductorOptions& options) {
@@ -252,8 +284,8 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
   plan->graph = std::make_shared<ir::Graph>(graph.clone());
   if (!plan->graph->output_node())
     throw InductorError("inductor: the graph has no output node; call Graph::set_output first");
-  detail::Schedule s = detail::schedule(*plan->graph);
-  std::string source = detail::render_cpp(s, options.threads);
+  detail::Schedule s = detail::compile_schedule(*plan->graph, options.threads);
+  const std::string& source = s.source;
   if (options.print_generated_code && !source.empty()) std::cerr << source;
   try {
     if (!source.empty()) plan->library = detail::compile_and_load(source, options);

@@ -13,7 +13,10 @@ struct InductorOptions {
   std::string compiler = "g++";
   /// Flags for generated code; the shared-library flags (-shared -fPIC) and
   /// the output name are added by inductor.
-  std::vector<std::string> flags = {"-O3", "-march=native", "-fopenmp"};
+  /// -fno-math-errno and -fno-trapping-math let sqrt, selects and the
+  /// generated exp/erf vectorize; neither changes a result (only errno and
+  /// the floating-point exception flags, which ATen does not promise).
+  std::vector<std::string> flags = {"-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"};
   /// OpenMP threads of generated kernels; 0 leaves OpenMP's default.
   int threads = 0;
   /// Where generated sources and compiled libraries are kept. Empty: the

@@ -1,0 +1,516 @@
+#include "codegen.h"
+
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace crucible::inductor::detail {
+
+namespace {
+
+enum class Stage { Scalar, Inner, Reduce };
+
+Stage stage_of(const Loop& l, const Group& g) {
+  if (l.reduction) return Stage::Reduce;
+  return l.numel() == g.outer ? Stage::Scalar : Stage::Inner;
+}
+
+// Note [Fusion]
+// The scheduler walks the lowered program in order and keeps one open
+// group (torch/_inductor/scheduler.py fuses by (numel, rnumel) the same way,
+// with more freedom to reorder):
+//  - a loop joins the open group when its sizes fit the group's tiling —
+//    a pointwise loop of outer·inner or outer elements, a reduction over
+//    (outer, inner) — retiling a group of pointwise loops when a reduction
+//    arrives whose kept × reduced sizes cover them; and when every element
+//    it reads from a loop of the group was made in the same outer iteration
+//    (checked on the index expressions: the row of each read must simplify
+//    to `o`), since outer iterations run in parallel;
+//  - an extern kernel that reads a buffer of the open group, or writes
+//    memory, closes it; any other extern kernel runs before the group (it
+//    neither reads what the group writes nor writes what the group reads),
+//    so the group keeps growing across it;
+//  - buffers read only inside their group never reach memory: a reduction
+//    or per-outer value stays a local, a row a per-thread scratch row.
+class Scheduler {
+ public:
+  explicit Scheduler(Program& p) : p_(p) {}
+
+  void run(std::vector<Group>& groups, std::vector<Schedule::Step>& steps) {
+    int open = -1;
+    auto close = [&] {
+      if (open >= 0) steps.push_back({nullptr, open});
+      open = -1;
+    };
+    for (const Item& it : p_.items) {
+      if (it.extern_node) {
+        if (open >= 0 && (it.extern_node->is_mutating() || reads_group(it.extern_node, groups[open]))) close();
+        steps.push_back({it.extern_node, -1});
+        continue;
+      }
+      if (open >= 0 && join(groups[open], it.loop)) continue;
+      close();
+      const Loop& l = p_.loops[it.loop];
+      Group g;
+      g.outer = l.numel();
+      g.inner = l.reduction ? l.rnumel() : 1;
+      g.tiled = l.reduction;
+      g.loops = {it.loop};
+      groups.push_back(std::move(g));
+      open = static_cast<int>(groups.size()) - 1;
+    }
+    close();
+  }
+
+ private:
+  bool column(const Group& g) const { return p_.loops[g.loops.front()].column; }
+
+  bool reads_group(const ir::Node* n, const Group& g) const {
+    for (const ir::Value* v : n->inputs()) {
+      auto b = p_.buffer_of.find(v);
+      if (b == p_.buffer_of.end()) continue;
+      const Buffer& buf = p_.buffers[b->second];
+      if (buf.kind == Buffer::Computed && std::find(g.loops.begin(), g.loops.end(), buf.loop) != g.loops.end())
+        return true;
+    }
+    return false;
+  }
+
+  bool join(Group& g, int loop_index) {
+    const Loop& l = p_.loops[loop_index];
+    Group t = g;
+    // A column reduction walks its loops transposed: it opens its own group
+    // and takes only per-outer epilogues after it.
+    if (l.reduction && l.column) return false;
+    if (column(g) && (l.reduction || l.numel() != g.outer)) return false;
+    if (l.reduction) {
+      if (l.numel() == 0 || l.rnumel() == 0 || g.outer == 0) return false;
+      if (g.tiled) {
+        if (l.numel() != g.outer || l.rnumel() != g.inner) return false;
+      } else if (g.outer == l.numel() * l.rnumel() || g.outer == l.numel()) {
+        t.outer = l.numel();
+        t.inner = l.rnumel();
+        t.tiled = true;
+      } else {
+        return false;
+      }
+    } else if (!(l.numel() == t.outer || (t.tiled && l.numel() == t.outer * t.inner))) {
+      return false;
+    }
+    // Every read of a buffer the group writes must stay in its outer iteration.
+    Expr o = Expr::var("o", t.outer);
+    for (const Read& r : reads_of(p_, l, t.outer, t.inner)) {
+      const Buffer& buf = p_.buffers[r.buffer];
+      if (buf.kind != Buffer::Computed || std::find(t.loops.begin(), t.loops.end(), buf.loop) == t.loops.end())
+        continue;
+      Stage s = stage_of(p_.loops[buf.loop], t);
+      Expr row = s == Stage::Inner ? floordiv(r.flat, t.inner) : r.flat;
+      if (!(row == o)) return false;
+    }
+    t.loops.push_back(loop_index);
+    g = std::move(t);
+    return true;
+  }
+
+  Program& p_;
+};
+
+// ---- C++ rendering ----------------------------------------------------------
+
+std::string literal_int(int64_t v) { return std::to_string(v); }
+
+struct GroupInfo {
+  std::unordered_set<int> produced;  // buffers the group's loops write
+  std::unordered_set<int> external;  // ... that someone outside reads
+};
+
+class CppBody : public Body {
+ public:
+  CppBody(const Program& p, const Group& g, const GroupInfo& info) : p_(p), g_(g), info_(info) {}
+
+  Val load(int b, const std::vector<Expr>& index) override {
+    const Buffer& buf = p_.buffers[b];
+    std::string T = ctype_of(buf.dtype);
+    if (info_.produced.contains(b) && !info_.external.contains(b)) {
+      const Loop& l = p_.loops[buf.loop];
+      if (stage_of(l, g_) == Stage::Inner) {
+        Expr flat = dot(index, contiguous_strides(buf.sizes));
+        Expr at = mod(flat, g_.inner);
+        return compute(scratch(b) + "[" + at.str() + "]", level_of(at), T);
+      }
+      return {locals_.at(b), 1};
+    }
+    // A buffer this group writes is read back no earlier than the outer
+    // iteration that wrote it.
+    Expr storage = dot(index, buf.strides);
+    int level = std::max(level_of(storage), info_.produced.contains(b) ? 1 : 0);
+    return compute(arg(b) + "[" + storage.str() + "]", level, T);
+  }
+
+  Val compute(const std::string& expr, int level, const std::string& ctype) override {
+    auto& cache = cache_[level];
+    if (auto it = cache.find(expr); it != cache.end()) return {it->second, level};
+    std::string name = "t" + std::to_string(counter_++);
+    cache.emplace(expr, name);
+    lines_[level] += "const " + ctype + " " + name + " = " + expr + ";\n";
+    return {name, level};
+  }
+
+  std::string take(int level) {
+    std::string s = std::move(lines_[level]);
+    lines_[level].clear();
+    if (level == 2) cache_[2].clear();
+    return s;
+  }
+
+  // Lines of levels 1 and 2 together, and both caches forgotten: a column
+  // reduction computes them all inside its innermost loop.
+  std::string take_inner() {
+    std::string s = take(1) + take(2);
+    cache_[1].clear();
+    return s;
+  }
+
+  const std::string& arg(int b) {
+    if (auto it = arg_names_.find(b); it != arg_names_.end()) return it->second;
+    args.push_back(b);
+    return arg_names_.emplace(b, p_.buffers[b].name).first->second;
+  }
+
+  std::string scratch(int b) {
+    scratch_.insert(b);
+    return "row_" + p_.buffers[b].name;
+  }
+
+  std::vector<int> args;
+  std::unordered_map<int, std::string> locals_;
+  std::unordered_set<int> scratch_;
+
+ private:
+  const Program& p_;
+  const Group& g_;
+  const GroupInfo& info_;
+  std::unordered_map<std::string, std::string> cache_[3];
+  std::unordered_map<int, std::string> arg_names_;
+  std::string lines_[3];
+  int counter_ = 0;
+};
+
+std::string indent(const std::string& text, int spaces) {
+  std::string pad(spaces, ' '), out;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    if (end > start) out += pad + text.substr(start, end - start);
+    out += "\n";
+    start = end + 1;
+  }
+  return out;
+}
+
+std::string substitute(const std::string& finalize, const std::string& acc) {
+  std::string out;
+  for (char c : finalize) out += c == '$' ? acc : std::string(1, c);
+  return out;
+}
+
+// How a reduction combines: the accumulator's initial value, the statement
+// that folds `v` in, the OpenMP clause that lets the loop vectorize, and the
+// result. Max and min fold with a select (vectorizable as maxps/minps) and
+// remember a NaN separately, so that a NaN anywhere gives NaN as in ATen.
+struct Combine {
+  std::string init, combine, pragma, extra_decl, result;
+};
+
+Combine combine_of(ReductionType t, const std::string& A, const std::string& acc, const std::string& v) {
+  Combine c;
+  if (t == ReductionType::Sum) {
+    c.init = A + "(0)";
+    c.combine = acc + " += " + v + ";\n";
+    c.pragma = "#pragma omp simd reduction(+ : " + acc + ")\n";
+    return c;
+  }
+  bool max = t == ReductionType::Max;
+  std::string nan = acc + "_nan";
+  c.init = std::string(max ? "-" : "") + "std::numeric_limits<" + A + ">::infinity()";
+  c.combine = acc + " = " + v + (max ? " > " : " < ") + acc + " ? " + v + " : " + acc + ";\n" + nan + " |= " + v +
+              " != " + v + ";\n";
+  c.pragma =
+      "#pragma omp simd reduction(" + std::string(max ? "max" : "min") + " : " + acc + ") reduction(| : " + nan + ")\n";
+  c.extra_decl = "int " + nan + " = 0;\n";
+  c.result = "(" + nan + " ? std::numeric_limits<" + A + ">::quiet_NaN() : static_cast<" + A + ">(" + acc + "))";
+  return c;
+}
+
+std::string signature(const Program& p, const CppBody& body, const GroupInfo& info, KernelSignature& sig) {
+  std::string decls;
+  for (int b : body.args) {
+    const Buffer& buf = p.buffers[b];
+    bool written = info.produced.contains(b);
+    std::string T = ctype_of(buf.dtype);
+    size_t i = sig.buffers.size();
+    sig.buffers.push_back(b);
+    sig.written.push_back(written);
+    decls += std::string(written ? "" : "const ") + T + "* __restrict " + buf.name + " = static_cast<" +
+             (written ? "" : "const ") + T + "*>(b[" + std::to_string(i) + "]);\n";
+  }
+  return decls;
+}
+
+// A column reduction (Loop::column) and its per-outer epilogues: blocks of
+// kBlock outer indices per thread; the reduced index walks outside, the
+// block inside (contiguous loads, one accumulator per outer index), then
+// the epilogues run over the block.
+std::string render_column_group(const Program& p, const Group& g, const GroupInfo& info, const std::string& name,
+                                int threads, KernelSignature& sig) {
+  constexpr int64_t kBlock = 64;
+  CppBody body(p, g, info);
+  const Loop& red = p.loops[g.loops.front()];
+  const Buffer& rbuf = p.buffers[red.buffer];
+  const std::string T = ctype_of(rbuf.dtype);
+  const std::string A = T == "float" && red.rtype == ReductionType::Sum ? "double" : T;
+  Val v = body_value(body, red, g.outer, g.inner);
+  std::string inner = body.take_inner();
+  Combine c = combine_of(red.rtype, A, "acc[o - ob]", v.name);
+  // Per-index accumulators: the NaN flag of max/min becomes an array too.
+  std::string nan_decl, combine = c.combine, result = c.result;
+  if (red.rtype != ReductionType::Sum) {
+    nan_decl = "int acc_nan[" + std::to_string(kBlock) + "] = {};\n";
+    auto replace_all = [](std::string s, const std::string& from, const std::string& to) {
+      for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+        s.replace(at, from.size(), to);
+      return s;
+    };
+    combine = replace_all(combine, "acc[o - ob]_nan", "acc_nan[o - ob]");
+    result = replace_all(result, "acc[o - ob]_nan", "acc_nan[o - ob]");
+  }
+  std::string value = result.empty() ? "static_cast<" + T + ">(acc[o - ob])" : result;
+  if (!red.finalize.empty()) value = substitute(red.finalize, value);
+  std::string epilogue = "const " + T + " red_" + rbuf.name + " = " + value + ";\n";
+  Expr o = Expr::var("o", g.outer);
+  if (info.external.contains(red.buffer))
+    epilogue +=
+        body.arg(red.buffer) + "[" + dot(unravel(o, red.sizes), rbuf.strides).str() + "] = red_" + rbuf.name + ";\n";
+  body.locals_[red.buffer] = "red_" + rbuf.name;
+  for (size_t k = 1; k < g.loops.size(); ++k) {
+    const Loop& l = p.loops[g.loops[k]];
+    const Buffer& buf = p.buffers[l.buffer];
+    Val e = body_value(body, l, g.outer, g.inner);
+    epilogue += body.take_inner();
+    if (info.external.contains(l.buffer))
+      epilogue += body.arg(l.buffer) + "[" + dot(unravel(o, l.sizes), buf.strides).str() + "] = " + e.name + ";\n";
+    body.locals_[l.buffer] = e.name;
+  }
+  const std::string B = std::to_string(kBlock), O = std::to_string(g.outer);
+  std::string out =
+      "extern \"C\" void " + name + "(void* const* b) {\n" + indent(signature(p, body, info, sig) + body.take(0), 2);
+  out += "#pragma omp parallel for schedule(static) if(" + std::to_string(g.outer * g.inner) + " >= 32768)" +
+         (threads > 0 ? " num_threads(" + std::to_string(threads) + ")" : std::string()) + "\n";
+  out += "  for (int64_t ob = 0; ob < " + O + "; ob += " + B + ") {\n";
+  out += "    const int64_t oe = ob + " + B + " < " + O + " ? ob + " + B + " : " + O + ";\n";
+  out += "    " + A + " acc[" + B + "];\n    for (int64_t i = 0; i < " + B + "; ++i) acc[i] = " + c.init + ";\n";
+  out += indent(nan_decl, 4);
+  out += "    for (int64_t r = 0; r < " + std::to_string(g.inner) + "; ++r) {\n#pragma omp simd\n";
+  out += "      for (int64_t o = ob; o < oe; ++o) {\n" + indent(inner + combine, 8) + "      }\n    }\n";
+  out += "    for (int64_t o = ob; o < oe; ++o) {\n" + indent(epilogue, 6) + "    }\n  }\n}\n";
+  return out;
+}
+
+std::string render_group(const Program& p, const Group& g, const GroupInfo& info, const std::string& name, int threads,
+                         KernelSignature& sig) {
+  if (p.loops[g.loops.front()].column) return render_column_group(p, g, info, name, threads, sig);
+  CppBody body(p, g, info);
+  std::string per_outer;  // the body of the outer loop
+  int acc_counter = 0;
+  Expr o = Expr::var("o", g.outer);
+  Expr r = Expr::var("r", g.inner);
+  const std::string omp_threads = threads > 0 ? " num_threads(" + std::to_string(threads) + ")" : "";
+  for (int li : g.loops) {
+    const Loop& l = p.loops[li];
+    const Buffer& buf = p.buffers[l.buffer];
+    const std::string T = ctype_of(buf.dtype);
+    bool external = info.external.contains(l.buffer);
+    Stage stage = stage_of(l, g);
+    Val v = body_value(body, l, g.outer, g.inner);
+    if (stage == Stage::Scalar) {
+      per_outer += body.take(1);
+      if (external) {
+        Expr at = dot(unravel(o, l.sizes), buf.strides);
+        per_outer += body.arg(l.buffer) + "[" + at.str() + "] = " + v.name + ";\n";
+      }
+      body.locals_[l.buffer] = v.name;
+    } else if (stage == Stage::Inner) {
+      std::string inner_lines = body.take(2);
+      per_outer += body.take(1);
+      std::string store;
+      if (external) {
+        Expr at = dot(unravel(o * g.inner + r, l.sizes), buf.strides);
+        store = body.arg(l.buffer) + "[" + at.str() + "] = " + v.name + ";\n";
+      } else {
+        store = body.scratch(l.buffer) + "[r] = " + v.name + ";\n";
+      }
+      per_outer += "#pragma omp simd\nfor (int64_t r = 0; r < " + literal_int(g.inner) + "; ++r) {\n" +
+                   indent(inner_lines + store, 2) + "}\n";
+    } else {
+      std::string inner_lines = body.take(2);
+      per_outer += body.take(1);
+      std::string acc = "acc" + std::to_string(acc_counter++);
+      std::string A = T == "float" && l.rtype == ReductionType::Sum ? "double" : T;
+      Combine c = combine_of(l.rtype, A, acc, v.name);
+      std::string init = c.init, combine = c.combine, pragma = c.pragma;
+      per_outer += A + " " + acc + " = " + init + ";\n" + c.extra_decl + pragma + "for (int64_t r = 0; r < " +
+                   literal_int(g.inner) + "; ++r) {\n" + indent(inner_lines + combine, 2) + "}\n";
+      std::string value = c.result.empty() ? "static_cast<" + T + ">(" + acc + ")" : c.result;
+      if (!l.finalize.empty()) value = substitute(l.finalize, value);
+      std::string red = "red_" + buf.name;
+      per_outer += "const " + T + " " + red + " = " + value + ";\n";
+      if (external) {
+        Expr at = dot(unravel(o, l.sizes), buf.strides);
+        per_outer += body.arg(l.buffer) + "[" + at.str() + "] = " + red + ";\n";
+      }
+      body.locals_[l.buffer] = red;
+    }
+  }
+  std::string decls = signature(p, body, info, sig);
+  std::string out = "extern \"C\" void " + name + "(void* const* b) {\n" + indent(decls + body.take(0), 2);
+  const int64_t work = g.outer * g.inner;
+  const std::string parallel_if = " if(" + literal_int(work) + " >= 32768)";
+  if (!g.tiled) {
+    out += "#pragma omp parallel for simd schedule(static)" + parallel_if + omp_threads + "\n";
+    out += "  for (int64_t o = 0; o < " + literal_int(g.outer) + "; ++o) {\n" + indent(per_outer, 4) + "  }\n";
+  } else {
+    out += "#pragma omp parallel" + parallel_if + omp_threads + "\n  {\n";
+    for (int b : body.scratch_) {
+      const std::string T = ctype_of(p.buffers[b].dtype);
+      out += "    std::vector<" + T + "> row_storage_" + p.buffers[b].name + "(" + literal_int(g.inner) + ");\n";
+      out +=
+          "    " + T + "* __restrict row_" + p.buffers[b].name + " = row_storage_" + p.buffers[b].name + ".data();\n";
+    }
+    out += "#pragma omp for schedule(static)\n";
+    out += "    for (int64_t o = 0; o < " + literal_int(g.outer) + "; ++o) {\n" + indent(per_outer, 6) + "    }\n  }\n";
+  }
+  out += "}\n";
+  return out;
+}
+
+// Note [Vectorizable exp and erf]
+// libm's expf and erff are calls the vectorizer cannot widen (glibc offers
+// vector variants only under -ffast-math), and softmax, log_softmax and
+// GELU's forward and backward spend most of their time in them; ATen uses
+// SLEEF's vector versions. The generated code therefore carries its own
+// float exp (Cody-Waite range reduction, Cephes' degree-6 polynomial, the
+// scale built from the exponent bits: within 1 ulp of libm over the whole
+// float range, inf and 0 where libm gives them, NaN kept) and float erf
+// (the rational minimax approximation on [-4, 4] that Eigen and XLA use for
+// float, a few ulp), free of branches and of selects GCC cannot if-convert,
+// so that with -fno-trapping-math `omp simd` loops vectorize them (5-7x
+// libm's scalar calls on this machine). Doubles keep libm.
+constexpr const char* kVectorMath = R"(static inline float crucible_exp(float x) {
+  // Clamped where exp over- or underflows anyway (89 -> inf, -104 -> 0
+  // through the scale below); a NaN passes the clamp and the last term.
+  const float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+  const float z = xc * 1.44269504088896341f;
+  const int32_t ki = static_cast<int32_t>(z + (z < 0.0f ? -0.5f : 0.5f));
+  const float k = static_cast<float>(ki);
+  float r = xc - k * 0.693359375f;
+  r = r - k * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  // 2^k as two factors, so that k = 128 and k = -150 stay representable.
+  const int32_t k1 = ki >> 1;
+  const int32_t b1 = (k1 + 127) << 23, b2 = (ki - k1 + 127) << 23;
+  float s1, s2;
+  __builtin_memcpy(&s1, &b1, 4);
+  __builtin_memcpy(&s2, &b2, 4);
+  return y * s1 * s2 + (xc - xc);
+}
+static inline double crucible_exp(double x) { return std::exp(x); }
+static inline float crucible_erf(float x) {
+  const float xc = x < -4.0f ? -4.0f : (x > 4.0f ? 4.0f : x);
+  const float x2 = xc * xc;
+  float p = -2.72614225801306e-10f;
+  p = p * x2 + 2.77068142495902e-08f;
+  p = p * x2 + -2.10102402082508e-06f;
+  p = p * x2 + -5.69250639462346e-05f;
+  p = p * x2 + -7.34990630326855e-04f;
+  p = p * x2 + -2.95459980854025e-03f;
+  p = p * x2 + -1.60960333262415e-02f;
+  float q = -1.45660718464996e-05f;
+  q = q * x2 + -2.13374055278905e-04f;
+  q = q * x2 + -1.68282697438203e-03f;
+  q = q * x2 + -7.37332916720468e-03f;
+  q = q * x2 + -1.42647390514189e-02f;
+  return xc * p / q;
+}
+static inline double crucible_erf(double x) { return std::erf(x); }
+)";
+
+}  // namespace
+
+Schedule compile_schedule(const ir::Graph& graph, int threads) {
+  Schedule s;
+  s.program = lower(graph);
+  Program& p = s.program;
+  Scheduler(p).run(s.groups, s.steps);
+
+  // Who reads each computed buffer from outside its group.
+  std::unordered_map<int, int> group_of;
+  for (size_t gi = 0; gi < s.groups.size(); ++gi)
+    for (int li : s.groups[gi].loops) group_of[p.loops[li].buffer] = static_cast<int>(gi);
+  std::vector<GroupInfo> info(s.groups.size());
+  for (size_t gi = 0; gi < s.groups.size(); ++gi)
+    for (int li : s.groups[gi].loops) info[gi].produced.insert(p.loops[li].buffer);
+  auto mark = [&](int b, int reader_group) {
+    auto it = group_of.find(b);
+    if (it != group_of.end() && it->second != reader_group) info[it->second].external.insert(b);
+  };
+  for (size_t gi = 0; gi < s.groups.size(); ++gi)
+    for (int li : s.groups[gi].loops)
+      for (const Read& r : reads_of(p, p.loops[li], s.groups[gi].outer, s.groups[gi].inner))
+        mark(r.buffer, static_cast<int>(gi));
+  for (const Schedule::Step& st : s.steps)
+    if (st.extern_node)
+      for (const ir::Value* v : st.extern_node->inputs())
+        if (auto b = p.buffer_of.find(v); b != p.buffer_of.end()) mark(b->second, -1);
+  if (const ir::Node* out = graph.output_node())
+    for (const ir::Value* v : out->inputs())
+      if (auto b = p.buffer_of.find(v); b != p.buffer_of.end()) mark(b->second, -1);
+
+  for (size_t gi = 0; gi < s.groups.size(); ++gi) {
+    const Group& g = s.groups[gi];
+    KernelSignature sig;
+    sig.name = "kernel_" + std::to_string(gi);
+    std::string comment = "// " + sig.name + " (" +
+                          (g.tiled ? "outer " + std::to_string(g.outer) + " × inner " + std::to_string(g.inner)
+                                   : std::to_string(g.outer) + " elements") +
+                          ") fuses:";
+    std::vector<const ir::Node*> nodes;
+    for (int li : g.loops)
+      for (const ir::Node* n : p.loops[li].nodes)
+        if (std::find(nodes.begin(), nodes.end(), n) == nodes.end()) nodes.push_back(n);
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (i == 16) {
+        comment += " ... (" + std::to_string(nodes.size() - 16) + " more)";
+        break;
+      }
+      comment += " %" + nodes[i]->result()->name() + " (" + nodes[i]->target() + ")";
+    }
+    s.source += comment + "\n" + render_group(p, g, info[gi], sig.name, threads, sig) + "\n";
+    s.kernels.push_back(std::move(sig));
+  }
+  if (!s.source.empty())
+    s.source =
+        "// Generated by crucible inductor: one function per fused kernel over raw\n"
+        "// pointers (no ATen); b[i] is the i-th buffer of the kernel's signature.\n"
+        "#include <cmath>\n#include <cstdint>\n#include <limits>\n#include <vector>\n\n" +
+        std::string(kVectorMath) + "\n" + s.source;
+  return s;
+}
+
+}  // namespace crucible::inductor::detail

@@ -1,0 +1,119 @@
+#include "loop_ir.h"
+
+#include <crucible/ir/tensor_meta.h>
+
+namespace crucible::inductor::detail {
+
+int64_t Buffer::numel() const {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+int64_t Loop::numel() const {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+int64_t Loop::rnumel() const {
+  int64_t n = 1;
+  for (int64_t s : rsizes) n *= s;
+  return n;
+}
+
+std::string ctype_of(c10::ScalarType t) {
+  switch (t) {
+    case c10::kFloat:
+      return "float";
+    case c10::kDouble:
+      return "double";
+    case c10::kLong:
+      return "int64_t";
+    case c10::kInt:
+      return "int32_t";
+    case c10::kBool:
+      return "bool";
+    default:
+      return {};
+  }
+}
+
+int level_of(const Expr& e) { return e.uses("r") ? 2 : e.uses("o") ? 1 : 0; }
+
+namespace {
+
+// A body that only records the loads (for dependency analysis) and names
+// values by their text (for printing the IR).
+class RecordingBody : public Body {
+ public:
+  explicit RecordingBody(const Program& p) : p_(p) {}
+  Val load(int b, const std::vector<Expr>& index) override {
+    const Buffer& buf = p_.buffers[b];
+    Expr flat = dot(index, contiguous_strides(buf.sizes));
+    reads.push_back({b, flat});
+    std::string text = "load(" + buf.name + ", " + flat.str() + ")";
+    return compute(text, level_of(flat), ctype_of(buf.dtype));
+  }
+  Val compute(const std::string& expr, int level, const std::string&) override {
+    auto [it, fresh] = names_.emplace(expr, "t" + std::to_string(names_.size()));
+    if (fresh) lines.push_back(it->second + " = " + expr);
+    return {it->second, level};
+  }
+  std::vector<Read> reads;
+  std::vector<std::string> lines;
+
+ private:
+  const Program& p_;
+  std::unordered_map<std::string, std::string> names_;
+};
+
+}  // namespace
+
+Val body_value(Body& b, const Loop& loop, int64_t outer, int64_t inner) {
+  Expr o = Expr::var("o", outer);
+  Expr r = Expr::var("r", inner);
+  if (loop.reduction) return loop.rfn(b, unravel(o, loop.sizes), unravel(r, loop.rsizes));
+  Expr flat = loop.numel() == outer ? o : o * inner + r;
+  return loop.fn(b, unravel(flat, loop.sizes));
+}
+
+std::vector<Read> reads_of(const Program& p, const Loop& loop, int64_t outer, int64_t inner) {
+  RecordingBody b(p);
+  body_value(b, loop, outer, inner);
+  return std::move(b.reads);
+}
+
+std::string to_text(const Program& p) {
+  auto dims = [](const std::vector<int64_t>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    return s + "]";
+  };
+  std::string out;
+  for (const Item& it : p.items) {
+    if (it.extern_node) {
+      out += "extern %" + it.extern_node->result(0)->name() + " = " + it.extern_node->target() + "\n";
+      continue;
+    }
+    const Loop& l = p.loops[it.loop];
+    const Buffer& buf = p.buffers[l.buffer];
+    RecordingBody b(p);
+    Val v = l.reduction ? body_value(b, l, l.numel(), l.rnumel()) : body_value(b, l, l.numel(), 1);
+    out += buf.name + " : " + c10::toString(buf.dtype) + dims(buf.sizes) + " stride=" + dims(buf.strides) + " = ";
+    if (l.reduction) {
+      const char* kind = l.rtype == ReductionType::Sum ? "sum" : l.rtype == ReductionType::Max ? "max" : "min";
+      out += std::string("reduction(") + kind + ", o < " + std::to_string(l.numel()) + ", r < " +
+             std::to_string(l.rnumel()) + ") {\n";
+    } else {
+      out += "pointwise(o < " + std::to_string(l.numel()) + ") {\n";
+    }
+    for (const std::string& line : b.lines) out += "  " + line + "\n";
+    out += "  " + std::string(l.reduction ? "combine " : "store ") + v.name;
+    if (!l.finalize.empty()) out += ", then " + l.finalize;
+    out += "\n}\n";
+  }
+  return out;
+}
+
+}  // namespace crucible::inductor::detail

@@ -1,0 +1,145 @@
+// Private: inductor's loop-level IR. A graph lowers to buffers (what lives
+// in memory) and loops (how a computed buffer's elements are made from
+// loads of other buffers), plus the extern kernels between them; the
+// scheduler groups loops into kernels and the C++ code generator renders
+// them. Target-independent: nothing here knows about C++ or CUDA beyond the
+// element type names a renderer picks. Mirrors torch/_inductor/ir.py
+// (Buffer, ComputedBuffer, Pointwise, Reduction, ExternKernel) with index
+// expressions from index.h in place of sympy.
+#pragma once
+
+#include "index.h"
+
+#include <crucible/ir/graph.h>
+
+#include <c10/core/ScalarType.h>
+
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace crucible::inductor::detail {
+
+/// A value inside a loop body: the name a renderer gave it and the loop
+/// level it depends on (0: the whole kernel, 1: the outer loop variable
+/// `o`, 2: the inner variable `r`), so that invariant values are computed
+/// once outside the loops that do not change them.
+struct Val {
+  std::string name;
+  int level = 0;
+};
+
+class Body;
+
+/// An element of a tensor as a function of its multi-index.
+using PointwiseFn = std::function<Val(Body&, const std::vector<Expr>& index)>;
+/// An element of a reduction's input: kept index, reduced index.
+using ReduceFn = std::function<Val(Body&, const std::vector<Expr>& index, const std::vector<Expr>& rindex)>;
+
+enum class ReductionType { Sum, Max, Min };
+
+/// A tensor in memory. Input: a graph placeholder or constant; Extern: the
+/// result of an extern kernel (an ATen call); Computed: written by a loop.
+/// Layouts are logical sizes and element strides from the data pointer
+/// (the storage offset lives in the pointer).
+struct Buffer {
+  enum Kind { Input, Extern, Computed } kind = Input;
+  std::string name;
+  const ir::Value* value = nullptr;  // the graph Value whose tensor this is
+  std::vector<int64_t> sizes, strides;
+  c10::ScalarType dtype = c10::kFloat;
+  int loop = -1;  // Computed: the loop that writes it
+  int64_t numel() const;
+};
+
+/// A loop writing buffers[buffer]: pointwise (fn over the buffer's sizes) or
+/// a reduction (rfn over sizes × rsizes, combined by rtype, then finalize).
+struct Loop {
+  int buffer = -1;
+  std::vector<int64_t> sizes;
+  PointwiseFn fn;
+  bool reduction = false;
+  std::vector<int64_t> rsizes;
+  ReductionType rtype = ReductionType::Sum;
+  ReduceFn rfn;
+  /// The operand's fastest-moving memory dimension is a kept one (a sum
+  /// over the batch of a [B, N] gradient): the kernel then walks the
+  /// reduced index outside and a block of kept indices inside, so that
+  /// loads stay contiguous.
+  bool column = false;
+  /// C++-free finalization of the accumulator, e.g. dividing by the count
+  /// for a mean: text with `$` standing for the accumulator; empty: none.
+  std::string finalize;
+  /// The graph nodes this loop computes (inlined ones included), in graph
+  /// order: what a kernel's comment lists.
+  std::vector<const ir::Node*> nodes;
+  int64_t numel() const;
+  int64_t rnumel() const;
+};
+
+/// One step of the lowered program, in run order.
+struct Item {
+  const ir::Node* extern_node = nullptr;  // set: this node runs through the dispatcher
+  int loop = -1;                          // otherwise: loops[loop]
+};
+
+/// What lowering makes of a graph.
+struct Program {
+  std::vector<Buffer> buffers;
+  std::vector<Loop> loops;
+  std::vector<Item> items;
+  /// The buffer holding each Value that exists as a tensor at run time.
+  std::unordered_map<const ir::Value*, int> buffer_of;
+};
+
+/// One load a loop body made: the buffer and the row-major (logical) flat
+/// index of the element, in the loop variables.
+struct Read {
+  int buffer;
+  Expr flat;
+};
+
+/// The ops handler loop bodies are written against (torch/_inductor's
+/// `ops.*` virtualized handler): loads, computations and constants produce
+/// Vals; a renderer decides what text they become. Values are
+/// common-subexpression-eliminated by their text.
+class Body {
+ public:
+  virtual ~Body() = default;
+  /// Element `index` (logical, one Expr per dimension) of buffer `b`.
+  virtual Val load(int b, const std::vector<Expr>& index) = 0;
+  /// `expr` (C-like text over operand names) of element type `ctype`,
+  /// computed at `level`.
+  virtual Val compute(const std::string& expr, int level, const std::string& ctype) = 0;
+};
+
+/// C++ element type of a dtype Crucible's loops handle (f32, f64, i64, i32,
+/// bool); empty for any other.
+std::string ctype_of(c10::ScalarType t);
+
+/// The loop level an index expression needs: 2 if it uses `r`, 1 if `o`, else 0.
+int level_of(const Expr& e);
+
+/// Lowers `graph` (functional, ATen-level, metadata on every tensor) to a
+/// Program (Note [Lowering] in lowering.cpp). Never fails on an op it does
+/// not know: that op is an extern kernel.
+Program lower(const ir::Graph& graph);
+
+/// The value of `loop`'s element at the loop variables `o` (over `outer`)
+/// and `r` (over `inner`): for a reduction, its combined operand at kept
+/// index o and reduced index r; for a pointwise loop of outer·inner
+/// elements, the element at flat index o·inner + r; for one of `outer`
+/// elements, the element at o.
+Val body_value(Body& b, const Loop& loop, int64_t outer, int64_t inner);
+
+/// The loads `loop` makes when rendered with the outer variable `o` over
+/// `outer` and the inner `r` over `inner` (the flat index is o·inner + r for
+/// a loop of outer·inner elements, o for one of `outer` elements).
+std::vector<Read> reads_of(const Program& p, const Loop& loop, int64_t outer, int64_t inner);
+
+/// The IR as text: each buffer, each loop's body in the ops above, each
+/// extern kernel, in run order.
+std::string to_text(const Program& p);
+
+}  // namespace crucible::inductor::detail

@@ -1,0 +1,865 @@
+#include "loop_ir.h"
+
+#include <crucible/ir/tensor_meta.h>
+
+#include <c10/core/Scalar.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <unordered_set>
+
+namespace crucible::inductor::detail {
+
+// Note [Lowering]
+// Each graph node becomes one of four things (torch/_inductor/lowering.py
+// and graph.py do the same with TensorBox/StorageBox):
+//  - pointwise (the table below): a lazy function from an index to an
+//    element, inlined into whatever reads it, or realized into a Computed
+//    buffer written by a loop when the graph returns it, an extern kernel
+//    reads it, or inlining would recompute too much;
+//  - a reduction (sum, mean, amax, amin, var_mean): a loop over kept ×
+//    reduced indices whose operand inlines its producers (the prologue);
+//    its result is always a buffer;
+//  - a view (view, reshape, expand, permute, transpose, slice, select,
+//    split, squeeze, unsqueeze, ...): a change of index folded into the
+//    readers' index expressions, never a copy; where an extern kernel or
+//    the graph's outputs need the view as a tensor, the view op itself runs
+//    on the realized base, so it aliases as it does in eager;
+//  - an extern kernel: everything else (mm, convolution, random and
+//    mutating ops, ops of dtypes or devices the loops do not handle), run
+//    through the dispatcher in graph order.
+// Mutations: pointwise values are computed when their loop runs, so before
+// an extern kernel that writes a buffer, every pending pointwise value that
+// reads that buffer is realized (eager computed it before the write);
+// views are not, since in eager they alias the written buffer too.
+namespace {
+
+// ---- the pointwise table ----------------------------------------------------
+
+struct Ctx {
+  const std::vector<std::string>& x;
+  const ir::Node* n;
+  const std::string& T;  // the C++ type the formula is evaluated in
+};
+using Render = std::function<std::string(const Ctx&)>;
+
+struct PointwiseOp {
+  PointwiseOp(std::vector<size_t> tensors, std::vector<size_t> scalars, Render r, bool in_operands = false,
+              bool integers = false, std::vector<size_t> masks = {})
+      : tensor_args(std::move(tensors)),
+        scalar_args(std::move(scalars)),
+        render(std::move(r)),
+        compute_in_operands(in_operands),
+        integer_ok(integers),
+        bool_args(std::move(masks)) {}
+  std::vector<size_t> tensor_args;  // positions of tensor operands, in x's order
+  std::vector<size_t> scalar_args;  // positions that must be numeric constants
+  Render render;
+  // The type the formula runs in: the result's (arithmetic, casts) or the
+  // operands' common type (comparisons, whose result is bool).
+  bool compute_in_operands = false;
+  bool integer_ok = false;        // also lowered for i64/i32 (and bool where it makes sense)
+  std::vector<size_t> bool_args;  // tensor operands read as bool masks, not cast
+};
+
+std::string literal(const c10::IValue& v, const std::string& T) {
+  double d = v.isDouble() ? v.toDouble()
+             : v.isInt()  ? static_cast<double>(v.toInt())
+             : v.isBool() ? (v.toBool() ? 1.0 : 0.0)
+                          : v.toScalar().toDouble();
+  if (std::isnan(d)) return "std::numeric_limits<" + T + ">::quiet_NaN()";
+  if (std::isinf(d)) return std::string(d < 0 ? "-" : "") + "std::numeric_limits<" + T + ">::infinity()";
+  char buf[80];
+  if (T == "bool")
+    std::snprintf(buf, sizeof buf, "%s", d != 0 ? "true" : "false");
+  else if (T == "int64_t" || T == "int32_t")
+    std::snprintf(buf, sizeof buf, "%s(%lld)", T.c_str(), static_cast<long long>(d));
+  else
+    std::snprintf(buf, sizeof buf, "%s(%.17g)", T.c_str(), d);
+  return buf;
+}
+
+bool is_one(const c10::IValue& v) {
+  if (v.isInt()) return v.toInt() == 1;
+  if (v.isDouble()) return v.toDouble() == 1.0;
+  return v.isScalar() && v.toScalar().isIntegral(false) && v.toScalar().toLong() == 1;
+}
+
+std::string lit(const Ctx& c, size_t arg) { return literal(c.n->arg(arg).constant(), c.T); }
+
+std::string scaled(const Ctx& c, size_t alpha_arg, const std::string& x) {
+  const c10::IValue& a = c.n->arg(alpha_arg).constant();
+  return is_one(a) ? x : "(" + literal(a, c.T) + " * " + x + ")";
+}
+
+Render unary(std::string f) {
+  return [f](const Ctx& c) { return f + "(" + c.x[0] + ")"; };
+}
+
+Render binary(std::string op) {
+  return [op](const Ctx& c) { return "(" + c.x[0] + " " + op + " " + c.x[1] + ")"; };
+}
+
+Render binary_scalar(std::string op) {
+  return [op](const Ctx& c) { return "(" + c.x[0] + " " + op + " " + lit(c, 1) + ")"; };
+}
+
+Render identity() {
+  return [](const Ctx& c) { return c.x[0]; };
+}
+
+Render fill(size_t arg) {
+  return [arg](const Ctx& c) { return lit(c, arg); };
+}
+
+const std::unordered_map<std::string, PointwiseOp>& table() {
+  // NaN-propagating max/min, as ATen's maximum/minimum.
+  auto extremum = [](const char* cmp) {
+    return [cmp](const Ctx& c) {
+      const std::string &a = c.x[0], &b = c.x[1];
+      return "(" + a + " != " + a + " ? " + a + " : " + b + " != " + b + " ? " + b + " : " + a + " " + cmp + " " + b +
+             " ? " + a + " : " + b + ")";
+    };
+  };
+  static const std::unordered_map<std::string, PointwiseOp> t = {
+      {"aten::add.Tensor",
+       {{0, 1}, {2}, [](const Ctx& c) { return "(" + c.x[0] + " + " + scaled(c, 2, c.x[1]) + ")"; }, false, true}},
+      {"aten::sub.Tensor",
+       {{0, 1}, {2}, [](const Ctx& c) { return "(" + c.x[0] + " - " + scaled(c, 2, c.x[1]) + ")"; }, false, true}},
+      {"aten::rsub.Tensor",
+       {{0, 1}, {2}, [](const Ctx& c) { return "(" + c.x[1] + " - " + scaled(c, 2, c.x[0]) + ")"; }, false, true}},
+      {"aten::mul.Tensor", {{0, 1}, {}, binary("*"), false, true}},
+      {"aten::div.Tensor", {{0, 1}, {}, binary("/")}},
+      {"aten::add.Scalar",
+       {{0}, {1, 2}, [](const Ctx& c) { return "(" + c.x[0] + " + " + scaled(c, 2, lit(c, 1)) + ")"; }, false, true}},
+      {"aten::sub.Scalar",
+       {{0}, {1, 2}, [](const Ctx& c) { return "(" + c.x[0] + " - " + scaled(c, 2, lit(c, 1)) + ")"; }, false, true}},
+      {"aten::rsub.Scalar",
+       {{0}, {1, 2}, [](const Ctx& c) { return "(" + lit(c, 1) + " - " + scaled(c, 2, c.x[0]) + ")"; }, false, true}},
+      {"aten::mul.Scalar", {{0}, {1}, binary_scalar("*"), false, true}},
+      {"aten::div.Scalar", {{0}, {1}, binary_scalar("/")}},
+      {"aten::neg", {{0}, {}, [](const Ctx& c) { return "(-" + c.x[0] + ")"; }, false, true}},
+      // NaN < 0 is false, so relu(NaN) is NaN as in ATen's clamp_min.
+      {"aten::relu",
+       {{0}, {}, [](const Ctx& c) { return "(" + c.x[0] + " < " + c.T + "(0) ? " + c.T + "(0) : " + c.x[0] + ")"; }}},
+      {"aten::exp", {{0}, {}, unary("crucible_exp")}},  // Note [Vectorizable exp and erf]
+      {"aten::expm1", {{0}, {}, unary("std::expm1")}},
+      {"aten::log", {{0}, {}, unary("std::log")}},
+      {"aten::log1p", {{0}, {}, unary("std::log1p")}},
+      {"aten::sqrt", {{0}, {}, unary("std::sqrt")}},
+      {"aten::tanh", {{0}, {}, unary("std::tanh")}},
+      {"aten::sin", {{0}, {}, unary("std::sin")}},
+      {"aten::cos", {{0}, {}, unary("std::cos")}},
+      {"aten::erf", {{0}, {}, unary("crucible_erf")}},
+      {"aten::floor", {{0}, {}, unary("std::floor")}},
+      {"aten::ceil", {{0}, {}, unary("std::ceil")}},
+      {"aten::abs", {{0}, {}, unary("std::abs")}},
+      {"aten::rsqrt", {{0}, {}, [](const Ctx& c) { return "(" + c.T + "(1) / std::sqrt(" + c.x[0] + "))"; }}},
+      {"aten::reciprocal", {{0}, {}, [](const Ctx& c) { return "(" + c.T + "(1) / " + c.x[0] + ")"; }}},
+      {"aten::sigmoid",
+       {{0}, {}, [](const Ctx& c) { return "(" + c.T + "(1) / (" + c.T + "(1) + crucible_exp(-" + c.x[0] + ")))"; }}},
+      {"aten::pow.Tensor_Scalar",
+       {{0},
+        {1},
+        [](const Ctx& c) {
+          const c10::IValue& e = c.n->arg(1).constant();
+          bool two = (e.isInt() && e.toInt() == 2) || (e.isDouble() && e.toDouble() == 2.0);
+          return two ? "(" + c.x[0] + " * " + c.x[0] + ")" : "std::pow(" + c.x[0] + ", " + lit(c, 1) + ")";
+        }}},
+      {"aten::pow.Scalar", {{1}, {0}, [](const Ctx& c) { return "std::pow(" + lit(c, 0) + ", " + c.x[0] + ")"; }}},
+      {"aten::pow.Tensor_Tensor",
+       {{0, 1}, {}, [](const Ctx& c) { return "std::pow(" + c.x[0] + ", " + c.x[1] + ")"; }}},
+      {"aten::maximum", {{0, 1}, {}, extremum(">")}},
+      {"aten::minimum", {{0, 1}, {}, extremum("<")}},
+      // threshold_backward(grad_output, self, threshold): relu's backward.
+      {"aten::threshold_backward",
+       {{0, 1},
+        {2},
+        [](const Ctx& c) { return "(" + c.x[1] + " <= " + lit(c, 2) + " ? " + c.T + "(0) : " + c.x[0] + ")"; }}},
+      {"aten::sigmoid_backward",
+       {{0, 1},
+        {},
+        [](const Ctx& c) { return "(" + c.x[0] + " * (" + c.T + "(1) - " + c.x[1] + ") * " + c.x[1] + ")"; }}},
+      {"aten::tanh_backward",
+       {{0, 1},
+        {},
+        [](const Ctx& c) { return "(" + c.x[0] + " * (" + c.T + "(1) - " + c.x[1] + " * " + c.x[1] + "))"; }}},
+      {"aten::eq.Scalar", {{0}, {1}, binary_scalar("=="), true, true}},
+      {"aten::ne.Scalar", {{0}, {1}, binary_scalar("!="), true, true}},
+      {"aten::lt.Scalar", {{0}, {1}, binary_scalar("<"), true, true}},
+      {"aten::le.Scalar", {{0}, {1}, binary_scalar("<="), true, true}},
+      {"aten::gt.Scalar", {{0}, {1}, binary_scalar(">"), true, true}},
+      {"aten::ge.Scalar", {{0}, {1}, binary_scalar(">="), true, true}},
+      {"aten::eq.Tensor", {{0, 1}, {}, binary("=="), true, true}},
+      {"aten::ne.Tensor", {{0, 1}, {}, binary("!="), true, true}},
+      {"aten::lt.Tensor", {{0, 1}, {}, binary("<"), true, true}},
+      {"aten::le.Tensor", {{0, 1}, {}, binary("<="), true, true}},
+      {"aten::gt.Tensor", {{0, 1}, {}, binary(">"), true, true}},
+      {"aten::ge.Tensor", {{0, 1}, {}, binary(">="), true, true}},
+      {"aten::where.self",
+       {{0, 1, 2},
+        {},
+        [](const Ctx& c) { return "(" + c.x[0] + " ? " + c.x[1] + " : " + c.x[2] + ")"; },
+        false,
+        true,
+        {0}}},
+      {"aten::where.ScalarOther",
+       {{0, 1},
+        {2},
+        [](const Ctx& c) { return "(" + c.x[0] + " ? " + c.x[1] + " : " + lit(c, 2) + ")"; },
+        false,
+        true,
+        {0}}},
+      {"aten::where.ScalarSelf",
+       {{0, 2},
+        {1},
+        [](const Ctx& c) { return "(" + c.x[0] + " ? " + lit(c, 1) + " : " + c.x[1] + ")"; },
+        false,
+        true,
+        {0}}},
+      {"aten::masked_fill.Scalar",
+       {{0, 1},
+        {2},
+        [](const Ctx& c) { return "(" + c.x[1] + " ? " + lit(c, 2) + " : " + c.x[0] + ")"; },
+        false,
+        true,
+        {1}}},
+      // Casts and copies: the operand is converted to the result's type.
+      {"aten::to.dtype", {{0}, {}, identity(), false, true}},
+      {"aten::_to_copy", {{0}, {}, identity(), false, true}},
+      {"aten::clone", {{0}, {}, identity(), false, true}},
+      {"aten::copy", {{1}, {}, identity(), false, true}},  // copy(self, src): src, as self's dtype and size
+      {"aten::zeros_like", {{}, {}, [](const Ctx& c) { return literal(0, c.T); }, false, true}},
+      {"aten::ones_like", {{}, {}, [](const Ctx& c) { return literal(1, c.T); }, false, true}},
+      {"aten::full_like", {{}, {1}, fill(1), false, true}},
+      {"aten::zeros", {{}, {}, [](const Ctx& c) { return literal(0, c.T); }, false, true}},
+      {"aten::ones", {{}, {}, [](const Ctx& c) { return literal(1, c.T); }, false, true}},
+      {"aten::full", {{}, {1}, fill(1), false, true}},
+  };
+  return t;
+}
+
+bool numeric_constant(const ir::Argument& a) {
+  if (!a.is_constant()) return false;
+  const c10::IValue& v = a.constant();
+  if (v.isInt() || v.isDouble() || v.isBool()) return true;
+  return v.isScalar() && !v.toScalar().isComplex();
+}
+
+bool is_float(c10::ScalarType t) { return t == c10::kFloat || t == c10::kDouble; }
+
+// Views whose index map lowering knows (Note [Lowering]).
+const std::unordered_set<std::string>& view_ops() {
+  static const std::unordered_set<std::string> v = {"aten::view",
+                                                    "aten::_unsafe_view",
+                                                    "aten::reshape",
+                                                    "aten::expand",
+                                                    "aten::permute",
+                                                    "aten::transpose.int",
+                                                    "aten::t",
+                                                    "aten::unsqueeze",
+                                                    "aten::squeeze.dim",
+                                                    "aten::squeeze.dims",
+                                                    "aten::squeeze",
+                                                    "aten::slice.Tensor",
+                                                    "aten::select.int",
+                                                    "aten::split.Tensor",
+                                                    "aten::split_with_sizes",
+                                                    "aten::unbind.int",
+                                                    "aten::alias",
+                                                    "aten::detach",
+                                                    "aten::lift_fresh"};
+  return v;
+}
+
+int64_t wrap_dim(int64_t d, size_t rank) {
+  int64_t r = std::max<int64_t>(static_cast<int64_t>(rank), 1);
+  return d < 0 ? d + r : d;
+}
+
+// ---- the lowering ---------------------------------------------------------
+
+enum class Kind { Pointwise, Reduction, View, Extern };
+
+struct Lazy {
+  std::vector<int64_t> sizes;
+  c10::ScalarType dtype = c10::kFloat;
+  PointwiseFn fn;
+  int ops = 0;        // ops a reader inlines with it (the recomputation bound)
+  bool view = false;  // a view of `base`: aliases it
+  const ir::Value* base = nullptr;
+  std::vector<const ir::Node*> nodes;
+};
+
+// Inlining bounds (torch/_inductor/config.py's realize_reads_threshold and
+// realize_opcount_threshold play the same part).
+constexpr int kMaxInlineOps = 48;
+constexpr int kMaxRecompute = 24;
+
+class Lowerer {
+ public:
+  explicit Lowerer(const ir::Graph& g) : g_(g) {}
+
+  Program run() {
+    for (const ir::Node* n : g_.nodes()) {
+      order_[n] = order_.size();
+      if (n->is_call()) kind_[n] = classify(n);
+    }
+    if (const ir::Node* out = g_.output_node())
+      for (const ir::Value* v : out->inputs()) outputs_.insert(v);
+    for (const ir::Node* n : g_.nodes()) {
+      for (const ir::Value* v : n->inputs()) --pending_[v];
+      for (const auto& r : n->results()) pending_[r.get()] = static_cast<int>(r->users().size());
+      if (n->is_placeholder() || n->is_constant()) {
+        if (n->result()->is_tensor() && n->result()->has_meta()) add_buffer(n->result(), Buffer::Input);
+        continue;
+      }
+      if (!n->is_call()) continue;
+      switch (kind_.at(n)) {
+        case Kind::Pointwise:
+          lower_pointwise(n);
+          break;
+        case Kind::Reduction:
+          lower_reduction(n);
+          break;
+        case Kind::View:
+          lower_view(n);
+          break;
+        case Kind::Extern:
+          lower_extern(n);
+          break;
+      }
+    }
+    if (const ir::Node* out = g_.output_node())
+      for (const ir::Value* v : out->inputs()) ensure_tensor(v);
+    return std::move(p_);
+  }
+
+ private:
+  // -- classification --
+
+  static bool cpu_tensor(const ir::Value* v) {
+    return v && v->is_tensor() && v->has_meta() && v->meta().device.is_cpu() && !ctype_of(v->meta().dtype).empty();
+  }
+
+  Kind classify(const ir::Node* n) const {
+    for (const auto& r : n->results())
+      if (!cpu_tensor(r.get())) return Kind::Extern;
+    if (n->is_mutating() || n->is_nondeterministic()) return Kind::Extern;
+    const std::string& t = n->target();
+    if (view_ops().contains(t)) {
+      if (n->args().empty() || !n->arg(0).is_value() || !cpu_tensor(n->arg(0).value())) return Kind::Extern;
+      for (size_t i = 1; i < n->args().size(); ++i)
+        if (!n->arg(i).is_constant()) return Kind::Extern;
+      return Kind::View;
+    }
+    if (reduction_ok(n)) return Kind::Reduction;
+    auto it = table().find(t);
+    if (it == table().end() || n->num_results() != 1) return Kind::Extern;
+    const PointwiseOp& op = it->second;
+    for (size_t i : op.scalar_args)
+      if (i >= n->args().size() || !numeric_constant(n->arg(i))) return Kind::Extern;
+    std::vector<c10::ScalarType> operand_types;
+    for (size_t i : op.tensor_args) {
+      if (i >= n->args().size() || !n->arg(i).is_value() || !cpu_tensor(n->arg(i).value())) return Kind::Extern;
+      bool mask = std::find(op.bool_args.begin(), op.bool_args.end(), i) != op.bool_args.end();
+      c10::ScalarType dt = n->arg(i).value()->meta().dtype;
+      if (mask && dt != c10::kBool) return Kind::Extern;
+      if (!mask) operand_types.push_back(dt);
+    }
+    // Every other argument must be a constant (dtype, memory_format, ...):
+    // a Value there (a SymInt, a tensor the table does not list) stays extern.
+    for (size_t i = 0; i < n->args().size(); ++i) {
+      bool listed = std::find(op.tensor_args.begin(), op.tensor_args.end(), i) != op.tensor_args.end();
+      if (!listed && !n->arg(i).is_constant()) return Kind::Extern;
+    }
+    c10::ScalarType compute = compute_type(n, op);
+    if (op.compute_in_operands)
+      for (c10::ScalarType dt : operand_types)
+        if (dt != compute) return Kind::Extern;  // comparisons across dtypes promote: leave them to ATen
+    if (!is_float(compute) && !op.integer_ok) return Kind::Extern;
+    return Kind::Pointwise;
+  }
+
+  static c10::ScalarType compute_type(const ir::Node* n, const PointwiseOp& op) {
+    if (!op.compute_in_operands) return n->result()->meta().dtype;
+    return n->arg(op.tensor_args[0]).value()->meta().dtype;
+  }
+
+  static bool reduction_ok(const ir::Node* n) {
+    static const std::unordered_set<std::string> names = {"aten::sum.dim_IntList",
+                                                          "aten::sum",
+                                                          "aten::mean.dim",
+                                                          "aten::mean",
+                                                          "aten::amax",
+                                                          "aten::amin",
+                                                          "aten::var_mean.dim",
+                                                          "aten::var_mean.correction"};
+    if (!names.contains(n->target()) || !n->arg(0).is_value() || !cpu_tensor(n->arg(0).value())) return false;
+    c10::ScalarType in = n->arg(0).value()->meta().dtype;
+    if (!is_float(in)) return false;
+    for (const auto& r : n->results())
+      if (r->meta().dtype != in) return false;
+    for (size_t i = 1; i < n->args().size(); ++i)
+      if (!n->arg(i).is_constant()) return false;
+    // sum/mean's dtype= argument: only None or the input's own dtype.
+    const std::string& t = n->target();
+    size_t dtype_arg = t == "aten::sum" || t == "aten::mean"                   ? 1
+                       : t == "aten::sum.dim_IntList" || t == "aten::mean.dim" ? 3
+                                                                               : 0;
+    if (dtype_arg && dtype_arg < n->args().size() && !n->arg(dtype_arg).constant().isNone()) return false;
+    return true;
+  }
+
+  // -- buffers and realization --
+
+  int add_buffer(const ir::Value* v, Buffer::Kind kind) {
+    Buffer b;
+    b.kind = kind;
+    b.name = "buf" + std::to_string(p_.buffers.size()) + "_" + c_name(v->name());
+    b.value = v;
+    b.sizes = v->meta().sizes;
+    b.dtype = v->meta().dtype;
+    b.strides = kind == Buffer::Computed && !dense(v->meta()) ? contiguous_strides(b.sizes) : v->meta().strides;
+    int id = static_cast<int>(p_.buffers.size());
+    p_.buffers.push_back(std::move(b));
+    p_.buffer_of[v] = id;
+    Lazy& l = lazy_[v];
+    l.sizes = v->meta().sizes;
+    l.dtype = v->meta().dtype;
+    l.fn = [id](Body& body, const std::vector<Expr>& idx) { return body.load(id, idx); };
+    l.ops = 0;
+    l.nodes.clear();
+    // A buffer is not a view any more for the readers that come: but the
+    // view-ness (aliasing) of a value never changes; keep it.
+    return id;
+  }
+
+  static std::string c_name(const std::string& s) {
+    std::string out;
+    for (char c : s) out += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+    return out;
+  }
+
+  // Dense and non-overlapping: strides a permutation of some row-major
+  // strides, so a buffer can be allocated with them.
+  static bool dense(const ir::TensorMeta& m) {
+    std::vector<size_t> order(m.sizes.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return m.strides[a] > m.strides[b]; });
+    int64_t expected = 1;
+    for (size_t k = order.size(); k-- > 0;) {
+      size_t d = order[k];
+      if (m.sizes[d] == 1) continue;
+      if (m.strides[d] != expected) return false;
+      expected *= m.sizes[d];
+    }
+    return true;
+  }
+
+  void realize(const ir::Value* v) {
+    if (p_.buffer_of.contains(v)) return;
+    Lazy l = lazy_.at(v);
+    int id = add_buffer(v, Buffer::Computed);
+    Loop loop;
+    loop.buffer = id;
+    loop.sizes = l.sizes;
+    loop.fn = l.fn;
+    loop.nodes = l.nodes;
+    p_.buffers[id].loop = static_cast<int>(p_.loops.size());
+    p_.items.push_back({nullptr, static_cast<int>(p_.loops.size())});
+    p_.loops.push_back(std::move(loop));
+    lazy_[v].view = l.view;
+    lazy_[v].base = l.base;
+  }
+
+  // `v` as a tensor at run time: a view runs its view op on the (realized)
+  // base; anything else lazy is realized.
+  void ensure_tensor(const ir::Value* v) {
+    if (p_.buffer_of.contains(v)) return;
+    auto it = lazy_.find(v);
+    if (it == lazy_.end()) return;  // a non-tensor: extern results cover it
+    const ir::Node* n = v->node();
+    if (n->is_call() && kind_.at(n) == Kind::View) {
+      ensure_tensor(n->arg(0).value());
+      p_.items.push_back({n, -1});
+      for (const auto& r : n->results()) {
+        // The view's tensor exists now; readers keep the index map (cheaper
+        // than reading through the tensor, and the same elements).
+        PointwiseFn keep = lazy_.at(r.get()).fn;
+        add_buffer(r.get(), Buffer::Extern);
+        lazy_[r.get()].fn = keep;
+        lazy_[r.get()].view = true;
+      }
+      return;
+    }
+    realize(v);
+  }
+
+  bool needs_tensor(const ir::Value* v) const {
+    if (outputs_.contains(v)) return true;
+    for (const ir::Node* u : v->users())
+      if (u->is_output() || (u->is_call() && kind_.at(u) == Kind::Extern)) return true;
+    return false;
+  }
+
+  // -- pointwise --
+
+  // Operand `v` read at `index` (the result's multi-index): broadcast by
+  // aligning sizes right, size-1 dimensions read at 0.
+  static std::vector<Expr> broadcast(const std::vector<int64_t>& from, const std::vector<Expr>& index) {
+    std::vector<Expr> out(from.size());
+    size_t lead = index.size() - from.size();
+    for (size_t d = 0; d < from.size(); ++d) out[d] = from[d] == 1 ? Expr() : index[lead + d];
+    return out;
+  }
+
+  void lower_pointwise(const ir::Node* n) {
+    const PointwiseOp& op = table().at(n->target());
+    const ir::Value* out = n->result();
+    std::vector<Lazy> operands;
+    std::vector<bool> masks;
+    Lazy l;
+    l.sizes = out->meta().sizes;
+    l.dtype = out->meta().dtype;
+    l.ops = 1;
+    for (size_t i : op.tensor_args) {
+      const Lazy& a = lazy_.at(n->arg(i).value());
+      operands.push_back(a);
+      masks.push_back(std::find(op.bool_args.begin(), op.bool_args.end(), i) != op.bool_args.end());
+      l.ops += a.ops;
+      for (const ir::Node* m : a.nodes)
+        if (std::find(l.nodes.begin(), l.nodes.end(), m) == l.nodes.end()) l.nodes.push_back(m);
+    }
+    l.nodes.push_back(n);
+    std::string T = ctype_of(compute_type(n, op));
+    std::string R = ctype_of(l.dtype);
+    l.fn = [operands, masks, T, R, n, &op](Body& b, const std::vector<Expr>& index) {
+      std::vector<std::string> x;
+      int level = 0;
+      for (size_t k = 0; k < operands.size(); ++k) {
+        Val v = operands[k].fn(b, broadcast(operands[k].sizes, index));
+        level = std::max(level, v.level);
+        std::string t = ctype_of(operands[k].dtype);
+        x.push_back(masks[k] || t == T ? v.name : "static_cast<" + T + ">(" + v.name + ")");
+      }
+      std::string e = op.render(Ctx{x, n, T});
+      if (R != T) e = "static_cast<" + R + ">(" + e + ")";
+      return b.compute(e, level, R);
+    };
+    lazy_[out] = std::move(l);
+    size_t readers = out->users().size();
+    const Lazy& made = lazy_.at(out);
+    if (needs_tensor(out) || made.ops > kMaxInlineOps ||
+        (readers > 1 && (made.ops * static_cast<int>(readers - 1) > kMaxRecompute || full_loads(made) > 1)))
+      realize(out);
+  }
+
+  // The buffers of the lazy's size (not broadcast) its inlined body reads:
+  // inlined into several readers, each of them reads all of these again,
+  // where a realized value costs one write and one read per reader.
+  int full_loads(const Lazy& l) const {
+    Loop probe;
+    probe.sizes = l.sizes;
+    probe.fn = l.fn;
+    std::unordered_set<int> seen;
+    for (const Read& r : reads_of(p_, probe, probe.numel(), 1))
+      if (p_.buffers[r.buffer].numel() >= probe.numel()) seen.insert(r.buffer);
+    return static_cast<int>(seen.size());
+  }
+
+  // -- reductions --
+
+  std::vector<int64_t> reduced_dims(const ir::Node* n, size_t rank) const {
+    const std::string& t = n->target();
+    std::vector<int64_t> dims;
+    bool all = true;
+    if (t != "aten::sum" && t != "aten::mean") {
+      const c10::IValue& d = n->arg(1).constant();
+      if (d.isIntList() && !d.toIntVector().empty()) {
+        all = false;
+        for (int64_t x : d.toIntVector()) dims.push_back(wrap_dim(x, rank));
+      } else if (d.isInt()) {
+        all = false;
+        dims.push_back(wrap_dim(d.toInt(), rank));
+      }
+    }
+    if (all)
+      for (size_t i = 0; i < rank; ++i) dims.push_back(static_cast<int64_t>(i));
+    std::sort(dims.begin(), dims.end());
+    dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+    return dims;
+  }
+
+  void lower_reduction(const ir::Node* n) {
+    const std::string& t = n->target();
+    const ir::Value* xv = n->arg(0).value();
+    Lazy x = lazy_.at(xv);
+    const std::vector<int64_t>& xs = x.sizes;
+    std::vector<int64_t> dims = reduced_dims(n, xs.size());
+    std::vector<bool> reduced(xs.size(), false);
+    std::vector<int64_t> rsizes;
+    for (int64_t d : dims)
+      if (d < static_cast<int64_t>(xs.size())) {
+        reduced[d] = true;
+        rsizes.push_back(xs[d]);
+      }
+    bool keepdim = false;
+    if (t == "aten::sum.dim_IntList" || t == "aten::mean.dim" || t == "aten::amax" || t == "aten::amin")
+      keepdim = n->arg(2).constant().toBool();
+    else if (t == "aten::var_mean.dim")
+      keepdim = n->arg(3).constant().toBool();
+    else if (t == "aten::var_mean.correction")
+      keepdim = n->arg(3).constant().toBool();
+    // The operand at (kept index, reduced index): kept index in the
+    // result's sizes, with keepdim's size-1 dims skipped.
+    auto operand = [x, reduced, keepdim](Body& b, const std::vector<Expr>& index, const std::vector<Expr>& rindex) {
+      std::vector<Expr> in(reduced.size());
+      size_t k = 0, j = 0;
+      for (size_t d = 0; d < reduced.size(); ++d) {
+        if (reduced[d]) {
+          in[d] = rindex[j++];
+          if (keepdim) ++k;
+        } else {
+          in[d] = index[k++];
+        }
+      }
+      return x.fn(b, in);
+    };
+    int64_t count = 1;
+    for (int64_t s : rsizes) count *= s;
+    std::string T = ctype_of(x.dtype);
+    bool column = false;
+    {
+      const ir::TensorMeta& m = xv->meta();
+      int64_t fastest = -1;
+      for (size_t d = 0; d < m.sizes.size(); ++d)
+        if (m.sizes[d] > 1 && (fastest < 0 || m.strides[d] < m.strides[fastest])) fastest = static_cast<int64_t>(d);
+      bool reduces = false;
+      for (size_t d = 0; d < xs.size(); ++d) reduces = reduces || (reduced[d] && xs[d] > 1);
+      column = fastest >= 0 && !reduced[fastest] && reduces;
+    }
+    auto add_loop = [&](const ir::Value* v, ReductionType type, ReduceFn fn, std::string finalize) {
+      int id = add_buffer(v, Buffer::Computed);
+      Loop loop;
+      loop.buffer = id;
+      loop.sizes = v->meta().sizes;
+      loop.reduction = true;
+      loop.rsizes = rsizes;
+      loop.rtype = type;
+      loop.rfn = std::move(fn);
+      loop.finalize = std::move(finalize);
+      loop.column = column;
+      loop.nodes = x.nodes;
+      loop.nodes.push_back(n);
+      p_.buffers[id].loop = static_cast<int>(p_.loops.size());
+      p_.items.push_back({nullptr, static_cast<int>(p_.loops.size())});
+      p_.loops.push_back(std::move(loop));
+    };
+    std::string mean = "$ / " + T + "(" + std::to_string(count) + ")";
+    if (t == "aten::sum.dim_IntList" || t == "aten::sum") {
+      add_loop(n->result(), ReductionType::Sum, operand, "");
+    } else if (t == "aten::mean.dim" || t == "aten::mean") {
+      add_loop(n->result(), ReductionType::Sum, operand, mean);
+    } else if (t == "aten::amax" || t == "aten::amin") {
+      add_loop(n->result(), t == "aten::amax" ? ReductionType::Max : ReductionType::Min, operand, "");
+    } else {
+      // var_mean: the mean, then Σ(x - mean)² over count - correction
+      // (ATen's Welford gives the same values up to rounding).
+      double correction = 1;
+      if (t == "aten::var_mean.dim") {
+        correction = n->arg(2).constant().toBool() ? 1 : 0;
+      } else {
+        const c10::IValue& c = n->arg(2).constant();
+        correction = c.isNone() ? 1 : c.isDouble() ? c.toDouble() : c.isInt() ? c.toInt() : c.toScalar().toDouble();
+      }
+      const ir::Value* var = n->result(0);
+      const ir::Value* mv = n->result(1);
+      add_loop(mv, ReductionType::Sum, operand, mean);
+      int mean_buffer = p_.buffer_of.at(mv);
+      auto squared = [operand, mean_buffer, T](Body& b, const std::vector<Expr>& index,
+                                               const std::vector<Expr>& rindex) {
+        Val xv2 = operand(b, index, rindex);
+        Val m = b.load(mean_buffer, index);
+        Val d = b.compute("(" + xv2.name + " - " + m.name + ")", std::max(xv2.level, m.level), T);
+        return b.compute("(" + d.name + " * " + d.name + ")", d.level, T);
+      };
+      char div[64];
+      std::snprintf(div, sizeof div, "%.17g", std::max(0.0, static_cast<double>(count) - correction));
+      add_loop(var, ReductionType::Sum, squared, "$ / " + T + "(" + div + ")");
+    }
+  }
+
+  // -- views --
+
+  void lower_view(const ir::Node* n) {
+    const ir::Value* base = n->arg(0).value();
+    Lazy in = lazy_.at(base);
+    const std::string& t = n->target();
+    const std::vector<int64_t>& is = in.sizes;
+    for (size_t k = 0; k < n->num_results(); ++k) {
+      const ir::Value* out = n->result(k);
+      const std::vector<int64_t>& os = out->meta().sizes;
+      std::function<std::vector<Expr>(const std::vector<Expr>&)> map;
+      if (t == "aten::view" || t == "aten::_unsafe_view" || t == "aten::reshape") {
+        map = [is, os](const std::vector<Expr>& i) { return unravel(dot(i, contiguous_strides(os)), is); };
+      } else if (t == "aten::expand") {
+        map = [is](const std::vector<Expr>& i) { return broadcast(is, i); };
+      } else if (t == "aten::permute" || t == "aten::transpose.int" || t == "aten::t") {
+        std::vector<int64_t> perm(is.size());
+        for (size_t d = 0; d < perm.size(); ++d) perm[d] = static_cast<int64_t>(d);
+        if (t == "aten::permute") {
+          auto p = n->arg(1).constant().toIntVector();
+          for (size_t d = 0; d < p.size(); ++d) perm[d] = wrap_dim(p[d], is.size());
+        } else if (is.size() == 2 || t == "aten::transpose.int") {
+          int64_t a = t == "aten::t" ? 0 : wrap_dim(n->arg(1).constant().toInt(), is.size());
+          int64_t b = t == "aten::t" ? 1 : wrap_dim(n->arg(2).constant().toInt(), is.size());
+          if (!is.empty()) std::swap(perm[a], perm[b]);
+        }
+        map = [perm](const std::vector<Expr>& i) {
+          std::vector<Expr> r(perm.size());
+          for (size_t d = 0; d < perm.size(); ++d) r[perm[d]] = i[d];
+          return r;
+        };
+      } else if (t == "aten::unsqueeze" || t == "aten::squeeze.dim" || t == "aten::squeeze.dims" ||
+                 t == "aten::squeeze") {
+        if (t == "aten::unsqueeze") {
+          int64_t d0 = wrap_dim(n->arg(1).constant().toInt(), os.size());
+          map = [d0](const std::vector<Expr>& i) {
+            std::vector<Expr> r;
+            for (size_t d = 0; d < i.size(); ++d)
+              if (static_cast<int64_t>(d) != d0) r.push_back(i[d]);
+            return r;
+          };
+        } else {
+          std::vector<bool> dropped(is.size(), false);
+          if (t == "aten::squeeze") {
+            for (size_t d = 0; d < is.size(); ++d) dropped[d] = is[d] == 1;
+          } else {
+            const c10::IValue& a = n->arg(1).constant();
+            std::vector<int64_t> ds = a.isInt() ? std::vector<int64_t>{a.toInt()} : a.toIntVector();
+            for (int64_t d : ds) {
+              int64_t w = wrap_dim(d, is.size());
+              if (w < static_cast<int64_t>(is.size()) && is[w] == 1) dropped[w] = true;
+            }
+          }
+          map = [dropped](const std::vector<Expr>& i) {
+            std::vector<Expr> r(dropped.size());
+            size_t j = 0;
+            for (size_t d = 0; d < dropped.size(); ++d) r[d] = dropped[d] ? Expr() : i[j++];
+            return r;
+          };
+        }
+      } else if (t == "aten::slice.Tensor" || t == "aten::split.Tensor" || t == "aten::split_with_sizes") {
+        int64_t dim = 0, start = 0, step = 1;
+        if (t == "aten::slice.Tensor") {
+          dim = wrap_dim(n->arg(1).constant().toInt(), is.size());
+          const c10::IValue& s = n->arg(2).constant();
+          start = s.isNone() ? 0 : s.toInt();
+          if (start < 0) start += is[dim];
+          start = std::clamp<int64_t>(start, 0, is[dim]);
+          step = n->arg(4).constant().toInt();
+        } else {
+          dim = wrap_dim(n->arg(2).constant().toInt(), is.size());
+          for (size_t j = 0; j < k; ++j) start += n->result(j)->meta().sizes[dim];
+        }
+        map = [dim, start, step](const std::vector<Expr>& i) {
+          std::vector<Expr> r = i;
+          r[dim] = i[dim] * step + Expr(start);
+          return r;
+        };
+      } else if (t == "aten::select.int" || t == "aten::unbind.int") {
+        int64_t dim = wrap_dim(n->arg(1).constant().toInt(), is.size());
+        int64_t index = t == "aten::unbind.int" ? static_cast<int64_t>(k) : n->arg(2).constant().toInt();
+        if (index < 0) index += is[dim];
+        map = [dim, index](const std::vector<Expr>& i) {
+          std::vector<Expr> r = i;
+          r.insert(r.begin() + dim, Expr(index));
+          return r;
+        };
+      } else {  // alias, detach, lift_fresh
+        map = [](const std::vector<Expr>& i) { return i; };
+      }
+      Lazy l;
+      l.sizes = os;
+      l.dtype = out->meta().dtype;
+      l.ops = in.ops;
+      l.nodes = in.nodes;
+      l.view = true;
+      l.base = base;
+      PointwiseFn f = in.fn;
+      l.fn = [f, map](Body& b, const std::vector<Expr>& i) { return f(b, map(i)); };
+      lazy_[out] = std::move(l);
+    }
+    bool tensor = false;
+    for (const auto& r : n->results()) tensor = tensor || needs_tensor(r.get());
+    if (tensor) ensure_tensor(n->result());
+  }
+
+  // -- extern kernels --
+
+  // The buffer a value's memory belongs to (a view's is its base's).
+  const ir::Value* root(const ir::Value* v) const {
+    auto it = lazy_.find(v);
+    while (it != lazy_.end() && it->second.view && it->second.base) {
+      v = it->second.base;
+      it = lazy_.find(v);
+    }
+    return v;
+  }
+
+  void lower_extern(const ir::Node* n) {
+    if (n->is_mutating()) {
+      std::unordered_set<int> written;
+      const auto& formals = n->schema().arguments();
+      for (size_t i = 0; i < n->args().size() && i < formals.size(); ++i) {
+        const auto* alias = formals[i].alias_info();
+        if (!alias || !alias->isWrite()) continue;
+        for (const ir::Value* v : n->arg(i).values())
+          if (auto b = p_.buffer_of.find(root(v)); b != p_.buffer_of.end()) written.insert(b->second);
+      }
+      // A view of a written buffer aliases it (its readers see the write, as
+      // in eager); anything else computed from it is realized now.
+      std::vector<const ir::Value*> pending;
+      for (const auto& [v, l] : lazy_) {
+        if (p_.buffer_of.contains(v) || pending_[v] <= 0) continue;
+        auto rb = p_.buffer_of.find(root(v));
+        if (l.view && rb != p_.buffer_of.end() && written.contains(rb->second)) continue;
+        pending.push_back(v);
+      }
+      std::sort(pending.begin(), pending.end(), [&](const ir::Value* a, const ir::Value* b) {
+        return order_.at(a->node()) != order_.at(b->node()) ? order_.at(a->node()) < order_.at(b->node())
+                                                            : a->index() < b->index();
+      });
+      for (const ir::Value* v : pending) {
+        Loop probe;
+        probe.sizes = lazy_.at(v).sizes;
+        probe.fn = lazy_.at(v).fn;
+        for (const Read& r : reads_of(p_, probe, probe.numel(), 1))
+          if (written.contains(r.buffer)) {
+            realize(v);
+            break;
+          }
+      }
+    }
+    for (const ir::Value* v : n->inputs()) ensure_tensor(v);
+    p_.items.push_back({n, -1});
+    for (const auto& r : n->results())
+      if (cpu_tensor(r.get())) add_buffer(r.get(), Buffer::Extern);
+  }
+
+  const ir::Graph& g_;
+  Program p_;
+  std::unordered_map<const ir::Node*, Kind> kind_;
+  std::unordered_map<const ir::Node*, size_t> order_;
+  std::unordered_map<const ir::Value*, Lazy> lazy_;
+  std::unordered_map<const ir::Value*, int> pending_;
+  std::unordered_set<const ir::Value*> outputs_;
+};
+
+}  // namespace
+
+Program lower(const ir::Graph& graph) { return Lowerer(graph).run(); }
+
+}  // namespace crucible::inductor::detail
