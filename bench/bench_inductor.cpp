@@ -1,10 +1,18 @@
-// The inductor backend on a chain of 8 pointwise ops over 16M floats,
-// registered as:
-//   BM_InductorChain8/eager     the 8 ATen ops one after another
-//   BM_InductorChain8/inductor  compile_fx_inner's fused loop
-//   BM_InductorCopy             a plain copy of the same tensor (the bound)
-// bytes_per_second counts the minimum traffic (read x once, write y once)
-// for all three, so the figures compare directly.
+// The inductor backend against eager ATen, registered as:
+//   BM_InductorChain8/eager             8 pointwise ATen ops over 16M floats, one after another
+//   BM_InductorChain8/inductor          compile_fx_inner's fused loop for the same chain
+//   BM_InductorCopy                     a plain copy of the same tensor (the bound)
+//   BM_InductorSoftmax/eager            at::softmax over the rows of [8192, 1024] f32
+//   BM_InductorSoftmax/inductor         the decomposed graph: amax, sub, exp, sum, div
+//   BM_InductorSoftmaxBackward/eager    at::_softmax_backward_data over the same rows
+//   BM_InductorSoftmaxBackward/inductor grad*y - y*sum(grad*y, -1, keepdim)
+//   BM_InductorLayerNorm/eager          at::layer_norm over the rows of [8192, 1024] f32, weight and bias
+//   BM_InductorLayerNorm/inductor       the decomposed graph: var_mean.dim, add eps, rsqrt, sub, mul, mul w, add b
+//   BM_InductorColumnSum/eager          at::sum over dim 0 of [8192, 1024] f32
+//   BM_InductorColumnSum/inductor       sum.dim_IntList over dim 0
+// bytes_per_second counts the minimum traffic of each computation (every
+// input read once, every output written once), the same for its eager and
+// inductor rows, so the figures compare directly.
 #include <crucible/inductor/compile_fx.h>
 #include <crucible/ir/graph.h>
 #include <crucible/ir/propagate_meta.h>
@@ -19,6 +27,11 @@ namespace {
 using namespace crucible;
 
 constexpr int64_t kNumel = int64_t{1} << 24;
+// The rows the softmax, layer norm and column-sum rows work on: a batch of
+// 8192 rows of 1024 floats (32 MiB), a transformer's hidden size.
+constexpr int64_t kRows = 8192;
+constexpr int64_t kCols = 1024;
+constexpr int64_t kFloatBytes = static_cast<int64_t>(sizeof(float));
 
 at::Tensor chain_eager(const at::Tensor& x) {
   at::Tensor y = x * 1.5;
@@ -48,30 +61,160 @@ ir::Graph chain_graph(const at::Tensor& x) {
   return g;
 }
 
-void set_bytes(benchmark::State& state) {
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * 2 * kNumel * static_cast<int64_t>(sizeof(float)));
+// softmax(x, -1) as our graphs decompose it.
+ir::Graph softmax_graph(const at::Tensor& x) {
+  ir::Graph g;
+  ir::Value* px = g.add_placeholder("x", ir::TensorMeta::of(x));
+  ir::Value* m = g.add_call("aten::amax", {px, std::vector<int64_t>{-1}, true})->result();
+  ir::Value* d = g.add_call("aten::sub.Tensor", {px, m, c10::Scalar(1)})->result();
+  ir::Value* e = g.add_call("aten::exp", {d})->result();
+  ir::Value* s = g.add_call("aten::sum.dim_IntList", {e, std::vector<int64_t>{-1}, true})->result();
+  ir::Value* y = g.add_call("aten::div.Tensor", {e, s})->result();
+  g.set_output({y});
+  ir::propagate_meta(g);
+  return g;
 }
+
+// The softmax backward as our graphs decompose it: grad*y - y*sum(grad*y, -1, keepdim).
+ir::Graph softmax_backward_graph(const at::Tensor& grad, const at::Tensor& y) {
+  ir::Graph g;
+  ir::Value* pg = g.add_placeholder("grad", ir::TensorMeta::of(grad));
+  ir::Value* py = g.add_placeholder("y", ir::TensorMeta::of(y));
+  ir::Value* gy = g.add_call("aten::mul.Tensor", {pg, py})->result();
+  ir::Value* s = g.add_call("aten::sum.dim_IntList", {gy, std::vector<int64_t>{-1}, true})->result();
+  ir::Value* ys = g.add_call("aten::mul.Tensor", {py, s})->result();
+  ir::Value* dx = g.add_call("aten::sub.Tensor", {gy, ys, c10::Scalar(1)})->result();
+  g.set_output({dx});
+  ir::propagate_meta(g);
+  return g;
+}
+
+// layer_norm(x, [C], w, b, eps) as our graphs decompose native_layer_norm.
+ir::Graph layer_norm_graph(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps) {
+  ir::Graph g;
+  ir::Value* px = g.add_placeholder("x", ir::TensorMeta::of(x));
+  ir::Value* pw = g.add_placeholder("w", ir::TensorMeta::of(w));
+  ir::Value* pb = g.add_placeholder("b", ir::TensorMeta::of(b));
+  ir::Node* vm = g.add_call("aten::var_mean.dim", {px, std::vector<int64_t>{x.dim() - 1}, false, true});
+  ir::Value* ve = g.add_call("aten::add.Scalar", {vm->result(0), c10::Scalar(eps), c10::Scalar(1)})->result();
+  ir::Value* rstd = g.add_call("aten::rsqrt", {ve})->result();
+  ir::Value* xc = g.add_call("aten::sub.Tensor", {px, vm->result(1), c10::Scalar(1)})->result();
+  ir::Value* xhat = g.add_call("aten::mul.Tensor", {xc, rstd})->result();
+  ir::Value* yw = g.add_call("aten::mul.Tensor", {xhat, pw})->result();
+  ir::Value* y = g.add_call("aten::add.Tensor", {yw, pb, c10::Scalar(1)})->result();
+  g.set_output({y});
+  ir::propagate_meta(g);
+  return g;
+}
+
+ir::Graph column_sum_graph(const at::Tensor& x) {
+  ir::Graph g;
+  ir::Value* px = g.add_placeholder("x", ir::TensorMeta::of(x));
+  ir::Value* s = g.add_call("aten::sum.dim_IntList", {px, std::vector<int64_t>{0}, false})->result();
+  g.set_output({s});
+  ir::propagate_meta(g);
+  return g;
+}
+
+void set_bytes(benchmark::State& state, int64_t bytes_per_iteration) {
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * bytes_per_iteration);
+}
+
+// Runs a compiled graph on `inputs` for every iteration.
+void run_compiled(benchmark::State& state, const ir::CompiledFn& fn, const std::vector<at::Tensor>& inputs) {
+  for (auto _ : state) {
+    std::vector<at::Tensor> in = inputs;
+    benchmark::DoNotOptimize(fn(in));
+  }
+}
+
+// --- an 8-op pointwise chain ---------------------------------------------------------
+
+constexpr int64_t kChainBytes = 2 * kNumel * kFloatBytes;  // read x, write y
 
 void BM_InductorChain8_eager(benchmark::State& state) {
   at::Tensor x = at::randn({kNumel});
   for (auto _ : state) benchmark::DoNotOptimize(chain_eager(x));
-  set_bytes(state);
+  set_bytes(state, kChainBytes);
 }
 
 void BM_InductorChain8_inductor(benchmark::State& state) {
   at::Tensor x = at::randn({kNumel});
-  ir::CompiledFn fn = inductor::compile_fx_inner(chain_graph(x), {x});
-  for (auto _ : state) {
-    std::vector<at::Tensor> in{x};
-    benchmark::DoNotOptimize(fn(in));
-  }
-  set_bytes(state);
+  run_compiled(state, inductor::compile_fx_inner(chain_graph(x), {x}), {x});
+  set_bytes(state, kChainBytes);
 }
 
 void BM_InductorCopy(benchmark::State& state) {
   at::Tensor x = at::randn({kNumel});
   for (auto _ : state) benchmark::DoNotOptimize(x.clone());
-  set_bytes(state);
+  set_bytes(state, kChainBytes);
+}
+
+// --- softmax rows ----------------------------------------------------------------------
+
+constexpr int64_t kSoftmaxBytes = 2 * kRows * kCols * kFloatBytes;  // read x, write y
+
+void BM_InductorSoftmax_eager(benchmark::State& state) {
+  at::Tensor x = at::randn({kRows, kCols});
+  for (auto _ : state) benchmark::DoNotOptimize(at::softmax(x, -1));
+  set_bytes(state, kSoftmaxBytes);
+}
+
+void BM_InductorSoftmax_inductor(benchmark::State& state) {
+  at::Tensor x = at::randn({kRows, kCols});
+  run_compiled(state, inductor::compile_fx_inner(softmax_graph(x), {x}), {x});
+  set_bytes(state, kSoftmaxBytes);
+}
+
+// --- softmax backward rows --------------------------------------------------------------
+
+constexpr int64_t kSoftmaxBackwardBytes = 3 * kRows * kCols * kFloatBytes;  // read grad and y, write dx
+
+void BM_InductorSoftmaxBackward_eager(benchmark::State& state) {
+  at::Tensor grad = at::randn({kRows, kCols});
+  at::Tensor y = at::softmax(at::randn({kRows, kCols}), -1);
+  for (auto _ : state) benchmark::DoNotOptimize(at::_softmax_backward_data(grad, y, -1, at::kFloat));
+  set_bytes(state, kSoftmaxBackwardBytes);
+}
+
+void BM_InductorSoftmaxBackward_inductor(benchmark::State& state) {
+  at::Tensor grad = at::randn({kRows, kCols});
+  at::Tensor y = at::softmax(at::randn({kRows, kCols}), -1);
+  run_compiled(state, inductor::compile_fx_inner(softmax_backward_graph(grad, y), {grad, y}), {grad, y});
+  set_bytes(state, kSoftmaxBackwardBytes);
+}
+
+// --- layer norm rows --------------------------------------------------------------------
+
+constexpr double kEps = 1e-5;
+constexpr int64_t kLayerNormBytes = (2 * kRows * kCols + 2 * kCols) * kFloatBytes;  // read x, w, b; write y
+
+void BM_InductorLayerNorm_eager(benchmark::State& state) {
+  at::Tensor x = at::randn({kRows, kCols}), w = at::randn({kCols}), b = at::randn({kCols});
+  for (auto _ : state) benchmark::DoNotOptimize(at::layer_norm(x, {kCols}, w, b, kEps));
+  set_bytes(state, kLayerNormBytes);
+}
+
+void BM_InductorLayerNorm_inductor(benchmark::State& state) {
+  at::Tensor x = at::randn({kRows, kCols}), w = at::randn({kCols}), b = at::randn({kCols});
+  run_compiled(state, inductor::compile_fx_inner(layer_norm_graph(x, w, b, kEps), {x, w, b}), {x, w, b});
+  set_bytes(state, kLayerNormBytes);
+}
+
+// --- a column reduction ------------------------------------------------------------------
+
+constexpr int64_t kColumnSumBytes = (kRows * kCols + kCols) * kFloatBytes;  // read x, write the [C] sums
+
+void BM_InductorColumnSum_eager(benchmark::State& state) {
+  at::Tensor x = at::randn({kRows, kCols});
+  for (auto _ : state) benchmark::DoNotOptimize(at::sum(x, {0}));
+  set_bytes(state, kColumnSumBytes);
+}
+
+void BM_InductorColumnSum_inductor(benchmark::State& state) {
+  at::Tensor x = at::randn({kRows, kCols});
+  run_compiled(state, inductor::compile_fx_inner(column_sum_graph(x), {x}), {x});
+  set_bytes(state, kColumnSumBytes);
 }
 
 }  // namespace
@@ -79,3 +222,26 @@ void BM_InductorCopy(benchmark::State& state) {
 BENCHMARK(BM_InductorChain8_eager)->Name("BM_InductorChain8/eager")->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_InductorChain8_inductor)->Name("BM_InductorChain8/inductor")->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_InductorCopy)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_InductorSoftmax_eager)->Name("BM_InductorSoftmax/eager")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_InductorSoftmax_inductor)
+    ->Name("BM_InductorSoftmax/inductor")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_InductorSoftmaxBackward_eager)
+    ->Name("BM_InductorSoftmaxBackward/eager")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_InductorSoftmaxBackward_inductor)
+    ->Name("BM_InductorSoftmaxBackward/inductor")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_InductorLayerNorm_eager)->Name("BM_InductorLayerNorm/eager")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_InductorLayerNorm_inductor)
+    ->Name("BM_InductorLayerNorm/inductor")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_InductorColumnSum_eager)->Name("BM_InductorColumnSum/eager")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_InductorColumnSum_inductor)
+    ->Name("BM_InductorColumnSum/inductor")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();

@@ -12,6 +12,9 @@
 //                  in-memory cache lookup (there is no disk cache, and the
 //                  interpreter keeps none of its own)
 //   StepCompiled / StepEager  one SGD training step, compiled vs eager
+//   StepInductor   the same step through the inductor backend, traced with
+//                  the core decompositions (softmax, layer norm, gelu and
+//                  the losses as the math they compute, for fusion)
 #include "bench_pipeline.h"
 #include "zoo_setup.h"
 
@@ -21,6 +24,7 @@
 #include <crucible/models/zoo.h>
 #include <crucible/partitioner/default_partition.h>
 #include <crucible/pipeline/builder.h>
+#include <crucible/tracer/decomposition.h>
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
@@ -113,6 +117,16 @@ void step_compiled(benchmark::State& state, const std::string& name) {
   for (auto _ : state) benchmark::DoNotOptimize(step(s.batch).item<double>());
 }
 
+void step_inductor(benchmark::State& state, const std::string& name) {
+  Setup s(name);
+  const pipeline::TrainStep step = pipeline::Builder()
+                                       .decompositions(tracer::core_aten_decompositions())
+                                       .backend("inductor")
+                                       .compile_train_step(s.model.module, *s.optimizer, s.loss());
+  step.compile(s.batch);
+  for (auto _ : state) benchmark::DoNotOptimize(step(s.batch).item<double>());
+}
+
 void step_eager(benchmark::State& state, const std::string& name) {
   Setup s(name);
   for (auto _ : state) {
@@ -139,6 +153,7 @@ const std::vector<std::pair<std::string, PipelineBenchFn>>& pipeline_stages() {
       {"BackendCold", backend_cold},
       {"BackendCached", backend_cached},
       {"StepCompiled", step_compiled},
+      {"StepInductor", step_inductor},
       {"StepEager", step_eager},
   };
   return stages;
