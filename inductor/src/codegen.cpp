@@ -70,8 +70,7 @@ class Scheduler {
       auto b = p_.buffer_of.find(v);
       if (b == p_.buffer_of.end()) continue;
       const Buffer& buf = p_.buffers[b->second];
-      if (buf.kind == Buffer::Computed && std::find(g.loops.begin(), g.loops.end(), buf.loop) != g.loops.end())
-        return true;
+      if (buf.loop >= 0 && std::find(g.loops.begin(), g.loops.end(), buf.loop) != g.loops.end()) return true;
     }
     return false;
   }
@@ -101,11 +100,22 @@ class Scheduler {
     Expr o = Expr::var("o", t.outer);
     for (const Read& r : reads_of(p_, l, t.outer, t.inner)) {
       const Buffer& buf = p_.buffers[r.buffer];
-      if (buf.kind != Buffer::Computed || std::find(t.loops.begin(), t.loops.end(), buf.loop) == t.loops.end())
-        continue;
+      if (buf.loop < 0 || std::find(t.loops.begin(), t.loops.end(), buf.loop) == t.loops.end()) continue;
       Stage s = stage_of(p_.loops[buf.loop], t);
       Expr row = s == Stage::Inner ? floordiv(r.flat, t.inner) : r.flat;
       if (!(row == o)) return false;
+    }
+    // A loop writing a graph input in place (Note [In-place write-backs]):
+    // the group's earlier reads of that input must be in the outer
+    // iteration that overwrites them.
+    if (p_.buffers[l.buffer].kind == Buffer::Input) {
+      Stage s = stage_of(l, t);
+      for (int other : t.loops)
+        for (const Read& r : reads_of(p_, p_.loops[other], t.outer, t.inner)) {
+          if (r.buffer != l.buffer) continue;
+          Expr row = s == Stage::Inner ? floordiv(r.flat, t.inner) : r.flat;
+          if (!(row == o)) return false;
+        }
     }
     t.loops.push_back(loop_index);
     g = std::move(t);
@@ -154,6 +164,16 @@ class CppBody : public Body {
     cache.emplace(expr, name);
     lines_[level] += "const " + ctype + " " + name + " = " + expr + ";\n";
     return {name, level};
+  }
+
+  // A store to `b`: loads of it cached before (an in-place write's old
+  // values) must not stand for what later stages read.
+  void stored(int b) {
+    auto it = arg_names_.find(b);
+    if (it == arg_names_.end()) return;
+    const std::string prefix = it->second + "[";
+    for (auto& cache : cache_)
+      std::erase_if(cache, [&](const auto& kv) { return kv.first.compare(0, prefix.size(), prefix) == 0; });
   }
 
   std::string take(int level) {
@@ -338,6 +358,7 @@ std::string render_group(const Program& p, const Group& g, const GroupInfo& info
       if (external) {
         Expr at = dot(unravel(o, l.sizes), buf.strides);
         per_outer += body.arg(l.buffer) + "[" + at.str() + "] = " + v.name + ";\n";
+        body.stored(l.buffer);
       }
       body.locals_[l.buffer] = v.name;
     } else if (stage == Stage::Inner) {
@@ -347,6 +368,7 @@ std::string render_group(const Program& p, const Group& g, const GroupInfo& info
       if (external) {
         Expr at = dot(unravel(o * g.inner + r, l.sizes), buf.strides);
         store = body.arg(l.buffer) + "[" + at.str() + "] = " + v.name + ";\n";
+        body.stored(l.buffer);
       } else {
         store = body.scratch(l.buffer) + "[r] = " + v.name + ";\n";
       }
@@ -465,7 +487,11 @@ Schedule compile_schedule(const ir::Graph& graph, int threads) {
     for (int li : s.groups[gi].loops) group_of[p.loops[li].buffer] = static_cast<int>(gi);
   std::vector<GroupInfo> info(s.groups.size());
   for (size_t gi = 0; gi < s.groups.size(); ++gi)
-    for (int li : s.groups[gi].loops) info[gi].produced.insert(p.loops[li].buffer);
+    for (int li : s.groups[gi].loops) {
+      int b = p.loops[li].buffer;
+      info[gi].produced.insert(b);
+      if (p.buffers[b].kind == Buffer::Input) info[gi].external.insert(b);  // written in place
+    }
   auto mark = [&](int b, int reader_group) {
     auto it = group_of.find(b);
     if (it != group_of.end() && it->second != reader_group) info[it->second].external.insert(b);

@@ -10,6 +10,7 @@
 #include <ATen/core/List.h>
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty_strided.h>
+#include <c10/util/Exception.h>
 
 #include <iostream>
 #include <limits>
@@ -174,10 +175,10 @@ class Planner {
         a.sizes = b.sizes;
         a.strides = b.strides;
         a.dtype = b.dtype;
-        if (a.written)
+        if (a.written && b.kind != detail::Buffer::Input)
           a.slot = define(b.value);
         else
-          a.source = source(b.value, step_index);
+          a.source = source(b.value, step_index);  // read, or written in place
       }
     p_.steps.push_back(std::move(st));
   }
@@ -244,9 +245,10 @@ void run_kernel(const Step& st, std::vector<c10::IValue>& slots) {
   std::vector<at::Tensor> keep;
   keep.reserve(st.kernel_args.size());
   std::vector<void*> ptrs(st.kernel_args.size());
+  std::vector<std::pair<at::Tensor, at::Tensor>> write_back;  // (caller's tensor, the copy written)
   for (size_t i = 0; i < st.kernel_args.size(); ++i) {
     const KernelArg& a = st.kernel_args[i];
-    if (a.written) continue;
+    if (a.written && a.slot != kNone) continue;
     at::Tensor t = read(a.source, slots).toTensor();
     // Guard the layout the kernel was generated for: a caller may pass a
     // tensor whose strides or dtype differ from the graph's metadata.
@@ -257,6 +259,7 @@ void run_kernel(const Step& st, std::vector<c10::IValue>& slots) {
                             "; the inputs differ from the compiled graph's");
       at::Tensor c = at::empty_strided(a.sizes, a.strides, at::TensorOptions().dtype(a.dtype));
       c.copy_(t);
+      if (a.written) write_back.emplace_back(t, c);  // an input written in place: copied back after
       t = std::move(c);
     }
     ptrs[i] = t.data_ptr();
@@ -264,12 +267,13 @@ void run_kernel(const Step& st, std::vector<c10::IValue>& slots) {
   }
   for (size_t i = 0; i < st.kernel_args.size(); ++i) {
     const KernelArg& a = st.kernel_args[i];
-    if (!a.written) continue;
+    if (!a.written || a.slot == kNone) continue;
     at::Tensor t = at::empty_strided(a.sizes, a.strides, at::TensorOptions().dtype(a.dtype));
     ptrs[i] = t.data_ptr();
     slots[a.slot] = std::move(t);
   }
   st.fn(ptrs.data());
+  for (auto& [caller, written] : write_back) caller.copy_(written);
 }
 
 }  // namespace
@@ -284,7 +288,15 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
   plan->graph = std::make_shared<ir::Graph>(graph.clone());
   if (!plan->graph->output_node())
     throw InductorError("inductor: the graph has no output node; call Graph::set_output first");
-  detail::Schedule s = detail::compile_schedule(*plan->graph, options.threads);
+  detail::Schedule s;
+  try {
+    s = detail::compile_schedule(*plan->graph, options.threads);
+  } catch (const std::exception& e) {
+    // A node lowering did not expect (an argument of an unusual kind): the
+    // graph is still valid, so it runs on the interpreter rather than fail.
+    TORCH_WARN("inductor: lowering failed (", e.what(), "); this graph runs on the interpreter");
+    return ir::interpret(graph);
+  }
   const std::string& source = s.source;
   if (options.print_generated_code && !source.empty()) std::cerr << source;
   try {

@@ -46,21 +46,23 @@ using Render = std::function<std::string(const Ctx&)>;
 
 struct PointwiseOp {
   PointwiseOp(std::vector<size_t> tensors, std::vector<size_t> scalars, Render r, bool in_operands = false,
-              bool integers = false, std::vector<size_t> masks = {})
+              bool integers = false, std::vector<size_t> masks = {}, std::vector<size_t> unread = {})
       : tensor_args(std::move(tensors)),
         scalar_args(std::move(scalars)),
         render(std::move(r)),
         compute_in_operands(in_operands),
         integer_ok(integers),
-        bool_args(std::move(masks)) {}
+        bool_args(std::move(masks)),
+        unread_args(std::move(unread)) {}
   std::vector<size_t> tensor_args;  // positions of tensor operands, in x's order
   std::vector<size_t> scalar_args;  // positions that must be numeric constants
   Render render;
   // The type the formula runs in: the result's (arithmetic, casts) or the
   // operands' common type (comparisons, whose result is bool).
   bool compute_in_operands = false;
-  bool integer_ok = false;        // also lowered for i64/i32 (and bool where it makes sense)
-  std::vector<size_t> bool_args;  // tensor operands read as bool masks, not cast
+  bool integer_ok = false;          // also lowered for i64/i32 (and bool where it makes sense)
+  std::vector<size_t> bool_args;    // tensor operands read as bool masks, not cast
+  std::vector<size_t> unread_args;  // tensors that only give the result's size and dtype (copy's self)
 };
 
 std::string literal(const c10::IValue& v, const std::string& T) {
@@ -229,7 +231,8 @@ const std::unordered_map<std::string, PointwiseOp>& table() {
       {"aten::to.dtype", {{0}, {}, identity(), false, true}},
       {"aten::_to_copy", {{0}, {}, identity(), false, true}},
       {"aten::clone", {{0}, {}, identity(), false, true}},
-      {"aten::copy", {{1}, {}, identity(), false, true}},  // copy(self, src): src, as self's dtype and size
+      // copy(self, src): src, as self's dtype and size; self's elements are not read.
+      {"aten::copy", {{1}, {}, identity(), false, true, {}, {0}}},
       {"aten::zeros_like", {{}, {}, [](const Ctx& c) { return literal(0, c.T); }, false, true}},
       {"aten::ones_like", {{}, {}, [](const Ctx& c) { return literal(1, c.T); }, false, true}},
       {"aten::full_like", {{}, {1}, fill(1), false, true}},
@@ -308,35 +311,102 @@ class Lowerer {
     }
     if (const ir::Node* out = g_.output_node())
       for (const ir::Value* v : out->inputs()) outputs_.insert(v);
-    for (const ir::Node* n : g_.nodes()) {
-      for (const ir::Value* v : n->inputs()) --pending_[v];
-      for (const auto& r : n->results()) pending_[r.get()] = static_cast<int>(r->users().size());
-      if (n->is_placeholder() || n->is_constant()) {
-        if (n->result()->is_tensor() && n->result()->has_meta()) add_buffer(n->result(), Buffer::Input);
-        continue;
-      }
-      if (!n->is_call()) continue;
-      switch (kind_.at(n)) {
-        case Kind::Pointwise:
-          lower_pointwise(n);
-          break;
-        case Kind::Reduction:
-          lower_reduction(n);
-          break;
-        case Kind::View:
-          lower_view(n);
-          break;
-        case Kind::Extern:
-          lower_extern(n);
-          break;
-      }
+    std::vector<const ir::Node*> nodes(g_.nodes().begin(), g_.nodes().end());
+    std::vector<const ir::Node*> trailing;  // Note [Trailing write-backs]
+    while (!nodes.empty() && nodes.back()->is_output()) nodes.pop_back();
+    while (!nodes.empty() && is_write_back(nodes.back())) {
+      trailing.insert(trailing.begin(), nodes.back());
+      nodes.pop_back();
     }
+    for (const ir::Node* n : nodes) lower_node(n);
+    for (const ir::Node* n : write_back_order(trailing)) lower_node(n);
+    if (const ir::Node* out = g_.output_node())
+      for (const ir::Value* v : out->inputs()) --pending_[v];
     if (const ir::Node* out = g_.output_node())
       for (const ir::Value* v : out->inputs()) ensure_tensor(v);
     return std::move(p_);
   }
 
  private:
+  void lower_node(const ir::Node* n) {
+    for (const ir::Value* v : n->inputs()) --pending_[v];
+    for (const auto& r : n->results()) pending_[r.get()] = static_cast<int>(r->users().size());
+    if (n->is_placeholder() || n->is_constant()) {
+      if (n->result()->is_tensor() && n->result()->has_meta()) add_buffer(n->result(), Buffer::Input);
+      return;
+    }
+    if (!n->is_call()) return;
+    switch (kind_.at(n)) {
+      case Kind::Pointwise:
+        lower_pointwise(n);
+        break;
+      case Kind::Reduction:
+        lower_reduction(n);
+        break;
+      case Kind::View:
+        lower_view(n);
+        break;
+      case Kind::Extern:
+        lower_extern(n);
+        break;
+    }
+  }
+
+  // Note [Trailing write-backs]
+  // A functional training step ends with copy_(input, new value) for every
+  // parameter, buffer and optimizer state it updates, and each new value
+  // was computed from the old values of the others (a parameter's update
+  // reads the old momentum). Those copies commute — none reads another's
+  // result — so lowering may take them in any order; taking first the
+  // copies whose new value reads an input another copy overwrites lets
+  // every one of them write in place (Note [In-place write-backs]): the
+  // parameter is written while the momentum still holds its old value, then
+  // the momentum. A cycle (two copies that each read the other's input)
+  // keeps graph order, and the realization before each write keeps it
+  // right.
+  static bool is_write_back(const ir::Node* n) {
+    return n->is_call() && n->target() == "aten::copy_" && n->num_results() == 1 && !n->result()->has_users() &&
+           n->arg(0).is_value() && n->arg(0).value()->node()->is_placeholder();
+  }
+
+  std::vector<const ir::Node*> write_back_order(const std::vector<const ir::Node*>& copies) const {
+    // reads[i]: the buffers copy i's new value reads.
+    std::vector<std::unordered_set<int>> reads(copies.size());
+    std::vector<int> dst(copies.size(), -1);
+    for (size_t i = 0; i < copies.size(); ++i) {
+      if (auto b = p_.buffer_of.find(copies[i]->arg(0).value()); b != p_.buffer_of.end()) dst[i] = b->second;
+      if (!copies[i]->arg(1).is_value()) continue;
+      const ir::Value* src = copies[i]->arg(1).value();
+      if (auto b = p_.buffer_of.find(src); b != p_.buffer_of.end()) continue;  // computed already
+      auto l = lazy_.find(src);
+      if (l == lazy_.end()) continue;
+      Loop probe;
+      probe.sizes = l->second.sizes;
+      probe.fn = l->second.fn;
+      for (const Read& r : reads_of(p_, probe, probe.numel(), 1)) reads[i].insert(r.buffer);
+    }
+    std::vector<const ir::Node*> order;
+    std::vector<bool> done(copies.size(), false);
+    for (size_t emitted = 0; emitted < copies.size();) {
+      // The first copy in graph order whose input no other pending copy reads.
+      size_t pick = copies.size();
+      for (size_t j = 0; j < copies.size() && pick == copies.size(); ++j) {
+        if (done[j]) continue;
+        bool read_by_other = false;
+        for (size_t i = 0; i < copies.size() && !read_by_other; ++i)
+          read_by_other = i != j && !done[i] && dst[j] >= 0 && reads[i].contains(dst[j]);
+        if (!read_by_other) pick = j;
+      }
+      if (pick == copies.size())  // a cycle: graph order
+        for (size_t j = 0; j < copies.size() && pick == copies.size(); ++j)
+          if (!done[j]) pick = j;
+      done[pick] = true;
+      order.push_back(copies[pick]);
+      ++emitted;
+    }
+    return order;
+  }
+
   // -- classification --
 
   static bool cpu_tensor(const ir::Value* v) {
@@ -371,7 +441,8 @@ class Lowerer {
     // Every other argument must be a constant (dtype, memory_format, ...):
     // a Value there (a SymInt, a tensor the table does not list) stays extern.
     for (size_t i = 0; i < n->args().size(); ++i) {
-      bool listed = std::find(op.tensor_args.begin(), op.tensor_args.end(), i) != op.tensor_args.end();
+      bool listed = std::find(op.tensor_args.begin(), op.tensor_args.end(), i) != op.tensor_args.end() ||
+                    std::find(op.unread_args.begin(), op.unread_args.end(), i) != op.unread_args.end();
       if (!listed && !n->arg(i).is_constant()) return Kind::Extern;
     }
     c10::ScalarType compute = compute_type(n, op);
@@ -499,8 +570,12 @@ class Lowerer {
 
   bool needs_tensor(const ir::Value* v) const {
     if (outputs_.contains(v)) return true;
-    for (const ir::Node* u : v->users())
+    for (const ir::Node* u : v->users()) {
+      // A write-back may take v in place (Note [In-place write-backs]);
+      // if it does not, it realizes v when it is lowered.
+      if (is_write_back(u) && u->arg(1).is_value() && u->arg(1).value() == v) continue;
       if (u->is_output() || (u->is_call() && kind_.at(u) == Kind::Extern)) return true;
+    }
     return false;
   }
 
@@ -843,10 +918,49 @@ class Lowerer {
           }
       }
     }
+    if (write_in_place(n)) return;
     for (const ir::Value* v : n->inputs()) ensure_tensor(v);
     p_.items.push_back({n, -1});
     for (const auto& r : n->results())
       if (cpu_tensor(r.get())) add_buffer(r.get(), Buffer::Extern);
+  }
+
+  // Note [In-place write-backs]
+  // copy_(dst, src) with dst a graph input and src a value whose every other
+  // reader is lowered already (an optimizer's new parameter or state,
+  // functionalization's write-back): src's loop writes dst's memory
+  // directly, with no buffer of its own and no copy. Safe when src reads dst only at the element it
+  // writes (read, then write, in one iteration); the readers of dst's old
+  // value were realized above, and the scheduler keeps them before the
+  // write (a read of dst elsewhere in the same kernel must be in the same
+  // outer iteration, Note [Fusion]).
+  bool write_in_place(const ir::Node* n) {
+    if (n->target() != "aten::copy_" || n->num_results() != 1 || n->result()->has_users()) return false;
+    if (!n->arg(0).is_value() || !n->arg(1).is_value()) return false;
+    const ir::Value* dst = n->arg(0).value();
+    const ir::Value* src = n->arg(1).value();
+    auto db = p_.buffer_of.find(dst);
+    auto sl = lazy_.find(src);
+    if (!dst->node()->is_placeholder() || db == p_.buffer_of.end() || sl == lazy_.end() || p_.buffer_of.contains(src) ||
+        sl->second.view || pending_[src] > 0)
+      return false;
+    const Buffer& d = p_.buffers[db->second];
+    if (d.kind != Buffer::Input || d.loop >= 0 || !dense(dst->meta()) || d.sizes != sl->second.sizes ||
+        d.dtype != sl->second.dtype)
+      return false;
+    Loop loop;
+    loop.buffer = db->second;
+    loop.sizes = d.sizes;
+    loop.fn = sl->second.fn;
+    Expr o = Expr::var("o", loop.numel());
+    for (const Read& r : reads_of(p_, loop, loop.numel(), 1))
+      if (r.buffer == loop.buffer && !(r.flat == o)) return false;
+    loop.nodes = sl->second.nodes;
+    loop.nodes.push_back(n);
+    p_.buffers[db->second].loop = static_cast<int>(p_.loops.size());
+    p_.items.push_back({nullptr, static_cast<int>(p_.loops.size())});
+    p_.loops.push_back(std::move(loop));
+    return true;
   }
 
   const ir::Graph& g_;

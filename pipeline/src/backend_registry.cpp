@@ -15,13 +15,17 @@ BackendRegistry BackendRegistry::builtin() {
          0});
   // Rank below the interpreter's until `train --check-eager` compares fused
   // (differently rounded) results with a tolerance instead of bitwise.
-  r.add({"inductor", "fuses pointwise ops into generated C++/OpenMP loops; other ops run as ATen extern kernels",
+  r.add({"inductor",
+         "lowers to a loop-level IR and fuses pointwise ops and reductions into generated C++/OpenMP kernels; other "
+         "ops run as ATen extern kernels",
          [](const ir::Graph& g, const std::vector<at::Tensor>& example_inputs) {
            return inductor::compile_fx_inner(g, example_inputs);
          },
          [](const ir::Graph& g) {
+           std::vector<GeneratedFile> files{{"loops.txt", inductor::loop_ir(g)}};
            std::string code = inductor::generate_cpp(g);
-           return code.empty() ? std::vector<GeneratedFile>{} : std::vector<GeneratedFile>{{"kernels.cpp", code}};
+           if (!code.empty()) files.push_back({"kernels.cpp", code});
+           return files;
          },
          -1});
   return r;

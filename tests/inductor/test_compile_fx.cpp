@@ -219,3 +219,59 @@ TEST_CASE("a cache directory others can write is refused", "[inductor]") {
   REQUIRE_THROWS_WITH(inductor::compile_fx_inner(chain(x, b), {x, b}, o),
                       CRUCIBLE_HAS_SUBSTR("writable by group or others"));
 }
+
+// Note [In-place write-backs] and [Trailing write-backs] in src/lowering.cpp:
+// an SGD-with-momentum step's write-backs, in the order a traced step has
+// them (momentum first, whose old value the parameter's update reads).
+TEST_CASE("trailing write-backs: new values written in place into the inputs, in an order that keeps old values",
+          "[inductor]") {
+  at::Tensor w0 = at::randn({6, 5}), m0 = at::randn({6, 5}), g = at::randn({6, 5});
+  ir::Graph graph;
+  ir::Value* pw = graph.add_placeholder("w", ir::TensorMeta::of(w0));
+  ir::Value* pm = graph.add_placeholder("m", ir::TensorMeta::of(m0));
+  ir::Value* pg = graph.add_placeholder("g", ir::TensorMeta::of(g));
+  ir::Value* decayed = graph.add_call("aten::mul.Scalar", {pm, c10::Scalar(0.9)})->result();
+  ir::Value* new_m = graph.add_call("aten::add.Tensor", {decayed, pg, c10::Scalar(1)})->result();
+  ir::Value* new_w = graph.add_call("aten::sub.Tensor", {pw, new_m, c10::Scalar(0.1)})->result();
+  ir::Value* loss = graph.add_call("aten::sum", {pg, c10::IValue()})->result();
+  graph.add_call("aten::copy_", {pm, new_m, false});
+  graph.add_call("aten::copy_", {pw, new_w, false});
+  graph.set_output({loss});
+  ir::propagate_meta(graph);
+  std::string code = inductor::generate_cpp(graph);
+  REQUIRE(code.find("(aten::copy_)") != std::string::npos);  // at least one write-back fused, not an extern copy
+  const at::Tensor want_m = m0 * 0.9 + g, want_w = w0 - 0.1 * want_m;
+  ir::CompiledFn fn = inductor::compile_fx_inner(graph, {}, options());
+  SECTION("contiguous inputs are written in place") {
+    at::Tensor w = w0.clone(), m = m0.clone();
+    const void* w_data = w.data_ptr();
+    auto out = run(fn, {w, m, g});
+    REQUIRE(w.data_ptr() == w_data);
+    REQUIRE_CLOSE(w, want_w, 1e-6, 1e-6);
+    REQUIRE_CLOSE(m, want_m, 1e-6, 1e-6);
+    REQUIRE_CLOSE(out[0], g.sum(), 1e-5, 1e-5);
+  }
+  SECTION("an input laid out unlike the graph's is written through a copy, then copied back") {
+    at::Tensor w = w0.t().contiguous().t(), m = m0.clone();  // same sizes, transposed strides
+    run(fn, {w, m, g});
+    REQUIRE_CLOSE(w, want_w, 1e-6, 1e-6);
+    REQUIRE_CLOSE(m, want_m, 1e-6, 1e-6);
+  }
+}
+
+TEST_CASE("a write-back that reads its input at other elements is not done in place", "[inductor]") {
+  at::Tensor w0 = at::randn({5, 5});
+  ir::Graph graph;
+  ir::Value* pw = graph.add_placeholder("w", ir::TensorMeta::of(w0));
+  ir::Value* t = graph.add_call("aten::t", {pw})->result();
+  ir::Value* v = graph.add_call("aten::add.Scalar", {t, c10::Scalar(1), c10::Scalar(1)})->result();
+  ir::Value* s = graph.add_call("aten::sum", {pw, c10::IValue()})->result();
+  graph.add_call("aten::copy_", {pw, v, false});
+  graph.set_output({s});
+  ir::propagate_meta(graph);
+  REQUIRE(inductor::generate_cpp(graph).find("(aten::copy_)") == std::string::npos);
+  at::Tensor w = w0.clone();
+  auto out = run(inductor::compile_fx_inner(graph, {}, options()), {w});
+  REQUIRE_CLOSE(w, w0.t() + 1, 1e-6, 1e-6);  // every element from the old w, as eager's copy_ of a temporary
+  REQUIRE_CLOSE(out[0], w0.sum(), 1e-5, 1e-5);
+}
