@@ -30,11 +30,10 @@ namespace crucible::inductor {
 /// layer-norm rows in one pass per row), rendered as C++/OpenMP. Everything
 /// else (mm, convolution, random and mutating ops, anything unknown) runs as
 /// an extern kernel through the dispatcher, in graph order around the
-/// kernels that do not depend on it. A graph the plan cannot express runs on
-/// the interpreter. The CompiledFn keeps its own copy of the graph and of
-/// the loaded library. Inputs whose strides or dtype differ from the graph's
-/// metadata are copied to the expected layout first. `example_inputs` is
-/// unused (metadata come from the graph) and may be empty.
+/// kernels that do not depend on it. A graph the plan cannot express (or a
+/// lowering failure, reported with a c10 warning) runs on the interpreter. The CompiledFn keeps its own copy of the
+/// graph and of the loaded library. Inputs whose strides or dtype differ from the graph's metadata are copied to the
+/// expected layout first. `example_inputs` is unused (metadata come from the graph) and may be empty.
 ///
 /// Throws InductorError when the cache directory is unusable, or when the C++
 /// compiler fails (naming the generated source file and quoting the
