@@ -108,18 +108,21 @@ void encode(Encoder& e, const Literal& l) {
   }
 }
 
-void encode(Encoder& e, const TensorMeta& m) {
+// The device as hashed: with its index, or its type alone (HashOptions).
+c10::Device hashed(const c10::Device& d, const HashOptions& o) { return o.device_index ? d : c10::Device(d.type()); }
+
+void encode(Encoder& e, const TensorMeta& m, const HashOptions& o) {
   e.ints(m.sizes);
   e.ints(m.strides);
   e.i64(m.storage_offset);
   e.str(c10::toString(m.dtype));
-  e.str(m.device.str());
+  e.str(hashed(m.device, o).str());
   e.u64(m.requires_grad);
 }
 
 class Hasher {
  public:
-  explicit Hasher(const Graph& g) : g_(g) {}
+  Hasher(const Graph& g, const HashOptions& o) : g_(g), o_(o) {}
 
   GraphHash run() {
     e_.str(kEncoding);
@@ -156,7 +159,8 @@ class Hasher {
     } else {
       e_.tag(Tag::Constant);
       try {
-        encode(e_, detail::literal_of(a.constant(), formal.real_type()));
+        const c10::IValue& c = a.constant();
+        encode(e_, detail::literal_of(c.isDevice() ? c10::IValue(hashed(c.toDevice(), o_)) : c, formal.real_type()));
       } catch (const IrError& err) {
         throw IrError("argument '" + formal.name() + "': " + err.what());
       }
@@ -172,7 +176,7 @@ class Hasher {
     }
     e_.tag(Tag::TensorData);
     const at::Tensor& t = c.toTensor();
-    encode(e_, TensorMeta::of(t));
+    encode(e_, TensorMeta::of(t), o_);
     if (t.is_meta()) {
       e_.u64(0);
       return;
@@ -208,7 +212,7 @@ class Hasher {
       e_.tag(Tag::Result);
       e_.str(r->is_tensor() ? std::string("Tensor") : r->type()->str());
       e_.u64(r->has_meta());
-      if (r->has_meta()) encode(e_, r->meta());
+      if (r->has_meta()) encode(e_, r->meta(), o_);
       index_.emplace(r.get(), index_.size());
     }
     e_.tag(Tag::Tags);
@@ -241,6 +245,7 @@ class Hasher {
   }
 
   const Graph& g_;
+  const HashOptions& o_;
   Encoder e_;
   std::unordered_map<const Value*, uint64_t> index_;
 };
@@ -254,6 +259,6 @@ std::string GraphHash::hex() const {
   return std::string(buf, 32);
 }
 
-GraphHash graph_hash(const Graph& graph) { return Hasher(graph).run(); }
+GraphHash graph_hash(const Graph& graph, const HashOptions& options) { return Hasher(graph, options).run(); }
 
 }  // namespace crucible::ir

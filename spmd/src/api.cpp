@@ -89,7 +89,7 @@ SpmdStep compile(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimi
         if (options.gm_transformation) options.gm_transformation(g);
         // Ranks whose graphs differ would issue different collectives and hang
         // or compute garbage: compare before the first collective runs.
-        report.graph_hash = ir::graph_hash(g).hex();
+        report.graph_hash = ir::graph_hash(g, {.device_index = false}).hex();
         std::lock_guard lock(s->mu);
         const std::vector<std::string> hashes =
             s->group.all_gather_string("graph_hash/" + std::to_string(s->compilations++), report.graph_hash);

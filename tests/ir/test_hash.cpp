@@ -84,6 +84,18 @@ TEST_CASE("graph_hash changes with anything a backend computes with", "[ir][hash
                 "%c : f32[2] = aten::sub.Tensor(%a, %b)\nreturn (%c)\n"));
 }
 
+TEST_CASE("graph_hash without device indices sees cuda:0 and cuda:1 alike, and cpu apart", "[ir][hash]") {
+  // Metadata only: the graphs are hashed, never run, so no GPU is needed.
+  auto on = [](const std::string& device) {
+    return parse("%x : f32[2] @" + device + " = placeholder()\n%y : f32[2] @" + device +
+                 " = aten::_to_copy(%x, device=" + device + ")\nreturn (%y)\n");
+  };
+  const HashOptions any_index{.device_index = false};
+  CHECK(graph_hash(on("cuda:0")) != graph_hash(on("cuda:1")));
+  CHECK(graph_hash(on("cuda:0"), any_index) == graph_hash(on("cuda:1"), any_index));
+  CHECK(graph_hash(on("cuda:0"), any_index) != graph_hash(on("cpu"), any_index));
+}
+
 TEST_CASE("graph_hash covers every part of the sample graph and is deterministic", "[ir][hash]") {
   const Graph g = crucible::testing::sample_graph();
   const GraphHash h = graph_hash(g);

@@ -50,11 +50,20 @@ struct GraphHash {
   std::string hex() const;
 };
 
+/// What graph_hash digests beyond Note [Graph hash]'s defaults.
+struct HashOptions {
+  /// Whether devices count with their index (cuda:0 and cuda:1 differ), in
+  /// TensorMeta and in device arguments. Off, only the device type counts:
+  /// the ranks of a data-parallel step, each tracing on its own GPU, compare
+  /// the computation they will run, not where (spmd::compile).
+  bool device_index = true;
+};
+
 /// The digest of `graph` (Note [Graph hash]). Linear in the graph's size
 /// plus its tensor constants' bytes (copied to the CPU first if they live
 /// elsewhere). Throws IrError, naming the node, for what the text form
 /// cannot hold either (complex or symbolic scalar constants, generators; see
 /// printer.h) and for a signature that refers to a missing placeholder.
-GraphHash graph_hash(const Graph& graph);
+GraphHash graph_hash(const Graph& graph, const HashOptions& options = {});
 
 }  // namespace crucible::ir
