@@ -1,0 +1,268 @@
+// crucible_spmd_bench: the data-parallel training step of spmd::compile and
+// the all_reduce bandwidth under it, one process per rank:
+//
+//   crucible launch --nproc 2 -- crucible_spmd_bench --model=gpt --size=full --device=cuda
+//   crucible_spmd_bench --model=gpt --size=full --device=cuda       # one process: the 1-GPU rows
+//
+// Our flags (before Google Benchmark's own): --model, --size (zoo names),
+// --device cpu|cuda, --batch (per rank), --steps (timed steps per row),
+// --backend (the step's backend), --matmul-precision highest|high (high lets
+// cuBLAS use TF32, as torch.set_float32_matmul_precision does).
+//
+// Rows (real time; every iteration ends by reading the loss, which waits for
+// the step's kernels):
+//   BM_Step/<model>            the compiled step without spmd (each rank alone)
+//   BM_StepEager/<model>       the same step in eager LibTorch
+//   BM_SpmdStep/<model>/<MB>   the data-parallel step, gradient buckets of MB MiB
+//   BM_GradAllReduce/<model>/<MB>  that step's buckets alone, all_reduced one
+//                              after another: the communication the step has
+//                              to hide (hidden = this - (SpmdStep - Step))
+//   BM_AllReduce/<MB>          one all_reduce of MB MiB of float32; counters
+//                              algbw and busbw in bytes/s as nccl-tests
+//                              defines them (busbw = algbw * 2 (n - 1) / n)
+//
+// Every rank must run the same rows the same number of times, or a
+// collective waits for a rank that never comes: the rows therefore have
+// fixed iteration counts, and ranks other than 0 run them silently.
+#include <crucible/models/zoo.h>
+#include <crucible/pipeline/builder.h>
+#include <crucible/spmd/api.h>
+#include <crucible/spmd/process_group.h>
+#include <crucible/tracer/decomposition.h>
+
+#include <ATen/ATen.h>
+#include <benchmark/benchmark.h>
+#include <torch/nn/module.h>
+#include <torch/optim/adamw.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace crucible;
+
+struct Flags {
+  std::string model = "gpt", size = "small", device = "cpu", backend = "interpreter", matmul_precision = "highest";
+  int64_t batch = 8, steps = 20;
+};
+
+// Takes our --key=value flags out of argv, leaving Google Benchmark's.
+Flags parse_flags(int& argc, char** argv) {
+  Flags f;
+  std::map<std::string, std::string*> strings{{"--model", &f.model},
+                                              {"--size", &f.size},
+                                              {"--device", &f.device},
+                                              {"--backend", &f.backend},
+                                              {"--matmul-precision", &f.matmul_precision}};
+  std::map<std::string, int64_t*> ints{{"--batch", &f.batch}, {"--steps", &f.steps}};
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const size_t eq = arg.find('=');
+    const std::string key = arg.substr(0, eq);
+    if (eq != std::string::npos && strings.contains(key)) {
+      *strings[key] = arg.substr(eq + 1);
+    } else if (eq != std::string::npos && ints.contains(key)) {
+      *ints[key] = std::stoll(arg.substr(eq + 1));
+    } else {
+      argv[kept++] = argv[i];
+    }
+  }
+  argc = kept;
+  return f;
+}
+
+// The rows' shared set-up: the group (none in a single process), the
+// device this rank uses, and the flags.
+struct Shared {
+  Flags flags;
+  std::optional<spmd::ProcessGroup> group;
+  at::Device device = at::kCPU;
+  int world() const { return group ? group->size() : 1; }
+};
+
+Shared& context() {
+  static Shared c;
+  return c;
+}
+
+// A zoo model on this rank's device with AdamW (nanoGPT's optimizer) and a
+// batch of its own (seeded by rank, as a rank's shard would differ).
+struct Replica {
+  models::Model model;
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::vector<at::Tensor> batch;
+
+  Replica() : model(make()) {
+    const Shared& c = context();
+    model.module->to(c.device);
+    model.module->train();
+    optimizer = std::make_unique<torch::optim::AdamW>(model.module->parameters(), torch::optim::AdamWOptions(3e-4));
+    const data::Batch b = model.example_batch(c.flags.batch, 1 + (c.group ? c.group->rank() : 0));
+    batch = {b.inputs.to(c.device), b.targets.to(c.device)};
+  }
+  static models::Model make() {
+    torch::manual_seed(0);
+    return models::make_model(context().flags.model, context().flags.size);
+  }
+};
+
+// Runs `step` a few times untimed (the caching allocator, cuBLAS and cuDNN
+// warm up), then once per iteration, reading the loss each time.
+template <typename Step>
+void time_steps(benchmark::State& state, Step&& step) {
+  for (int i = 0; i < 3; ++i) step().template item<double>();
+  for (auto _ : state) benchmark::DoNotOptimize(step().template item<double>());
+  const Shared& c = context();
+  state.counters["samples/s"] =
+      benchmark::Counter(static_cast<double>(c.flags.batch * c.world()), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// The bucket sizes (bytes) of the latest BM_SpmdStep per bucket size, for
+// BM_GradAllReduce, which runs after it (rows run in registration order).
+std::map<int64_t, std::vector<int64_t>>& buckets_of() {
+  static std::map<int64_t, std::vector<int64_t>> m;
+  return m;
+}
+
+// The step's builder: the backend asked for; inductor with the core
+// decompositions, which turn softmax, layer norm, GELU and the loss into
+// the pointwise ops and reductions it fuses.
+pipeline::Builder builder() {
+  pipeline::Builder b;
+  b.backend(context().flags.backend);
+  if (context().flags.backend == "inductor") b.decompositions(tracer::core_aten_decompositions());
+  return b;
+}
+
+void step_alone(benchmark::State& state) {
+  Replica r;
+  pipeline::TrainStep step = builder().compile_train_step(r.model.module, *r.optimizer, models::loss_of(r.model));
+  step.compile(r.batch);
+  time_steps(state, [&] { return step(r.batch); });
+}
+
+void step_eager(benchmark::State& state) {
+  Replica r;
+  const data::Batch b{r.batch[0], r.batch[1]};
+  time_steps(state, [&] { return models::eager_train_step(r.model, *r.optimizer, b); });
+}
+
+void step_spmd(benchmark::State& state, int64_t bucket_mb) {
+  Replica r;
+  spmd::SpmdOptions o;
+  o.builder = builder();
+  o.parallel_mode.group = context().group->name();
+  o.parallel_mode.bucket_bytes = bucket_mb << 20;
+  spmd::SpmdStep step = spmd::compile(r.model.module, *r.optimizer, models::loss_of(r.model), o);
+  step.compile(r.batch);
+  time_steps(state, [&] { return step(r.batch); });
+  buckets_of()[bucket_mb] = step.report().data_parallel.bucket_bytes;
+  state.counters["buckets"] = static_cast<double>(buckets_of()[bucket_mb].size());
+}
+
+// One all_reduce per tensor, in order; reading an element of the last one
+// waits for all of them (NCCL's work is ordered on its stream).
+double all_reduce(std::vector<at::Tensor>& tensors) {
+  for (at::Tensor& t : tensors) {
+    std::vector<at::Tensor> one{t};
+    context().group->all_reduce_sum(one);
+  }
+  return tensors.back().flatten()[0].item<double>();
+}
+
+void grad_all_reduce(benchmark::State& state, int64_t bucket_mb) {
+  if (!buckets_of().contains(bucket_mb)) {
+    state.SkipWithError("BM_GradAllReduce reduces the buckets BM_SpmdStep measured: run that row first");
+    return;
+  }
+  std::vector<at::Tensor> buckets;
+  int64_t bytes = 0;
+  for (const int64_t b : buckets_of().at(bucket_mb)) {
+    buckets.push_back(at::zeros({b / 4}, at::TensorOptions(at::kFloat).device(context().device)));
+    bytes += b;
+  }
+  for (int i = 0; i < 3; ++i) all_reduce(buckets);
+  for (auto _ : state) benchmark::DoNotOptimize(all_reduce(buckets));
+  state.counters["buckets"] = static_cast<double>(buckets.size());
+  state.counters["MiB"] = static_cast<double>(bytes) / (1 << 20);
+}
+
+void all_reduce_bandwidth(benchmark::State& state, int64_t mb) {
+  const int64_t bytes = mb << 20;
+  std::vector<at::Tensor> t{at::ones({bytes / 4}, at::TensorOptions(at::kFloat).device(context().device))};
+  for (int i = 0; i < 3; ++i) all_reduce(t);
+  for (auto _ : state) benchmark::DoNotOptimize(all_reduce(t));
+  const double n = context().world();
+  // Bytes per second: printed as e.g. "busbw=352G/s".
+  state.counters["algbw"] =
+      benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["busbw"] =
+      benchmark::Counter(static_cast<double>(bytes) * 2 * (n - 1) / n, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void register_rows() {
+  const Shared& c = context();
+  const std::string& m = c.flags.model;
+  auto fixed = [&](benchmark::internal::Benchmark* b, int64_t iterations) {
+    b->Iterations(iterations)->UseRealTime()->Unit(benchmark::kMillisecond);
+  };
+  fixed(benchmark::RegisterBenchmark(("BM_StepEager/" + m).c_str(), step_eager), c.flags.steps);
+  fixed(benchmark::RegisterBenchmark(("BM_Step/" + m).c_str(), step_alone), c.flags.steps);
+  if (c.world() < 2) return;
+  for (const int64_t mb : {1, 4, 25, 100}) {
+    const std::string suffix = m + "/" + std::to_string(mb);
+    fixed(benchmark::RegisterBenchmark(("BM_SpmdStep/" + suffix).c_str(), step_spmd, mb), c.flags.steps);
+    fixed(benchmark::RegisterBenchmark(("BM_GradAllReduce/" + suffix).c_str(), grad_all_reduce, mb), c.flags.steps);
+  }
+  for (const int64_t mb : {1, 4, 25, 100, 1024})
+    fixed(benchmark::RegisterBenchmark(("BM_AllReduce/" + std::to_string(mb)).c_str(), all_reduce_bandwidth, mb), 20);
+}
+
+// Ranks other than 0 run every row and report none.
+class Silent : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>&) override {}
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Shared& c = context();
+  c.flags = parse_flags(argc, argv);
+  at::globalContext().setFloat32MatmulPrecision(c.flags.matmul_precision);
+  if (std::getenv("WORLD_SIZE") != nullptr) {
+    spmd::ProcessGroupOptions g = spmd::options_from_env();
+    g.device = c.flags.device;
+    c.group = spmd::init_process_group(g);
+    c.device = c.flags.device == "cuda" ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(g.local_rank))
+                                        : at::Device(at::kCPU);
+  } else {
+    c.device = at::Device(c.flags.device);
+  }
+  const bool reporting = !c.group || c.group->rank() == 0;
+  // Only rank 0 writes --benchmark_out; the others would race it for the file.
+  int kept = 1;
+  for (int i = 1; i < argc; ++i)
+    if (reporting || std::string(argv[i]).rfind("--benchmark_out", 0) != 0) argv[kept++] = argv[i];
+  argc = kept;
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  register_rows();
+  if (reporting) {
+    benchmark::RunSpecifiedBenchmarks();
+  } else {
+    Silent silent;
+    benchmark::RunSpecifiedBenchmarks(&silent);
+  }
+  benchmark::Shutdown();
+  return 0;
+}
