@@ -1,4 +1,5 @@
 #include "codegen.h"
+#include "render.h"
 
 #include <algorithm>
 #include <unordered_map>
@@ -6,14 +7,26 @@
 
 namespace crucible::inductor::detail {
 
-namespace {
-
-enum class Stage { Scalar, Inner, Reduce };
-
-Stage stage_of(const Loop& l, const Group& g) {
-  if (l.reduction) return Stage::Reduce;
-  return l.numel() == g.outer ? Stage::Scalar : Stage::Inner;
+std::string indent(const std::string& text, int spaces) {
+  std::string pad(spaces, ' '), out;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    if (end > start) out += pad + text.substr(start, end - start);
+    out += "\n";
+    start = end + 1;
+  }
+  return out;
 }
+
+std::string substitute(const std::string& finalize, const std::string& acc) {
+  std::string out;
+  for (char c : finalize) out += c == '$' ? acc : std::string(1, c);
+  return out;
+}
+
+namespace {
 
 // Note [Fusion]
 // The scheduler walks the lowered program in order and keeps one open
@@ -129,112 +142,6 @@ class Scheduler {
 
 std::string literal_int(int64_t v) { return std::to_string(v); }
 
-struct GroupInfo {
-  std::unordered_set<int> produced;  // buffers the group's loops write
-  std::unordered_set<int> external;  // ... that someone outside reads
-};
-
-class CppBody : public Body {
- public:
-  CppBody(const Program& p, const Group& g, const GroupInfo& info) : p_(p), g_(g), info_(info) {}
-
-  Val load(int b, const std::vector<Expr>& index) override {
-    const Buffer& buf = p_.buffers[b];
-    std::string T = ctype_of(buf.dtype);
-    if (info_.produced.contains(b) && !info_.external.contains(b)) {
-      const Loop& l = p_.loops[buf.loop];
-      if (stage_of(l, g_) == Stage::Inner) {
-        Expr flat = dot(index, contiguous_strides(buf.sizes));
-        Expr at = mod(flat, g_.inner);
-        return compute(scratch(b) + "[" + at.str() + "]", level_of(at), T);
-      }
-      return {locals_.at(b), 1};
-    }
-    // A buffer this group writes is read back no earlier than the outer
-    // iteration that wrote it.
-    Expr storage = dot(index, buf.strides);
-    int level = std::max(level_of(storage), info_.produced.contains(b) ? 1 : 0);
-    return compute(arg(b) + "[" + storage.str() + "]", level, T);
-  }
-
-  Val compute(const std::string& expr, int level, const std::string& ctype) override {
-    auto& cache = cache_[level];
-    if (auto it = cache.find(expr); it != cache.end()) return {it->second, level};
-    std::string name = "t" + std::to_string(counter_++);
-    cache.emplace(expr, name);
-    lines_[level] += "const " + ctype + " " + name + " = " + expr + ";\n";
-    return {name, level};
-  }
-
-  // A store to `b`: loads of it cached before (an in-place write's old
-  // values) must not stand for what later stages read.
-  void stored(int b) {
-    auto it = arg_names_.find(b);
-    if (it == arg_names_.end()) return;
-    const std::string prefix = it->second + "[";
-    for (auto& cache : cache_)
-      std::erase_if(cache, [&](const auto& kv) { return kv.first.compare(0, prefix.size(), prefix) == 0; });
-  }
-
-  std::string take(int level) {
-    std::string s = std::move(lines_[level]);
-    lines_[level].clear();
-    if (level == 2) cache_[2].clear();
-    return s;
-  }
-
-  // Lines of levels 1 and 2 together, and both caches forgotten: a column
-  // reduction computes them all inside its innermost loop.
-  std::string take_inner() {
-    std::string s = take(1) + take(2);
-    cache_[1].clear();
-    return s;
-  }
-
-  const std::string& arg(int b) {
-    if (auto it = arg_names_.find(b); it != arg_names_.end()) return it->second;
-    args.push_back(b);
-    return arg_names_.emplace(b, p_.buffers[b].name).first->second;
-  }
-
-  std::string scratch(int b) {
-    scratch_.insert(b);
-    return "row_" + p_.buffers[b].name;
-  }
-
-  std::vector<int> args;
-  std::unordered_map<int, std::string> locals_;
-  std::unordered_set<int> scratch_;
-
- private:
-  const Program& p_;
-  const Group& g_;
-  const GroupInfo& info_;
-  std::unordered_map<std::string, std::string> cache_[3];
-  std::unordered_map<int, std::string> arg_names_;
-  std::string lines_[3];
-  int counter_ = 0;
-};
-
-std::string indent(const std::string& text, int spaces) {
-  std::string pad(spaces, ' '), out;
-  size_t start = 0;
-  while (start < text.size()) {
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    if (end > start) out += pad + text.substr(start, end - start);
-    out += "\n";
-    start = end + 1;
-  }
-  return out;
-}
-
-std::string substitute(const std::string& finalize, const std::string& acc) {
-  std::string out;
-  for (char c : finalize) out += c == '$' ? acc : std::string(1, c);
-  return out;
-}
-
 // How a reduction combines: the accumulator's initial value, the statement
 // that folds `v` in, the OpenMP clause that lets the loop vectorize, and the
 // result. Max and min fold with a select (vectorizable as maxps/minps) and
@@ -263,7 +170,7 @@ Combine combine_of(ReductionType t, const std::string& A, const std::string& acc
   return c;
 }
 
-std::string signature(const Program& p, const CppBody& body, const GroupInfo& info, KernelSignature& sig) {
+std::string signature(const Program& p, const CBody& body, const GroupInfo& info, KernelSignature& sig) {
   std::string decls;
   for (int b : body.args) {
     const Buffer& buf = p.buffers[b];
@@ -285,7 +192,7 @@ std::string signature(const Program& p, const CppBody& body, const GroupInfo& in
 std::string render_column_group(const Program& p, const Group& g, const GroupInfo& info, const std::string& name,
                                 int threads, KernelSignature& sig) {
   constexpr int64_t kBlock = 64;
-  CppBody body(p, g, info);
+  CBody body(p, g, info);
   const Loop& red = p.loops[g.loops.front()];
   const Buffer& rbuf = p.buffers[red.buffer];
   const std::string T = ctype_of(rbuf.dtype);
@@ -340,7 +247,7 @@ std::string render_column_group(const Program& p, const Group& g, const GroupInf
 std::string render_group(const Program& p, const Group& g, const GroupInfo& info, const std::string& name, int threads,
                          KernelSignature& sig) {
   if (p.loops[g.loops.front()].column) return render_column_group(p, g, info, name, threads, sig);
-  CppBody body(p, g, info);
+  CBody body(p, g, info);
   std::string per_outer;  // the body of the outer loop
   int acc_counter = 0;
   Expr o = Expr::var("o", g.outer);
@@ -527,10 +434,18 @@ Schedule compile_schedule(const ir::Graph& graph, int threads) {
       }
       comment += " %" + nodes[i]->result()->name() + " (" + nodes[i]->target() + ")";
     }
-    s.source += comment + "\n" + render_group(p, g, info[gi], sig.name, threads, sig) + "\n";
+    sig.fuses = comment.substr(comment.find("fuses:") + 7);
+    const std::string body = p.device.is_cuda() ? render_cuda_group(p, g, info[gi], sig.name, sig)
+                                                : render_group(p, g, info[gi], sig.name, threads, sig);
+    s.source += comment + "\n" + body + "\n";
     s.kernels.push_back(std::move(sig));
   }
-  if (!s.source.empty())
+  if (!s.source.empty() && p.device.is_cuda())
+    s.source =
+        "// Generated by crucible inductor: one CUDA kernel per fused group over raw\n"
+        "// pointers (no ATen), compiled with NVRTC.\n" +
+        std::string(cuda_prelude()) + "\n" + s.source;
+  else if (!s.source.empty())
     s.source =
         "// Generated by crucible inductor: one function per fused kernel over raw\n"
         "// pointers (no ATen); b[i] is the i-th buffer of the kernel's signature.\n"

@@ -21,12 +21,25 @@ struct Group {
   std::vector<int> loops;  // stage order
 };
 
+/// How a CUDA kernel is launched: `block` threads per block, and enough
+/// blocks to cover `units` work items at `per_block` items a block (the
+/// runtime caps the grid at a few waves of the device; kernels loop over
+/// what a grid does not cover). `shared_bytes` of dynamic shared memory.
+struct Launch {
+  int block = 0;
+  int64_t units = 0;
+  int64_t per_block = 1;
+  int shared_bytes = 0;
+};
+
 /// A generated kernel's signature as the runtime needs it: the buffers
 /// passed to it, in argument order, and which of them it writes.
 struct KernelSignature {
   std::string name;
   std::vector<int> buffers;
   std::vector<bool> written;
+  Launch launch;      // CUDA kernels only
+  std::string fuses;  // the graph nodes it computes, as its comment lists them
 };
 
 /// The compiled form of a Program: steps in run order, each an extern
@@ -40,11 +53,27 @@ struct Schedule {
   };
   std::vector<Step> steps;
   std::vector<KernelSignature> kernels;
-  std::string source;  // empty when there is no generated kernel
+  /// C++ (program.device is the CPU) or CUDA C++; empty when there is no
+  /// generated kernel.
+  std::string source;
 };
 
-/// Lowers, schedules (Note [Fusion]) and renders `graph`. `threads` > 0
-/// fixes the OpenMP thread count of every parallel loop.
+/// Lowers, schedules (Note [Fusion]) and renders `graph`: as C++/OpenMP
+/// when its loops run on the CPU (`threads` > 0 fixes the OpenMP thread
+/// count of every parallel loop), as CUDA C++ on a CUDA device.
 Schedule compile_schedule(const ir::Graph& graph, int threads);
+
+struct GroupInfo;
+
+/// The CUDA C++ kernel `name` computing group `g` (cuda_codegen.cpp,
+/// Note [CUDA rendering]); fills `sig`'s buffers and launch. May add
+/// buffers to `info.external` (scratch rows too large for shared memory).
+std::string render_cuda_group(const Program& p, const Group& g, GroupInfo& info, const std::string& name,
+                              KernelSignature& sig);
+
+/// What every generated CUDA translation unit starts with: the integer
+/// types and math functions the loop bodies name, for NVRTC, which has no
+/// standard library.
+const char* cuda_prelude();
 
 }  // namespace crucible::inductor::detail

@@ -3,6 +3,7 @@
 
 #include "codegen.h"
 #include "cpp_builder.h"
+#include "cuda_builder.h"
 
 #include <crucible/ir/graph.h>
 #include <crucible/ir/interpreter.h>
@@ -10,11 +11,20 @@
 #include <ATen/core/List.h>
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty_strided.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <iomanip>
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <sstream>
 #include <unordered_map>
 
 namespace crucible::inductor {
@@ -47,8 +57,9 @@ using KernelFn = void (*)(void* const*);
 // tensor of that layout.
 struct KernelArg {
   bool written = false;
-  Source source;          // read
-  uint32_t slot = kNone;  // written
+  bool host_scalar = false;  // a 0-dim CPU tensor passed to a CUDA kernel by value
+  Source source;             // read
+  uint32_t slot = kNone;     // written
   std::vector<int64_t> sizes, strides;
   c10::ScalarType dtype = c10::kFloat;
 };
@@ -60,22 +71,69 @@ struct Step {
   std::vector<Source> args;
   std::vector<std::vector<uint32_t>> returns;  // per schema return: one slot, or a Tensor[]'s slots
   std::vector<bool> list_return;
-  // Generated kernel.
+  // Generated kernel: a C++ function, or a CUDA kernel and its launch.
   KernelFn fn = nullptr;
+  void* cuda_kernel = nullptr;
+  detail::Launch launch;
   std::string kernel_name;
+  std::string fuses;  // what the kernel computes (for the profile)
   std::vector<KernelArg> kernel_args;
   // Both: slots to clear after the step.
   std::vector<uint32_t> dead;
 };
 
+// Note [Per-step profile]
+// With InductorOptions::profile, every call times each step (CUDA events
+// around it on a GPU, read once the call's work is done; a steady clock on
+// the CPU) and the plan prints, when the CompiledFn goes, the steps that
+// took the most time over all calls: what a reader needs to see where a
+// compiled graph spends its time (generated kernels against extern ones)
+// without a profiler. Events and the wait at the end of each call slow the
+// calls down: profiling is for looking, not for timing the whole.
+struct StepTime {
+  double ms = 0;
+  int64_t calls = 0;
+};
+
 struct Plan {
+  ~Plan();
   std::shared_ptr<ir::Graph> graph;  // owns the nodes and constants steps point at
+  c10::Device device = c10::kCPU;    // where generated kernels run
   detail::Library library;
+  std::shared_ptr<detail::CudaLibrary> cuda;
   size_t num_slots = 0;
   std::vector<uint32_t> input_slots;
   std::vector<Step> steps;
   std::vector<Source> outputs;
+  bool profile = false;
+  std::vector<StepTime> times;  // per step, with profile
 };
+
+Plan::~Plan() {
+  if (!profile || times.empty() || times.front().calls == 0) return;
+  std::vector<size_t> order(steps.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return times[a].ms > times[b].ms; });
+  double total = 0, generated = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    total += times[i].ms;
+    if (!steps[i].node) generated += times[i].ms;
+  }
+  const double calls = static_cast<double>(times.front().calls);
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(3) << "inductor profile (Note [Per-step profile]): " << steps.size()
+     << " steps, " << times.front().calls << " calls, " << total / calls << " ms a call, of which generated kernels "
+     << generated / calls << " ms (" << std::setprecision(1) << 100 * generated / std::max(total, 1e-12)
+     << "%)\n  ms/call   share  step\n";
+  for (size_t k = 0; k < std::min<size_t>(order.size(), 30); ++k) {
+    const Step& st = steps[order[k]];
+    const std::string what = st.node ? "extern " + st.node->target() + " -> %" + st.node->result(0)->name()
+                                     : st.kernel_name + ": " + st.fuses;
+    os << std::setprecision(3) << std::setw(9) << times[order[k]].ms / calls << std::setprecision(1) << std::setw(7)
+       << 100 * times[order[k]].ms / std::max(total, 1e-12) << "%  " << what.substr(0, 160) << "\n";
+  }
+  std::cerr << os.str();
+}
 
 class Planner {
  public:
@@ -163,7 +221,13 @@ class Planner {
     auto step_index = static_cast<uint32_t>(p_.steps.size());
     Step st;
     st.kernel_name = k.name;
-    st.fn = reinterpret_cast<KernelFn>(detail::symbol(p_.library, k.name));
+    st.fuses = k.fuses;
+    if (p_.cuda) {
+      st.cuda_kernel = p_.cuda->kernel(k.name);
+      st.launch = k.launch;
+    } else {
+      st.fn = reinterpret_cast<KernelFn>(detail::symbol(p_.library, k.name));
+    }
     st.kernel_args.resize(k.buffers.size());
     // Reads first: a kernel never reads a slot it defines.
     for (int pass = 0; pass < 2; ++pass)
@@ -175,6 +239,7 @@ class Planner {
         a.sizes = b.sizes;
         a.strides = b.strides;
         a.dtype = b.dtype;
+        a.host_scalar = b.host_scalar;
         if (a.written && b.kind != detail::Buffer::Input)
           a.slot = define(b.value);
         else
@@ -241,15 +306,23 @@ bool same_layout(const at::Tensor& t, const KernelArg& a) {
   return true;
 }
 
-void run_kernel(const Step& st, std::vector<c10::IValue>& slots) {
+void run_kernel(const Plan& plan, const Step& st, std::vector<c10::IValue>& slots) {
+  const at::TensorOptions device = at::TensorOptions().device(plan.device);
   std::vector<at::Tensor> keep;
   keep.reserve(st.kernel_args.size());
   std::vector<void*> ptrs(st.kernel_args.size());
+  std::vector<uint64_t> scalars(st.kernel_args.size());       // host scalars' values, as the kernel takes them
   std::vector<std::pair<at::Tensor, at::Tensor>> write_back;  // (caller's tensor, the copy written)
   for (size_t i = 0; i < st.kernel_args.size(); ++i) {
     const KernelArg& a = st.kernel_args[i];
     if (a.written && a.slot != kNone) continue;
     at::Tensor t = read(a.source, slots).toTensor();
+    if (a.host_scalar) {
+      const at::Tensor v = t.to(at::kCPU, a.dtype);
+      std::memcpy(&scalars[i], v.const_data_ptr(), v.element_size());
+      ptrs[i] = nullptr;
+      continue;
+    }
     // Guard the layout the kernel was generated for: a caller may pass a
     // tensor whose strides or dtype differ from the graph's metadata.
     if (!same_layout(t, a)) {
@@ -257,7 +330,7 @@ void run_kernel(const Step& st, std::vector<c10::IValue>& slots) {
         throw InductorError("inductor: " + st.kernel_name + " expects an input of sizes " +
                             c10::str(c10::IntArrayRef(a.sizes)) + ", got " + c10::str(t.sizes()) +
                             "; the inputs differ from the compiled graph's");
-      at::Tensor c = at::empty_strided(a.sizes, a.strides, at::TensorOptions().dtype(a.dtype));
+      at::Tensor c = at::empty_strided(a.sizes, a.strides, device.dtype(a.dtype));
       c.copy_(t);
       if (a.written) write_back.emplace_back(t, c);  // an input written in place: copied back after
       t = std::move(c);
@@ -268,19 +341,49 @@ void run_kernel(const Step& st, std::vector<c10::IValue>& slots) {
   for (size_t i = 0; i < st.kernel_args.size(); ++i) {
     const KernelArg& a = st.kernel_args[i];
     if (!a.written || a.slot == kNone) continue;
-    at::Tensor t = at::empty_strided(a.sizes, a.strides, at::TensorOptions().dtype(a.dtype));
+    at::Tensor t = at::empty_strided(a.sizes, a.strides, device.dtype(a.dtype));
     ptrs[i] = t.data_ptr();
     slots[a.slot] = std::move(t);
   }
-  st.fn(ptrs.data());
+  if (st.fn) {
+    st.fn(ptrs.data());
+  } else {
+    // On the caller's current stream, after the extern kernels queued there.
+    void* stream = c10::impl::getDeviceGuardImpl(c10::kCUDA)->getStream(plan.device).native_handle();
+    std::vector<void*> args(ptrs.size());
+    for (size_t i = 0; i < ptrs.size(); ++i)
+      args[i] = st.kernel_args[i].host_scalar ? static_cast<void*>(&scalars[i]) : static_cast<void*>(&ptrs[i]);
+    plan.cuda->launch(st.cuda_kernel, st.kernel_name, st.launch, stream, args.data());
+  }
   for (auto& [caller, written] : write_back) caller.copy_(written);
 }
 
 }  // namespace
 
-std::string generate_cpp(const ir::Graph& graph) { return detail::compile_schedule(graph, 0).source; }
+GeneratedCode generate_code(const ir::Graph& graph) {
+  detail::Schedule s = detail::compile_schedule(graph, 0);
+  return {std::move(s.source), s.program.device.is_cuda()};
+}
 
 std::string loop_ir(const ir::Graph& graph) { return detail::to_text(detail::compile_schedule(graph, 0).program); }
+
+InductorOptions InductorOptions::from_environment() {
+  InductorOptions o;
+  auto on = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v && *v && std::string_view(v) != "0";
+  };
+  o.profile = on("CRUCIBLE_INDUCTOR_PROFILE");
+  o.print_generated_code = on("CRUCIBLE_INDUCTOR_PRINT_CODE");
+  if (const char* dir = std::getenv("CRUCIBLE_INDUCTOR_CACHE_DIR")) o.cache_dir = dir;
+  return o;
+}
+
+std::string compile_cuda(const ir::Graph& graph, const std::string& arch, const InductorOptions& options) {
+  detail::Schedule s = detail::compile_schedule(graph, 0);
+  if (s.source.empty() || !s.program.device.is_cuda()) return {};
+  return detail::compile_cubin(s.source, arch, options);
+}
 
 ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Tensor>& /*example_inputs*/,
                                 const InductorOptions& options) {
@@ -298,9 +401,20 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
     return ir::interpret(graph);
   }
   const std::string& source = s.source;
+  plan->device = s.program.device;
   if (options.print_generated_code && !source.empty()) std::cerr << source;
   try {
-    if (!source.empty()) plan->library = detail::compile_and_load(source, options);
+    if (!source.empty() && plan->device.is_cuda()) {
+      if (!c10::impl::hasDeviceGuardImpl(c10::kCUDA))
+        throw InductorError("inductor: the graph's tensors are on " + plan->device.str() +
+                            ", but this LibTorch has no CUDA; generate_code and compile_cuda still work");
+      c10::DeviceGuard guard(plan->device);
+      const int index = plan->device.index() < 0 ? 0 : plan->device.index();
+      const std::string arch = options.cuda_arch.empty() ? detail::device_arch(index) : options.cuda_arch;
+      plan->cuda = std::make_shared<detail::CudaLibrary>(detail::compile_cubin(source, arch, options), index);
+    } else if (!source.empty()) {
+      plan->library = detail::compile_and_load(source, options);
+    }
   } catch (const InductorError&) {
     if (!options.fallback_to_eager) throw;
     return ir::interpret(graph);
@@ -310,6 +424,8 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
   } catch (const InductorError&) {
     return ir::interpret(graph);  // a graph the plan cannot express: the interpreter runs it, or names the fault
   }
+  plan->profile = options.profile;
+  if (plan->profile) plan->times.resize(plan->steps.size());
   return [plan](std::vector<at::Tensor>& inputs) {
     if (inputs.size() != plan->input_slots.size())
       throw InductorError("inductor: the compiled graph takes " + std::to_string(plan->input_slots.size()) +
@@ -317,12 +433,38 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
     std::vector<c10::IValue> slots(plan->num_slots);
     for (size_t i = 0; i < inputs.size(); ++i) slots[plan->input_slots[i]] = std::move(inputs[i]);
     inputs.clear();
-    for (const Step& st : plan->steps) {
-      if (st.fn)
-        run_kernel(st, slots);
+    std::optional<c10::DeviceGuard> guard;
+    if (plan->cuda) guard.emplace(plan->device);
+    const bool on_gpu = plan->device.is_cuda() && plan->profile;
+    std::vector<c10::Event> events;  // a start and an end per step (profile on a GPU)
+    for (size_t i = 0; i < plan->steps.size(); ++i) {
+      const Step& st = plan->steps[i];
+      const auto start = std::chrono::steady_clock::now();
+      if (on_gpu) {
+        events.emplace_back(c10::kCUDA, c10::EventFlag::BACKEND_DEFAULT);
+        events.back().record(c10::impl::getDeviceGuardImpl(c10::kCUDA)->getStream(plan->device));
+      }
+      if (st.fn || st.cuda_kernel)
+        run_kernel(*plan, st, slots);
       else
         run_extern(st, slots);
       for (uint32_t d : st.dead) slots[d] = c10::IValue();
+      if (on_gpu) {
+        events.emplace_back(c10::kCUDA, c10::EventFlag::BACKEND_DEFAULT);
+        events.back().record(c10::impl::getDeviceGuardImpl(c10::kCUDA)->getStream(plan->device));
+      } else if (plan->profile) {
+        plan->times[i].ms +=
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      }
+    }
+    if (plan->profile) {
+      for (size_t i = 0; i < plan->steps.size(); ++i) {
+        if (on_gpu) {
+          events[2 * i + 1].synchronize();
+          plan->times[i].ms += events[2 * i].elapsedTime(events[2 * i + 1]);
+        }
+        ++plan->times[i].calls;
+      }
     }
     std::vector<at::Tensor> out;
     out.reserve(plan->outputs.size());

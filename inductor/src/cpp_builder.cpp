@@ -20,9 +20,6 @@ namespace crucible::inductor::detail {
 
 namespace {
 
-// Bumped when generated code or its calling convention changes.
-constexpr const char* kCodegenVersion = "crucible-inductor-1";
-
 void make_dir(const std::string& path) {
   if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST)
     throw InductorError("inductor: cannot create the cache directory " + path + ": " + std::strerror(errno) +
@@ -35,8 +32,16 @@ std::string quote(const std::string& s) {
   return q + "'";
 }
 
+Library open_library(const std::string& path) {
+  void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!h) return nullptr;
+  return Library(h, [](void* p) { ::dlclose(p); });
+}
+
+}  // namespace
+
 std::string read_all(const std::string& path) {
-  std::ifstream f(path);
+  std::ifstream f(path, std::ios::binary);
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
@@ -53,13 +58,12 @@ void write_atomically(const std::string& path, const std::string& text) {
     throw InductorError("inductor: cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
 }
 
-Library open_library(const std::string& path) {
-  void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!h) return nullptr;
-  return Library(h, [](void* p) { ::dlclose(p); });
+std::string cache_key(const std::string& identity) {
+  const std::string text = std::string(kCodegenVersion) + "\n" + identity;
+  char key[17];
+  std::snprintf(key, sizeof key, "%016llx", static_cast<unsigned long long>(XXH3_64bits(text.data(), text.size())));
+  return key;
 }
-
-}  // namespace
 
 std::string cache_dir(const InductorOptions& options) {
   std::string dir = options.cache_dir;
@@ -86,11 +90,7 @@ Library compile_and_load(const std::string& source, const InductorOptions& optio
   std::string dir = cache_dir(options);
   std::string flags;
   for (const std::string& f : options.flags) flags += " " + quote(f);
-  std::string identity = std::string(kCodegenVersion) + "\n" + options.compiler + "\n" + flags + "\n" + source;
-  char key[17];
-  std::snprintf(key, sizeof key, "%016llx",
-                static_cast<unsigned long long>(XXH3_64bits(identity.data(), identity.size())));
-  std::string stem = dir + "/k" + key;
+  std::string stem = dir + "/k" + cache_key(options.compiler + "\n" + flags + "\n" + source);
   std::string src = stem + ".cpp", so = stem + ".so";
 
   if (::access(so.c_str(), R_OK) == 0) {

@@ -13,6 +13,22 @@ namespace crucible::inductor::detail {
 /// is not a directory, or group or others may write it.
 std::string cache_dir(const InductorOptions& options);
 
+/// Bumped when generated code or its calling convention changes: part of
+/// every cache key.
+inline constexpr const char* kCodegenVersion = "crucible-inductor-2";
+
+/// 16 hex digits hashing `identity` (what makes an artifact: source,
+/// compiler, flags) with kCodegenVersion: the stem of a cache entry.
+std::string cache_key(const std::string& identity);
+
+/// The whole file at `path` ("" if it cannot be read).
+std::string read_all(const std::string& path);
+
+/// Writes `text` to a temporary name beside `path` and renames it over
+/// `path`, so that a concurrent reader sees the old file or the whole new
+/// one. Throws InductorError when it cannot.
+void write_atomically(const std::string& path, const std::string& text);
+
 /// A loaded shared library; dlclose'd when the last owner goes.
 using Library = std::shared_ptr<void>;
 

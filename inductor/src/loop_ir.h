@@ -12,6 +12,7 @@
 
 #include <crucible/ir/graph.h>
 
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
 #include <functional>
@@ -50,6 +51,9 @@ struct Buffer {
   std::vector<int64_t> sizes, strides;
   c10::ScalarType dtype = c10::kFloat;
   int loop = -1;  // Computed: the loop that writes it
+  /// A 0-dim CPU tensor read by loops on a GPU (a learning rate, Adam's
+  /// bias correction): passed to the kernel by value.
+  bool host_scalar = false;
   int64_t numel() const;
 };
 
@@ -86,6 +90,10 @@ struct Item {
 
 /// What lowering makes of a graph.
 struct Program {
+  /// Where the loops run: the graph's CUDA device if it has a tensor on
+  /// one, else the CPU (Note [Lowering]: tensors elsewhere are left to
+  /// extern kernels).
+  c10::Device device = c10::kCPU;
   std::vector<Buffer> buffers;
   std::vector<Loop> loops;
   std::vector<Item> items;

@@ -29,6 +29,13 @@ namespace crucible::inductor::detail {
 //  - an extern kernel: everything else (mm, convolution, random and
 //    mutating ops, ops of dtypes or devices the loops do not handle), run
 //    through the dispatcher in graph order.
+// The loops run on one device: the graph's CUDA device when it has a
+// tensor on one (the CUDA renderer, Note [CUDA rendering]), else the CPU.
+// A 0-dim CPU tensor that a pointwise op on the GPU reads (a learning rate
+// or Adam's bias correction in a CUDA training step, as ATen's CUDA kernels
+// read it) is a host scalar: its value is passed to the kernel. A node
+// touching any other tensor elsewhere (a device copy, a CPU computation) is
+// an extern kernel, since a kernel cannot dereference another device's memory.
 // Mutations: pointwise values are computed when their loop runs, so before
 // an extern kernel that writes a buffer, every pending pointwise value that
 // reads that buffer is realized (eager computed it before the write);
@@ -305,6 +312,7 @@ class Lowerer {
   explicit Lowerer(const ir::Graph& g) : g_(g) {}
 
   Program run() {
+    p_.device = loop_device(g_);
     for (const ir::Node* n : g_.nodes()) {
       order_[n] = order_.size();
       if (n->is_call()) kind_[n] = classify(n);
@@ -409,17 +417,31 @@ class Lowerer {
 
   // -- classification --
 
-  static bool cpu_tensor(const ir::Value* v) {
-    return v && v->is_tensor() && v->has_meta() && v->meta().device.is_cpu() && !ctype_of(v->meta().dtype).empty();
+  static c10::Device loop_device(const ir::Graph& g) {
+    for (const ir::Node* n : g.nodes())
+      for (const auto& r : n->results())
+        if (r->is_tensor() && r->has_meta() && r->meta().device.is_cuda()) return r->meta().device;
+    return c10::kCPU;
+  }
+
+  // A tensor the loops can read and write: on the loops' device, of a type they handle.
+  bool loop_tensor(const ir::Value* v) const {
+    return v && v->is_tensor() && v->has_meta() && v->meta().device == p_.device && !ctype_of(v->meta().dtype).empty();
+  }
+
+  // A 0-dim CPU tensor that loops on a GPU read by value (Note [Lowering]).
+  bool host_scalar(const ir::Value* v) const {
+    return p_.device.is_cuda() && v && v->is_tensor() && v->has_meta() && v->meta().device.is_cpu() &&
+           v->meta().sizes.empty() && !ctype_of(v->meta().dtype).empty();
   }
 
   Kind classify(const ir::Node* n) const {
     for (const auto& r : n->results())
-      if (!cpu_tensor(r.get())) return Kind::Extern;
+      if (!loop_tensor(r.get())) return Kind::Extern;
     if (n->is_mutating() || n->is_nondeterministic()) return Kind::Extern;
     const std::string& t = n->target();
     if (view_ops().contains(t)) {
-      if (n->args().empty() || !n->arg(0).is_value() || !cpu_tensor(n->arg(0).value())) return Kind::Extern;
+      if (n->args().empty() || !n->arg(0).is_value() || !loop_tensor(n->arg(0).value())) return Kind::Extern;
       for (size_t i = 1; i < n->args().size(); ++i)
         if (!n->arg(i).is_constant()) return Kind::Extern;
       return Kind::View;
@@ -432,7 +454,8 @@ class Lowerer {
       if (i >= n->args().size() || !numeric_constant(n->arg(i))) return Kind::Extern;
     std::vector<c10::ScalarType> operand_types;
     for (size_t i : op.tensor_args) {
-      if (i >= n->args().size() || !n->arg(i).is_value() || !cpu_tensor(n->arg(i).value())) return Kind::Extern;
+      if (i >= n->args().size() || !n->arg(i).is_value()) return Kind::Extern;
+      if (!loop_tensor(n->arg(i).value()) && !host_scalar(n->arg(i).value())) return Kind::Extern;
       bool mask = std::find(op.bool_args.begin(), op.bool_args.end(), i) != op.bool_args.end();
       c10::ScalarType dt = n->arg(i).value()->meta().dtype;
       if (mask && dt != c10::kBool) return Kind::Extern;
@@ -458,7 +481,7 @@ class Lowerer {
     return n->arg(op.tensor_args[0]).value()->meta().dtype;
   }
 
-  static bool reduction_ok(const ir::Node* n) {
+  bool reduction_ok(const ir::Node* n) const {
     static const std::unordered_set<std::string> names = {"aten::sum.dim_IntList",
                                                           "aten::sum",
                                                           "aten::mean.dim",
@@ -467,7 +490,7 @@ class Lowerer {
                                                           "aten::amin",
                                                           "aten::var_mean.dim",
                                                           "aten::var_mean.correction"};
-    if (!names.contains(n->target()) || !n->arg(0).is_value() || !cpu_tensor(n->arg(0).value())) return false;
+    if (!names.contains(n->target()) || !n->arg(0).is_value() || !loop_tensor(n->arg(0).value())) return false;
     c10::ScalarType in = n->arg(0).value()->meta().dtype;
     if (!is_float(in)) return false;
     for (const auto& r : n->results())
@@ -493,6 +516,7 @@ class Lowerer {
     b.sizes = v->meta().sizes;
     b.dtype = v->meta().dtype;
     b.strides = kind == Buffer::Computed && !dense(v->meta()) ? contiguous_strides(b.sizes) : v->meta().strides;
+    b.host_scalar = host_scalar(v);
     int id = static_cast<int>(p_.buffers.size());
     p_.buffers.push_back(std::move(b));
     p_.buffer_of[v] = id;
@@ -922,7 +946,7 @@ class Lowerer {
     for (const ir::Value* v : n->inputs()) ensure_tensor(v);
     p_.items.push_back({n, -1});
     for (const auto& r : n->results())
-      if (cpu_tensor(r.get())) add_buffer(r.get(), Buffer::Extern);
+      if (loop_tensor(r.get()) || host_scalar(r.get())) add_buffer(r.get(), Buffer::Extern);
   }
 
   // Note [In-place write-backs]
@@ -945,8 +969,8 @@ class Lowerer {
         sl->second.view || pending_[src] > 0)
       return false;
     const Buffer& d = p_.buffers[db->second];
-    if (d.kind != Buffer::Input || d.loop >= 0 || !dense(dst->meta()) || d.sizes != sl->second.sizes ||
-        d.dtype != sl->second.dtype)
+    if (!loop_tensor(dst) || d.kind != Buffer::Input || d.loop >= 0 || !dense(dst->meta()) ||
+        d.sizes != sl->second.sizes || d.dtype != sl->second.dtype)
       return false;
     Loop loop;
     loop.buffer = db->second;

@@ -16,15 +16,15 @@ BackendRegistry BackendRegistry::builtin() {
   // Rank below the interpreter's until `train --check-eager` compares fused
   // (differently rounded) results with a tolerance instead of bitwise.
   r.add({"inductor",
-         "lowers to a loop-level IR and fuses pointwise ops and reductions into generated C++/OpenMP kernels; other "
-         "ops run as ATen extern kernels",
+         "lowers to a loop-level IR and fuses pointwise ops and reductions into generated kernels (C++/OpenMP on "
+         "the CPU, CUDA through NVRTC on a GPU); other ops run as ATen extern kernels",
          [](const ir::Graph& g, const std::vector<at::Tensor>& example_inputs) {
-           return inductor::compile_fx_inner(g, example_inputs);
+           return inductor::compile_fx_inner(g, example_inputs, inductor::InductorOptions::from_environment());
          },
          [](const ir::Graph& g) {
            std::vector<GeneratedFile> files{{"loops.txt", inductor::loop_ir(g)}};
-           std::string code = inductor::generate_cpp(g);
-           if (!code.empty()) files.push_back({"kernels.cpp", code});
+           inductor::GeneratedCode code = inductor::generate_code(g);
+           if (!code.source.empty()) files.push_back({code.cuda ? "kernels.cu" : "kernels.cpp", code.source});
            return files;
          },
          -1});

@@ -3,7 +3,11 @@
 
 #include <ATen/ATen.h>
 
+#include <stdlib.h>
+
+#include <filesystem>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 
 namespace crucible::testing {
@@ -41,6 +45,14 @@ inline std::string mismatch(const at::Tensor& actual, const at::Tensor& expected
 /// a few ulps (about 1e-7 relative per term) on the small tensors tested.
 inline constexpr double kGradRtol = 1e-6;
 inline constexpr double kGradAtol = 1e-6;
+
+/// A fresh directory (mode 0700) under the system's temporary directory,
+/// named `prefix`-XXXXXX; left behind for a look after a failure.
+inline std::string temp_dir(const std::string& prefix) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
+  if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed for " + tmpl);
+  return tmpl;
+}
 
 }  // namespace crucible::testing
 

@@ -27,11 +27,7 @@ namespace {
 // One cache directory per test run: kernels compiled by one test case are
 // reused by the others.
 const std::string& test_cache() {
-  static const std::string dir = [] {
-    std::string tmpl = (fs::temp_directory_path() / "crucible-inductor-test-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    return tmpl;
-  }();
+  static const std::string dir = crucible::testing::temp_dir("crucible-inductor-test");
   return dir;
 }
 
@@ -84,7 +80,7 @@ TEST_CASE("a pointwise chain fuses into one loop and matches eager over shapes a
       at::Tensor x = at::randn(shape, at::TensorOptions().dtype(dtype));
       at::Tensor b = at::randn(shape, at::TensorOptions().dtype(dtype));
       ir::Graph g = chain(x, b);
-      std::string code = inductor::generate_cpp(g);
+      std::string code = inductor::generate_code(g).source;
       REQUIRE(code.find("// kernel_0 (") != std::string::npos);
       REQUIRE(code.find("kernel_1") == std::string::npos);  // one loop for all nine nodes
       ir::CompiledFn fn = inductor::compile_fx_inner(g, {x, b}, options());
@@ -127,7 +123,7 @@ TEST_CASE("broadcast, transposed and 0-dim operands are read through index expre
   ir::Value* tb = g.add_call("aten::threshold_backward", {sb, mm, c10::Scalar(0.1)})->result();
   g.set_output({n, tb, sg});
   ir::propagate_meta(g);
-  std::string code = inductor::generate_cpp(g);
+  std::string code = inductor::generate_code(g).source;
   REQUIRE(code.find("kernel_0") != std::string::npos);
   REQUIRE(code.find("kernel_1") != std::string::npos);  // the mm runs between the two
   REQUIRE(code.find("%add (aten::add.Tensor)") != std::string::npos);
@@ -149,7 +145,7 @@ TEST_CASE("integer and bool results: lowered exactly", "[inductor]") {
   ir::Value* c = g.add_call("aten::gt.Scalar", {a, c10::Scalar(7)})->result();
   g.set_output({a, c});
   ir::propagate_meta(g);
-  REQUIRE(inductor::generate_cpp(g).find("%gt (aten::gt.Scalar)") != std::string::npos);
+  REQUIRE(inductor::generate_code(g).source.find("%gt (aten::gt.Scalar)") != std::string::npos);
   auto got = run(inductor::compile_fx_inner(g, {i}, options()), {i});
   REQUIRE_EQUAL_TENSORS(got[0], i * 3);
   REQUIRE_EQUAL_TENSORS(got[1], i * 3 > 7);
@@ -238,7 +234,7 @@ TEST_CASE("trailing write-backs: new values written in place into the inputs, in
   graph.add_call("aten::copy_", {pw, new_w, false});
   graph.set_output({loss});
   ir::propagate_meta(graph);
-  std::string code = inductor::generate_cpp(graph);
+  std::string code = inductor::generate_code(graph).source;
   REQUIRE(code.find("(aten::copy_)") != std::string::npos);  // at least one write-back fused, not an extern copy
   const at::Tensor want_m = m0 * 0.9 + g, want_w = w0 - 0.1 * want_m;
   ir::CompiledFn fn = inductor::compile_fx_inner(graph, {}, options());
@@ -269,7 +265,7 @@ TEST_CASE("a write-back that reads its input at other elements is not done in pl
   graph.add_call("aten::copy_", {pw, v, false});
   graph.set_output({s});
   ir::propagate_meta(graph);
-  REQUIRE(inductor::generate_cpp(graph).find("(aten::copy_)") == std::string::npos);
+  REQUIRE(inductor::generate_code(graph).source.find("(aten::copy_)") == std::string::npos);
   at::Tensor w = w0.clone();
   auto out = run(inductor::compile_fx_inner(graph, {}, options()), {w});
   REQUIRE_CLOSE(w, w0.t() + 1, 1e-6, 1e-6);  // every element from the old w, as eager's copy_ of a temporary

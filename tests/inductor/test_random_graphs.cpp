@@ -10,6 +10,7 @@
 #include <crucible/ir/propagate_meta.h>
 
 #include "catch.h"
+#include "testing.h"
 
 #include <torch/torch.h>
 
@@ -256,10 +257,8 @@ TEST_CASE("random graphs: compile_fx_inner agrees with the interpreter", "[induc
   const int count = soak ? std::atoi(soak) : 200;
   std::mt19937 rng(12);
   at::manual_seed(12);
-  std::string tmpl = (std::filesystem::temp_directory_path() / "crucible-inductor-random-XXXXXX").string();
-  REQUIRE(::mkdtemp(tmpl.data()));
   inductor::InductorOptions o;
-  o.cache_dir = tmpl;
+  o.cache_dir = crucible::testing::temp_dir("crucible-inductor-random");
   o.flags = {"-O1", "-fopenmp"};  // the loops' meaning does not depend on -O; compile time does
   for (int i = 0; i < count; ++i) {
     at::ScalarType dtype = i % 4 == 3 ? at::kDouble : at::kFloat;

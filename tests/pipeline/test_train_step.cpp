@@ -4,6 +4,8 @@
 // one with torch::optim.
 #include <crucible/data/fashion_mnist.h>
 #include <crucible/data/synthetic_tokens.h>
+#include <crucible/inductor/compile_fx.h>
+#include <crucible/ir/graph.h>
 #include <crucible/models/zoo.h>
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/error.h>
@@ -23,6 +25,7 @@
 
 #include "catch.h"
 #include "data_dir.h"
+#include "graph_testing.h"
 #include "testing.h"
 
 using namespace crucible::pipeline;
@@ -230,6 +233,90 @@ TEST_CASE("train step through inductor: ResNet-18 with BatchNorm statistics, 8 S
                                        torch::optim::SGDOptions(0.05).momentum(0.9),
                                        in_double([&](int64_t i) { return shapes.example_batch(8, 100 + i); }), 8,
                                        kFusedRtol, kFusedAtol, inductor_builder());
+}
+
+// The same training steps with the model, the batches and the optimizer
+// state on the GPU: fused kernels are generated as CUDA C++ (Note [CUDA
+// rendering]), everything else runs ATen's CUDA kernels. Float64 and the
+// bounds above, for the reasons above; CUDA's float64 sums round as the
+// CPU's do (a few ulps), far inside them.
+std::function<Model()> on_cuda(std::function<Model()> make) {
+  return [make] {
+    Model m = make();
+    m.module->to(at::Device(at::kCUDA));
+    return m;
+  };
+}
+
+BatchFn on_cuda(BatchFn batches) {
+  return [batches](int64_t step) {
+    Batch b = batches(step);
+    return Batch{b.inputs.to(at::kCUDA), b.targets.to(at::kCUDA)};
+  };
+}
+
+TEST_CASE("train step through inductor on CUDA: MLP with Adam, ConvNet with SGD, 20 steps equal eager",
+          "[pipeline][train_step][inductor][cuda]") {
+  CRUCIBLE_REQUIRE_CUDA();
+  train_and_compare<torch::optim::Adam>(on_cuda(in_double([] { return make_mlp(); })), torch::optim::AdamOptions(1e-3),
+                                        on_cuda(in_double(fashion_mnist_batches(32))), 20, kFusedRtol, kFusedAtol,
+                                        inductor_builder());
+  train_and_compare<torch::optim::SGD>(
+      on_cuda(in_double([] { return make_convnet(); })), torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true),
+      on_cuda(in_double(fashion_mnist_batches(32))), 20, kFusedRtol, kFusedAtol, inductor_builder());
+}
+
+TEST_CASE("train step through inductor on CUDA: the GPT with AdamW and ResNet-18 with SGD equal eager",
+          "[pipeline][train_step][inductor][cuda]") {
+  CRUCIBLE_REQUIRE_CUDA();
+  const GptConfig gpt{.vocab_size = 32, .block_size = 16, .n_layer = 1, .n_head = 2, .n_embd = 32};
+  train_and_compare<torch::optim::AdamW>(on_cuda(in_double([&] { return make_gpt(gpt); })),
+                                         torch::optim::AdamWOptions(3e-3), on_cuda(BatchFn([&](int64_t i) {
+                                           return synthetic_token_batch({gpt.vocab_size, gpt.block_size, 4, 0}, i);
+                                         })),
+                                         20, kFusedRtol, kFusedAtol, inductor_builder());
+  const ResNetConfig resnet{.in_channels = 1, .image_size = 16, .width = 4, .blocks = {1, 1, 1, 1}};
+  const Model shapes = make_resnet(resnet);
+  train_and_compare<torch::optim::SGD>(on_cuda(in_double([&] { return make_resnet(resnet); })),
+                                       torch::optim::SGDOptions(0.05).momentum(0.9),
+                                       on_cuda(in_double([&](int64_t i) { return shapes.example_batch(8, 100 + i); })),
+                                       8, kFusedRtol, kFusedAtol, inductor_builder());
+}
+
+TEST_CASE("train step through inductor: every zoo model's CUDA kernels compile with NVRTC",
+          "[pipeline][train_step][inductor][nvrtc]") {
+  // Traced on the CPU (no GPU needed), the graph's metadata moved to cuda:0:
+  // what lowering sees of a step traced on a GPU. Every kernel the step
+  // fuses must compile for sm_90 (the H100's architecture).
+  const GptConfig gpt{.vocab_size = 32, .block_size = 16, .n_layer = 1, .n_head = 2, .n_embd = 32};
+  const ResNetConfig resnet{.in_channels = 1, .image_size = 16, .width = 4, .blocks = {1, 1, 1, 1}};
+  const std::vector<std::pair<std::string, std::function<Model()>>> zoo = {
+      {"mlp", [] { return make_mlp(); }},
+      {"convnet", [] { return make_convnet(); }},
+      {"gpt", [&] { return make_gpt(gpt); }},
+      {"resnet18", [&] { return make_resnet(resnet); }},
+  };
+  crucible::inductor::InductorOptions options;
+  options.cache_dir = crucible::testing::temp_dir("crucible-nvrtc-zoo");
+  for (const auto& [name, make] : zoo) {
+    INFO(name);
+    Model m = make();
+    torch::optim::AdamW optimizer(m.module->parameters(), torch::optim::AdamWOptions(1e-3));
+    const Builder builder =
+        std::move(Builder().decompositions(crucible::tracer::core_aten_decompositions()).backend("interpreter"));
+    TrainStep step = builder.compile_train_step(m.module, optimizer, loss_of(m));
+    const Batch b = m.example_batch(4, 1);
+    step.compile({b.inputs, b.targets});
+    crucible::ir::Graph g = step.graph().clone();
+    crucible::testing::relabel_device(g, at::Device(at::kCUDA, 0));
+    const crucible::inductor::GeneratedCode code = crucible::inductor::generate_code(g);
+    REQUIRE(code.cuda);
+    REQUIRE(code.source.find("__global__") != std::string::npos);
+    const std::string cubin = crucible::inductor::compile_cuda(g, "sm_90", options);
+    REQUIRE(cubin.compare(0, 4,
+                          "\x7f"
+                          "ELF") == 0);
+  }
 }
 
 TEST_CASE("train step: the step count and the learning rate are graph inputs, not constants",

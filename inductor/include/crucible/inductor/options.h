@@ -23,11 +23,26 @@ struct InductorOptions {
   /// default, $XDG_CACHE_HOME/crucible/inductor (else ~/.cache/crucible/inductor).
   /// Created with mode 0700; a directory group or others can write is refused.
   std::string cache_dir;
-  /// When the C++ compiler fails (or the library does not load), run the
-  /// graph on the interpreter instead of throwing.
+  /// The GPU architecture NVRTC compiles CUDA kernels for ("sm_90");
+  /// empty: the device's own compute capability.
+  std::string cuda_arch;
+  /// When the C++ compiler or NVRTC fails (or the code does not load), run
+  /// the graph on the interpreter instead of throwing.
   bool fallback_to_eager = false;
   /// Print each generated translation unit to stderr.
   bool print_generated_code = false;
+  /// Time every step of each call (generated and extern kernels; CUDA
+  /// events on a GPU) and print to stderr, when the compiled function is
+  /// destroyed, the steps that took longest, in ms per call (Note [Per-step
+  /// profile] in src/compile_fx.cpp). Slows the calls down.
+  bool profile = false;
+
+  /// The defaults, with the debugging switches taken from the environment
+  /// as torch/_inductor/config.py takes its own: CRUCIBLE_INDUCTOR_PROFILE=1
+  /// (profile), CRUCIBLE_INDUCTOR_PRINT_CODE=1 (print_generated_code),
+  /// CRUCIBLE_INDUCTOR_CACHE_DIR (cache_dir). What the `inductor` backend
+  /// of the pipeline's registry compiles with. Throws nothing.
+  static InductorOptions from_environment();
 };
 
 }  // namespace crucible::inductor

@@ -1,0 +1,374 @@
+#include "codegen.h"
+#include "render.h"
+
+#include <algorithm>
+
+namespace crucible::inductor::detail {
+
+// Note [CUDA rendering]
+// The CUDA renderer takes the groups the scheduler made (Note [Fusion]) and
+// the bodies CBody writes, exactly as the C++ renderer does; only the loops
+// around the bodies differ (torch/_inductor's Triton kernels split the same
+// way into pointwise, reduction and persistent-reduction templates):
+//  - pointwise (a group of loops over `outer` elements): one thread per
+//    element, grid-stride over o;
+//  - a row group (reductions with their prologues and epilogues: a softmax
+//    or layer-norm row): one block per outer index, grid-stride over o,
+//    its threads striding over the inner range. A reduction folds each
+//    thread's share, then combines across the block (warp shuffles, one
+//    shared-memory exchange); every thread gets the result. Values of an
+//    inner stage read later in the row live in a shared-memory scratch row
+//    (in global memory, as a buffer of their own, when the rows do not fit
+//    in kSharedBudget). A barrier ends each inner stage and each row: a
+//    later stage may read any element of the row that an earlier one wrote,
+//    or overwrite one it read (an in-place write-back);
+//  - a column reduction (Loop::column): a block per tile of 32 kept indices,
+//    each warp of the block walking every kColumnRows-th reduced index over
+//    them (a warp's loads are contiguous), the warps' partials combined in
+//    shared memory; the kept indices' epilogues run after.
+// Index arithmetic is 32-bit when every index the kernel forms fits
+// (division and remainder by a constant cost several times more in 64
+// bits), 64-bit otherwise. Float sums accumulate in float, as ATen's CUDA
+// reductions do (the C++ renderer sums floats in double); max and min
+// propagate NaN as ATen's do.
+namespace {
+
+constexpr int kPointwiseBlock = 256;
+constexpr int kWarp = 32;
+constexpr int kColumnRows = 16;  // a column tile: kWarp kept indices × kColumnRows reduced
+constexpr int kMaxRowBlock = 512;
+constexpr int64_t kRowElements = 8;
+constexpr int64_t kSharedBudget = 48 * 1024;         // what a block gets without opting in
+constexpr int64_t kIndex32Limit = int64_t{1} << 30;  // headroom for a grid stride past the end
+
+int64_t size_of(c10::ScalarType t) { return static_cast<int64_t>(c10::elementSize(t)); }
+
+// The largest element offset (+ 1) a buffer's layout reaches.
+int64_t extent(const Buffer& b) {
+  int64_t e = 1;
+  for (size_t d = 0; d < b.sizes.size(); ++d) {
+    if (b.sizes[d] == 0) return 0;
+    e += (b.sizes[d] - 1) * b.strides[d];
+  }
+  return e;
+}
+
+// Threads for a row: about kRowElements elements each, so that a block
+// has work to overlap its loads with and an SM holds several blocks.
+int row_block(int64_t inner) {
+  int b = 32;
+  while (b < kMaxRowBlock && b * kRowElements < inner) b *= 2;
+  return b;
+}
+
+// The reduction functor of the prelude, the accumulator's initial value.
+std::string combiner(ReductionType t) {
+  return t == ReductionType::Sum ? "CrucibleSum" : t == ReductionType::Max ? "CrucibleMax" : "CrucibleMin";
+}
+std::string init_of(ReductionType t, const std::string& A) {
+  return t == ReductionType::Sum   ? A + "(0)"
+         : t == ReductionType::Max ? "crucible_lowest<" + A + ">()"
+                                   : "crucible_highest<" + A + ">()";
+}
+// Shuffles move no bool: bool reductions accumulate in int.
+std::string acc_type(const std::string& T) { return T == "bool" ? "int" : T; }
+
+// The kernel's parameters, one pointer a buffer in body.args order; fills
+// the signature the runtime passes them by.
+std::string parameters(const Program& p, const CBody& body, const GroupInfo& info, KernelSignature& sig) {
+  std::string params;
+  for (int b : body.args) {
+    const bool written = info.produced.contains(b);
+    sig.buffers.push_back(b);
+    sig.written.push_back(written);
+    const Buffer& buf = p.buffers[b];
+    params += std::string(params.empty() ? "" : ", ") + (written ? "" : "const ") + ctype_of(buf.dtype) +
+              (buf.host_scalar ? " " : "* __restrict__ ") + buf.name;
+  }
+  return params;
+}
+
+// "int" when every index the kernel forms fits in 32 bits: the loop
+// ranges and the layouts of the buffers it touches.
+std::string index_type(const Program& p, const Group& g, const CBody& body) {
+  int64_t most = g.outer * std::max<int64_t>(g.inner, 1);
+  for (int b : body.args) most = std::max({most, extent(p.buffers[b]), p.buffers[b].numel()});
+  return most < kIndex32Limit ? "int" : "int64_t";
+}
+
+std::string kernel(const std::string& name, int block, const std::string& params, const std::string& body) {
+  return "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(block) + ") " + name + "(" + params +
+         ") {\n" + body + "}\n";
+}
+
+std::string render_pointwise(const Program& p, const Group& g, const GroupInfo& info, const std::string& name,
+                             KernelSignature& sig) {
+  CBody body(p, g, info);
+  Expr o = Expr::var("o", g.outer);
+  std::string per_outer;
+  for (int li : g.loops) {
+    const Loop& l = p.loops[li];
+    Val v = body_value(body, l, g.outer, g.inner);
+    per_outer += body.take(1);
+    if (info.external.contains(l.buffer)) {
+      per_outer += body.arg(l.buffer) + "[" + dot(unravel(o, l.sizes), p.buffers[l.buffer].strides).str() +
+                   "] = " + v.name + ";\n";
+      body.stored(l.buffer);
+    }
+    body.locals_[l.buffer] = v.name;
+  }
+  const std::string B = std::to_string(kPointwiseBlock);
+  const std::string params = parameters(p, body, info, sig);
+  std::string text = "  typedef " + index_type(p, g, body) + " idx_t;\n" + indent(body.take(0), 2);
+  text += "  for (idx_t o = static_cast<idx_t>(blockIdx.x) * " + B + " + static_cast<idx_t>(threadIdx.x); o < " +
+          std::to_string(g.outer) + "; o += static_cast<idx_t>(gridDim.x) * " + B + ") {\n" + indent(per_outer, 4) +
+          "  }\n";
+  sig.launch = {kPointwiseBlock, g.outer, kPointwiseBlock, 0};
+  return kernel(name, kPointwiseBlock, params, text);
+}
+
+std::string render_column(const Program& p, const Group& g, const GroupInfo& info, const std::string& name,
+                          KernelSignature& sig) {
+  CBody body(p, g, info);
+  const Loop& red = p.loops[g.loops.front()];
+  const Buffer& rbuf = p.buffers[red.buffer];
+  const std::string T = ctype_of(rbuf.dtype), A = acc_type(T), f = combiner(red.rtype);
+  const std::string W = std::to_string(kWarp), R = std::to_string(kColumnRows), OUTER = std::to_string(g.outer);
+  Val v = body_value(body, red, g.outer, g.inner);
+  // Lane x of the tile's row y: kept index ob + x, reduced indices y,
+  // y + kColumnRows, ...; then the rows' partials are combined in shared
+  // memory, in order, by the tile's first row, which runs the epilogues.
+  std::string per_tile = "const idx_t o = ob + static_cast<idx_t>(threadIdx.x % " + W + ");\n" + A +
+                         " acc = " + init_of(red.rtype, A) + ";\nif (o < " + OUTER + ") {\n";
+  per_tile += "  for (idx_t r = static_cast<idx_t>(threadIdx.x / " + W + "); r < " + std::to_string(g.inner) +
+              "; r += " + R + ") {\n" +
+              indent(body.take_inner() + "acc = " + f + "()(acc, " + A + "(" + v.name + "));\n", 4) + "  }\n}\n";
+  per_tile += "partial[threadIdx.x / " + W + "][threadIdx.x % " + W + "] = acc;\n__syncthreads();\n";
+  std::string value = "static_cast<" + T + ">(acc)";
+  if (!red.finalize.empty()) value = substitute(red.finalize, value);
+  const std::string red_name = "red_" + rbuf.name;
+  std::string epilogue = "for (int y = 1; y < " + R + "; ++y) acc = " + f + "()(acc, partial[y][threadIdx.x]);\n";
+  epilogue += "const " + T + " " + red_name + " = " + value + ";\n";
+  Expr o = Expr::var("o", g.outer);
+  if (info.external.contains(red.buffer))
+    epilogue += body.arg(red.buffer) + "[" + dot(unravel(o, red.sizes), rbuf.strides).str() + "] = " + red_name + ";\n";
+  body.locals_[red.buffer] = red_name;
+  for (size_t k = 1; k < g.loops.size(); ++k) {
+    const Loop& l = p.loops[g.loops[k]];
+    Val e = body_value(body, l, g.outer, g.inner);
+    epilogue += body.take_inner();
+    if (info.external.contains(l.buffer))
+      epilogue += body.arg(l.buffer) + "[" + dot(unravel(o, l.sizes), p.buffers[l.buffer].strides).str() +
+                  "] = " + e.name + ";\n";
+    body.locals_[l.buffer] = e.name;
+  }
+  per_tile += "if (threadIdx.x < " + W + " && o < " + OUTER + ") {\n" + indent(epilogue, 2) + "}\n__syncthreads();\n";
+  const int block = kWarp * kColumnRows;
+  const std::string params = parameters(p, body, info, sig);
+  std::string text = "  typedef " + index_type(p, g, body) + " idx_t;\n  __shared__ " + A + " partial[" + R + "][" + W +
+                     " + 1];\n" + indent(body.take(0), 2);
+  text += "  for (idx_t ob = static_cast<idx_t>(blockIdx.x) * " + W + "; ob < " + OUTER +
+          "; ob += static_cast<idx_t>(gridDim.x) * " + W + ") {\n" + indent(per_tile, 4) + "  }\n";
+  sig.launch = {block, g.outer, kWarp, 0};
+  return kernel(name, block, params, text);
+}
+
+std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const std::string& name,
+                        KernelSignature& sig) {
+  // Scratch rows: inner-stage values read only inside the group. Too many
+  // bytes for shared memory, and they become buffers of their own.
+  std::vector<int> scratch;
+  int64_t bytes = 0;
+  for (int li : g.loops) {
+    const Loop& l = p.loops[li];
+    if (stage_of(l, g) == Stage::Inner && !info.external.contains(l.buffer)) {
+      scratch.push_back(l.buffer);
+      bytes += (g.inner * size_of(p.buffers[l.buffer].dtype) + 15) / 16 * 16;
+    }
+  }
+  if (bytes > kSharedBudget) {
+    for (int b : scratch) info.external.insert(b);
+    scratch.clear();
+    bytes = 0;
+  }
+  const int block = row_block(g.inner);
+  const std::string B = std::to_string(block), INNER = std::to_string(g.inner);
+  CBody body(p, g, info);
+  Expr o = Expr::var("o", g.outer);
+  Expr r = Expr::var("r", g.inner);
+  std::string per_outer;
+  int acc_counter = 0;
+  const std::string r_loop = "for (idx_t r = static_cast<idx_t>(threadIdx.x); r < " + INNER + "; r += " + B + ") {\n";
+  for (int li : g.loops) {
+    const Loop& l = p.loops[li];
+    const Buffer& buf = p.buffers[l.buffer];
+    const std::string T = ctype_of(buf.dtype);
+    const bool external = info.external.contains(l.buffer);
+    // An in-place write-back: every thread has done its reads of the old values.
+    if (buf.kind == Buffer::Input) per_outer += "__syncthreads();\n";
+    Val v = body_value(body, l, g.outer, g.inner);
+    switch (stage_of(l, g)) {
+      case Stage::Scalar:
+        per_outer += body.take(1);
+        if (external) {
+          per_outer += "if (threadIdx.x == 0) " + body.arg(l.buffer) + "[" +
+                       dot(unravel(o, l.sizes), buf.strides).str() + "] = " + v.name + ";\n";
+          body.stored(l.buffer);
+        }
+        body.locals_[l.buffer] = v.name;
+        break;
+      case Stage::Inner: {
+        std::string inner_lines = body.take(2);
+        per_outer += body.take(1);
+        std::string store;
+        if (external) {
+          store = body.arg(l.buffer) + "[" + dot(unravel(o * g.inner + r, l.sizes), buf.strides).str() +
+                  "] = " + v.name + ";\n";
+          body.stored(l.buffer);
+        } else {
+          store = body.scratch(l.buffer) + "[r] = " + v.name + ";\n";
+        }
+        per_outer += r_loop + indent(inner_lines + store, 2) + "}\n__syncthreads();\n";
+        break;
+      }
+      case Stage::Reduce: {
+        std::string inner_lines = body.take(2);
+        per_outer += body.take(1);
+        const std::string A = acc_type(T), acc = "acc" + std::to_string(acc_counter++), f = combiner(l.rtype);
+        per_outer += A + " " + acc + " = " + init_of(l.rtype, A) + ";\n" + r_loop +
+                     indent(inner_lines + acc + " = " + f + "()(" + acc + ", " + A + "(" + v.name + "));\n", 2) +
+                     "}\n" + acc + " = crucible_block_reduce(" + acc + ", " + f + "());\n";
+        std::string value = "static_cast<" + T + ">(" + acc + ")";
+        if (!l.finalize.empty()) value = substitute(l.finalize, value);
+        const std::string red = "red_" + buf.name;
+        per_outer += "const " + T + " " + red + " = " + value + ";\n";
+        if (external)
+          per_outer += "if (threadIdx.x == 0) " + body.arg(l.buffer) + "[" +
+                       dot(unravel(o, l.sizes), buf.strides).str() + "] = " + red + ";\n";
+        body.locals_[l.buffer] = red;
+        break;
+      }
+    }
+  }
+  const std::string params = parameters(p, body, info, sig);
+  std::string text = "  typedef " + index_type(p, g, body) + " idx_t;\n";
+  if (!scratch.empty()) {
+    text += "  extern __shared__ __align__(16) unsigned char crucible_smem[];\n";
+    int64_t offset = 0;
+    for (int b : scratch) {
+      const Buffer& buf = p.buffers[b];
+      const std::string T = ctype_of(buf.dtype);
+      text += "  " + T + "* __restrict__ row_" + buf.name + " = reinterpret_cast<" + T + "*>(crucible_smem + " +
+              std::to_string(offset) + ");\n";
+      offset += (g.inner * size_of(buf.dtype) + 15) / 16 * 16;
+    }
+  }
+  text += indent(body.take(0), 2);
+  // The next row reuses the scratch rows and the reductions' shared memory.
+  const std::string sync = "__syncthreads();\n";
+  if (per_outer.size() < sync.size() || per_outer.compare(per_outer.size() - sync.size(), sync.size(), sync) != 0)
+    per_outer += sync;
+  text += "  for (idx_t o = static_cast<idx_t>(blockIdx.x); o < " + std::to_string(g.outer) +
+          "; o += static_cast<idx_t>(gridDim.x)) {\n" + indent(per_outer, 4) + "  }\n";
+  sig.launch = {block, g.outer, 1, static_cast<int>(bytes)};
+  return kernel(name, block, params, text);
+}
+
+}  // namespace
+
+std::string render_cuda_group(const Program& p, const Group& g, GroupInfo& info, const std::string& name,
+                              KernelSignature& sig) {
+  if (!g.tiled) return render_pointwise(p, g, info, name, sig);
+  if (p.loops[g.loops.front()].column) return render_column(p, g, info, name, sig);
+  return render_rows(p, g, info, name, sig);
+}
+
+// NVRTC compiles without a standard library: the integer types, the
+// std:: math functions and numeric limits the loop bodies name (Note
+// [Lowering]'s table writes them for the C++ renderer) are supplied here,
+// as CUDA's own device functions (ATen's CUDA kernels call the same ones).
+const char* cuda_prelude() {
+  return R"(typedef long long int64_t;
+typedef int int32_t;
+namespace std {
+template <class T> struct numeric_limits;
+template <> struct numeric_limits<float> {
+  static __device__ __forceinline__ float infinity() { return __int_as_float(0x7f800000); }
+  static __device__ __forceinline__ float quiet_NaN() { return __int_as_float(0x7fc00000); }
+  static __device__ __forceinline__ float lowest() { return -3.402823466e+38f; }
+  static __device__ __forceinline__ float max() { return 3.402823466e+38f; }
+};
+template <> struct numeric_limits<double> {
+  static __device__ __forceinline__ double infinity() { return __longlong_as_double(0x7ff0000000000000ll); }
+  static __device__ __forceinline__ double quiet_NaN() { return __longlong_as_double(0x7ff8000000000000ll); }
+  static __device__ __forceinline__ double lowest() { return -1.7976931348623157e+308; }
+  static __device__ __forceinline__ double max() { return 1.7976931348623157e+308; }
+};
+template <> struct numeric_limits<int64_t> {
+  static __device__ __forceinline__ int64_t lowest() { return -9223372036854775807ll - 1; }
+  static __device__ __forceinline__ int64_t max() { return 9223372036854775807ll; }
+};
+template <> struct numeric_limits<int32_t> {
+  static __device__ __forceinline__ int32_t lowest() { return -2147483647 - 1; }
+  static __device__ __forceinline__ int32_t max() { return 2147483647; }
+};
+template <> struct numeric_limits<bool> {
+  static __device__ __forceinline__ bool lowest() { return false; }
+  static __device__ __forceinline__ bool max() { return true; }
+};
+#define CRUCIBLE_MATH(name, f32, f64) \
+  __device__ __forceinline__ float name(float x) { return ::f32(x); } \
+  __device__ __forceinline__ double name(double x) { return ::f64(x); }
+CRUCIBLE_MATH(expm1, expm1f, expm1)
+CRUCIBLE_MATH(log, logf, log)
+CRUCIBLE_MATH(log1p, log1pf, log1p)
+CRUCIBLE_MATH(sqrt, sqrtf, sqrt)
+CRUCIBLE_MATH(tanh, tanhf, tanh)
+CRUCIBLE_MATH(sin, sinf, sin)
+CRUCIBLE_MATH(cos, cosf, cos)
+CRUCIBLE_MATH(floor, floorf, floor)
+CRUCIBLE_MATH(ceil, ceilf, ceil)
+CRUCIBLE_MATH(abs, fabsf, fabs)
+#undef CRUCIBLE_MATH
+__device__ __forceinline__ float pow(float x, float y) { return ::powf(x, y); }
+__device__ __forceinline__ double pow(double x, double y) { return ::pow(x, y); }
+}  // namespace std
+__device__ __forceinline__ float crucible_exp(float x) { return ::expf(x); }
+__device__ __forceinline__ double crucible_exp(double x) { return ::exp(x); }
+__device__ __forceinline__ float crucible_erf(float x) { return ::erff(x); }
+__device__ __forceinline__ double crucible_erf(double x) { return ::erf(x); }
+// Initial values of max and min: infinities for floating types, the
+// extreme values for integers.
+template <class T> __device__ __forceinline__ T crucible_lowest() { return std::numeric_limits<T>::lowest(); }
+template <class T> __device__ __forceinline__ T crucible_highest() { return std::numeric_limits<T>::max(); }
+template <> __device__ __forceinline__ float crucible_lowest<float>() { return -std::numeric_limits<float>::infinity(); }
+template <> __device__ __forceinline__ float crucible_highest<float>() { return std::numeric_limits<float>::infinity(); }
+template <> __device__ __forceinline__ double crucible_lowest<double>() { return -std::numeric_limits<double>::infinity(); }
+template <> __device__ __forceinline__ double crucible_highest<double>() { return std::numeric_limits<double>::infinity(); }
+// Combiners; max and min keep a NaN from either side, as ATen's do.
+struct CrucibleSum {
+  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct CrucibleMax {
+  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return (a != a || a > b) ? a : b; }
+};
+struct CrucibleMin {
+  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return (a != a || a < b) ? a : b; }
+};
+// Every thread's `v` combined over the block (blockDim.x a multiple of 32),
+// in a fixed order; every thread gets the result.
+template <class T, class F> __device__ __forceinline__ T crucible_block_reduce(T v, F f) {
+  __shared__ T partial[32];
+  for (int d = 16; d > 0; d >>= 1) v = f(v, __shfl_xor_sync(0xffffffffu, v, d));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  __syncthreads();  // the previous reduction of this type has read `partial`
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = partial[0];
+  for (int w = 1; w < warps; ++w) v = f(v, partial[w]);
+  return v;
+}
+)";
+}
+
+}  // namespace crucible::inductor::detail

@@ -1,0 +1,132 @@
+// Private: what the C++ and CUDA C++ renderers share: the stage a loop
+// takes in its kernel, which buffers a kernel writes and who else reads
+// them, and the ops handler that writes a loop body as C-like statements
+// (both languages spell loads, arithmetic and locals alike; only the loops
+// and reductions around the bodies differ, Note [CUDA rendering]).
+#pragma once
+
+#include "codegen.h"
+
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace crucible::inductor::detail {
+
+/// How a loop runs inside its group: once per outer index (Scalar), over
+/// the inner range (Inner), or combined over the inner range (Reduce).
+enum class Stage { Scalar, Inner, Reduce };
+
+inline Stage stage_of(const Loop& l, const Group& g) {
+  if (l.reduction) return Stage::Reduce;
+  return l.numel() == g.outer ? Stage::Scalar : Stage::Inner;
+}
+
+/// The buffers a group's loops write, and those someone outside the group
+/// reads (the graph, an extern kernel, another group): only the latter
+/// reach memory.
+struct GroupInfo {
+  std::unordered_set<int> produced;  // buffers the group's loops write
+  std::unordered_set<int> external;  // ... that someone outside reads
+};
+
+/// A loop body as C-like statements per loop level (0: kernel-wide, 1: per
+/// outer index, 2: per inner index), common subexpressions named once per
+/// level. Buffers read only inside their group come from locals (values
+/// made once per outer index) or scratch rows (`row_<name>`, values of an
+/// inner stage).
+class CBody : public Body {
+ public:
+  CBody(const Program& p, const Group& g, const GroupInfo& info) : p_(p), g_(g), info_(info) {}
+
+  Val load(int b, const std::vector<Expr>& index) override {
+    const Buffer& buf = p_.buffers[b];
+    std::string T = ctype_of(buf.dtype);
+    if (buf.host_scalar) return {arg(b), 0};  // a kernel parameter, by value
+    // A value made once per outer index is read back as its local, also
+    // where it reaches memory too: on a GPU other threads of the block may
+    // not see that store yet.
+    if (auto it = locals_.find(b); it != locals_.end() && info_.produced.contains(b)) return {it->second, 1};
+    if (info_.produced.contains(b) && !info_.external.contains(b)) {
+      const Loop& l = p_.loops[buf.loop];
+      if (stage_of(l, g_) == Stage::Inner) {
+        Expr flat = dot(index, contiguous_strides(buf.sizes));
+        Expr at = mod(flat, g_.inner);
+        return compute(scratch(b) + "[" + at.str() + "]", level_of(at), T);
+      }
+      return {locals_.at(b), 1};
+    }
+    // A buffer this group writes is read back no earlier than the outer
+    // iteration that wrote it.
+    Expr storage = dot(index, buf.strides);
+    int level = std::max(level_of(storage), info_.produced.contains(b) ? 1 : 0);
+    return compute(arg(b) + "[" + storage.str() + "]", level, T);
+  }
+
+  Val compute(const std::string& expr, int level, const std::string& ctype) override {
+    auto& cache = cache_[level];
+    if (auto it = cache.find(expr); it != cache.end()) return {it->second, level};
+    std::string name = "t" + std::to_string(counter_++);
+    cache.emplace(expr, name);
+    lines_[level] += "const " + ctype + " " + name + " = " + expr + ";\n";
+    return {name, level};
+  }
+
+  // A store to `b`: loads of it cached before (an in-place write's old
+  // values) must not stand for what later stages read.
+  void stored(int b) {
+    auto it = arg_names_.find(b);
+    if (it == arg_names_.end()) return;
+    const std::string prefix = it->second + "[";
+    for (auto& cache : cache_)
+      std::erase_if(cache, [&](const auto& kv) { return kv.first.compare(0, prefix.size(), prefix) == 0; });
+  }
+
+  std::string take(int level) {
+    std::string s = std::move(lines_[level]);
+    lines_[level].clear();
+    if (level == 2) cache_[2].clear();
+    return s;
+  }
+
+  // Lines of levels 1 and 2 together, and both caches forgotten: a column
+  // reduction computes them all inside its innermost loop.
+  std::string take_inner() {
+    std::string s = take(1) + take(2);
+    cache_[1].clear();
+    return s;
+  }
+
+  const std::string& arg(int b) {
+    if (auto it = arg_names_.find(b); it != arg_names_.end()) return it->second;
+    args.push_back(b);
+    return arg_names_.emplace(b, p_.buffers[b].name).first->second;
+  }
+
+  std::string scratch(int b) {
+    scratch_.insert(b);
+    return "row_" + p_.buffers[b].name;
+  }
+
+  std::vector<int> args;
+  std::unordered_map<int, std::string> locals_;
+  std::unordered_set<int> scratch_;
+
+ private:
+  const Program& p_;
+  const Group& g_;
+  const GroupInfo& info_;
+  std::unordered_map<std::string, std::string> cache_[3];
+  std::unordered_map<int, std::string> arg_names_;
+  std::string lines_[3];
+  int counter_ = 0;
+};
+
+/// `text` with every line indented by `spaces`.
+std::string indent(const std::string& text, int spaces);
+
+/// A reduction's finalization with `$` replaced by the accumulator `acc`.
+std::string substitute(const std::string& finalize, const std::string& acc);
+
+}  // namespace crucible::inductor::detail
