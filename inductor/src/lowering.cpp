@@ -47,20 +47,23 @@ namespace {
 struct Ctx {
   const std::vector<std::string>& x;
   const ir::Node* n;
-  const std::string& T;  // the C++ type the formula is evaluated in
+  const std::string& T;            // the C++ type the formula is evaluated in
+  const std::vector<Expr>& index;  // the element's index (ops that read it: arange)
 };
 using Render = std::function<std::string(const Ctx&)>;
 
 struct PointwiseOp {
   PointwiseOp(std::vector<size_t> tensors, std::vector<size_t> scalars, Render r, bool in_operands = false,
-              bool integers = false, std::vector<size_t> masks = {}, std::vector<size_t> unread = {})
+              bool integers = false, std::vector<size_t> masks = {}, std::vector<size_t> unread = {},
+              bool index = false)
       : tensor_args(std::move(tensors)),
         scalar_args(std::move(scalars)),
         render(std::move(r)),
         compute_in_operands(in_operands),
         integer_ok(integers),
         bool_args(std::move(masks)),
-        unread_args(std::move(unread)) {}
+        unread_args(std::move(unread)),
+        reads_index(index) {}
   std::vector<size_t> tensor_args;  // positions of tensor operands, in x's order
   std::vector<size_t> scalar_args;  // positions that must be numeric constants
   Render render;
@@ -70,6 +73,7 @@ struct PointwiseOp {
   bool integer_ok = false;          // also lowered for i64/i32 (and bool where it makes sense)
   std::vector<size_t> bool_args;    // tensor operands read as bool masks, not cast
   std::vector<size_t> unread_args;  // tensors that only give the result's size and dtype (copy's self)
+  bool reads_index = false;         // the value is a function of the element's index (arange; integers only)
 };
 
 std::string literal(const c10::IValue& v, const std::string& T) {
@@ -246,6 +250,28 @@ const std::unordered_map<std::string, PointwiseOp>& table() {
       {"aten::zeros", {{}, {}, [](const Ctx& c) { return literal(0, c.T); }, false, true}},
       {"aten::ones", {{}, {}, [](const Ctx& c) { return literal(1, c.T); }, false, true}},
       {"aten::full", {{}, {1}, fill(1), false, true}},
+      // arange: start + step * i over the one dimension (integer results
+      // only: floating ones round as ATen's kernel does, not as this does).
+      {"aten::arange",
+       {{}, {0}, [](const Ctx& c) { return c.T + "(" + c.index[0].str() + ")"; }, false, true, {}, {}, true}},
+      {"aten::arange.start",
+       {{},
+        {0, 1},
+        [](const Ctx& c) { return "(" + lit(c, 0) + " + " + c.T + "(" + c.index[0].str() + "))"; },
+        false,
+        true,
+        {},
+        {},
+        true}},
+      {"aten::arange.start_step",
+       {{},
+        {0, 1, 2},
+        [](const Ctx& c) { return "(" + lit(c, 0) + " + " + lit(c, 2) + " * " + c.T + "(" + c.index[0].str() + "))"; },
+        false,
+        true,
+        {},
+        {},
+        true}},
   };
   return t;
 }
@@ -469,6 +495,7 @@ class Lowerer {
       if (!listed && !n->arg(i).is_constant()) return Kind::Extern;
     }
     c10::ScalarType compute = compute_type(n, op);
+    if (op.reads_index && (is_float(compute) || n->result()->meta().sizes.size() != 1)) return Kind::Extern;
     if (op.compute_in_operands)
       for (c10::ScalarType dt : operand_types)
         if (dt != compute) return Kind::Extern;  // comparisons across dtypes promote: leave them to ATen
@@ -643,12 +670,19 @@ class Lowerer {
         std::string t = ctype_of(operands[k].dtype);
         x.push_back(masks[k] || t == T ? v.name : "static_cast<" + T + ">(" + v.name + ")");
       }
-      std::string e = op.render(Ctx{x, n, T});
+      if (op.reads_index) level = std::max(level, level_of(index[0]));
+      std::string e = op.render(Ctx{x, n, T, index});
       if (R != T) e = "static_cast<" + R + ">(" + e + ")";
       return b.compute(e, level, R);
     };
     lazy_[out] = std::move(l);
-    size_t readers = out->users().size();
+    // A write-back of the value is not a reader that recomputes it: taken
+    // in place, its loop joins the other readers' kernel and shares their
+    // loads (an optimizer's new momentum, read by the parameter's update
+    // and written back; Note [In-place write-backs]).
+    size_t readers = 0;
+    for (const ir::Node* u : out->users())
+      readers += !(is_write_back(u) && u->arg(1).is_value() && u->arg(1).value() == out);
     const Lazy& made = lazy_.at(out);
     if (needs_tensor(out) || made.ops > kMaxInlineOps ||
         (readers > 1 && (made.ops * static_cast<int>(readers - 1) > kMaxRecompute || full_loads(made) > 1)))

@@ -230,7 +230,10 @@ void nll_loss_forward(const c10::OperatorHandle&, std::vector<c10::IValue>& stac
 
 // nll_loss_backward(grad, x, target, weight?, reduction, ignore_index,
 // total_weight): -grad (weighted, over the total weight for the mean) at each
-// target class, zero elsewhere and where target == ignore_index.
+// target class, zero elsewhere and where target == ignore_index. The one-hot
+// rows are a comparison of the class index with the target, not a scatter
+// into zeros, so that a fusing backend computes them where they are read
+// and never writes the [N, C] zeros.
 void nll_loss_backward(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
   at::Tensor grad = stack[0].toTensor();
   const at::Tensor x = stack[1].toTensor(), target = stack[2].toTensor();
@@ -242,12 +245,11 @@ void nll_loss_backward(const c10::OperatorHandle&, std::vector<c10::IValue>& sta
   const at::Tensor t = target.unsqueeze(channel_dim);
   const at::Tensor keep = t != ignore_index;
   const at::Tensor safe_target = at::where(keep, t, 0);
-  at::Tensor g = at::scatter(at::zeros_like(x), channel_dim, safe_target, -1.0);
-  if (weight && weight->defined()) {
-    std::vector<int64_t> shape(static_cast<size_t>(x.dim()), 1);
-    shape[static_cast<size_t>(channel_dim)] = x.size(channel_dim);
-    g = g * weight->reshape(shape);
-  }
+  std::vector<int64_t> shape(static_cast<size_t>(x.dim()), 1);
+  shape[static_cast<size_t>(channel_dim)] = x.size(channel_dim);
+  const at::Tensor classes = at::arange(x.size(channel_dim), target.options()).reshape(shape);
+  at::Tensor g = -(classes == safe_target).to(x.scalar_type());
+  if (weight && weight->defined()) g = g * weight->reshape(shape);
   if (reduction == at::Reduction::None && x.dim() > 1) grad = grad.unsqueeze(channel_dim);
   push_results(stack, {at::where(keep, g * grad, 0)});
 }
