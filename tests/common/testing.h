@@ -5,6 +5,8 @@
 
 #include <stdlib.h>
 
+#include <cstdlib>
+
 #include <filesystem>
 #include <sstream>
 #include <stdexcept>
@@ -45,6 +47,20 @@ inline std::string mismatch(const at::Tensor& actual, const at::Tensor& expected
 /// a few ulps (about 1e-7 relative per term) on the small tensors tested.
 inline constexpr double kGradRtol = 1e-6;
 inline constexpr double kGradAtol = 1e-6;
+
+/// Where a suite that can run on either device runs its graphs
+/// (CRUCIBLE_TEST_DEVICE: cpu, the default, or cuda).
+inline const at::Device& test_device() {
+  static const at::Device d = [] {
+    const char* e = std::getenv("CRUCIBLE_TEST_DEVICE");
+    return e && std::string(e) == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  }();
+  return d;
+}
+
+/// CUDA asked for and no GPU here: a suite then compiles its graphs' CUDA
+/// kernels (with NVRTC) and runs nothing.
+inline bool compile_only() { return test_device().is_cuda() && !at::hasCUDA(); }
 
 /// A fresh directory (mode 0700) under the system's temporary directory,
 /// named `prefix`-XXXXXX; left behind for a look after a failure.

@@ -65,17 +65,8 @@ inductor::InductorOptions options() {
 
 at::TensorOptions of(at::ScalarType dtype) { return at::TensorOptions().dtype(dtype); }
 
-/// Where the graphs run (CRUCIBLE_TEST_DEVICE: cpu, the default, or cuda).
-const at::Device& test_device() {
-  static const at::Device d = [] {
-    const char* e = std::getenv("CRUCIBLE_TEST_DEVICE");
-    return e && std::string_view(e) == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
-  }();
-  return d;
-}
-
-/// CUDA asked for and no GPU here: graphs are compiled with NVRTC, not run.
-bool compile_only() { return test_device().is_cuda() && !at::hasCUDA(); }
+using crucible::testing::compile_only;
+using crucible::testing::test_device;
 
 // --- tolerances --------------------------------------------------------------
 
