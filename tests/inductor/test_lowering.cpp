@@ -946,6 +946,32 @@ TEST_CASE("lowering: comparisons to bool, where, masked_fill with a broadcast ma
            });
 }
 
+TEST_CASE("lowering: integer arange as a function of the index; one-hot rows compared with a target",
+          "[inductor][lowering]") {
+  // nll_loss_backward's decomposition: -(arange(C) == target[:, None]) * grad,
+  // never materializing the arange or the mask.
+  const at::Tensor target = at::randint(0, 7, {5}, at::kLong), grad = at::randn({5, 1});
+  Builder g;
+  ir::Value *pt = g.input(target), *pg = g.input(grad);
+  const c10::Device where = compile_only() ? at::Device(at::kCPU) : test_device();
+  ir::Value* classes =
+      g.call("aten::arange", {c10::Scalar(7), c10::IValue(at::kLong), c10::IValue(), where, c10::IValue()});
+  ir::Value* steps = g.call("aten::arange.start_step", {c10::Scalar(3), c10::Scalar(40), c10::Scalar(5),
+                                                        c10::IValue(at::kLong), c10::IValue(), where, c10::IValue()});
+  ir::Value* hit = g.call("aten::eq.Tensor",
+                          {g.call("aten::view", {classes, Dims{1, 7}}), g.call("aten::unsqueeze", {pt, int64_t{1}})});
+  ir::Value* one_hot = g.call("aten::neg", {g.call("aten::to.dtype", {hit, at::kFloat, false, false, c10::IValue()})});
+  ir::Value* dx = g.call("aten::mul.Tensor", {one_hot, pg});
+  const at::Tensor hit_e = at::arange(7, at::kLong).view({1, 7}) == target.unsqueeze(1);
+  // Comparisons, casts and a product by -1 or 0 are exact.
+  check(g, {
+               exactly("arange(7)", classes, at::arange(7, at::kLong)),
+               exactly("arange(3, 40, 5)", steps, at::arange(3, 40, 5, at::kLong)),
+               exactly("-(arange(7) == target[:, None]) * grad", dx, -hit_e.to(at::kFloat) * grad),
+           });
+  REQUIRE(inductor::loop_ir(g.g).find("extern") == std::string::npos);
+}
+
 TEST_CASE("lowering: to.dtype and _to_copy between f32 and f64, functional copy broadcasting its source",
           "[inductor][lowering]") {
   at::Tensor x32 = at::randn({5, 3}), z64 = at::randn({5, 3}, at::kDouble);
