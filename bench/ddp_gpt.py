@@ -6,7 +6,8 @@ run on the same machine:
   python3 bench/ddp_gpt.py --size full                         # one GPU, no DDP
   torchrun --nproc-per-node 2 bench/ddp_gpt.py --size full     # DDP, buckets of 1, 4, 25, 100 MiB
 
-The replica has the zoo's layout, sizes and initialization: nanoGPT's GPT-2
+The replica (torch_zoo.py's GPT and GPT_SIZES, shared with that script) has
+the zoo's layout, sizes and initialization: nanoGPT's GPT-2
 (pre-LayerNorm blocks, attention written out as QK^T/sqrt(d), causal mask,
 softmax, @V; a 4x GELU MLP; the head tied to the token embedding). The step
 is the zoo's too: mean cross-entropy over every token, backward, AdamW(3e-4)
@@ -15,70 +16,14 @@ reading the loss, which waits for the step's kernels, as the C++ rows do. Rows
 are printed as `name  ms/step  samples/s` (samples of the global batch).
 """
 import argparse
-import math
 import os
 import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
-
-SIZES = {  # the zoo's GptConfig for model_sizes()
-    "small": dict(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=64),
-    "full": dict(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768),
-}
-
-
-class Attention(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.n_head = c["n_head"]
-        self.c_attn = nn.Linear(c["n_embd"], 3 * c["n_embd"])
-        self.c_proj = nn.Linear(c["n_embd"], c["n_embd"])
-        t = c["block_size"]
-        self.register_buffer("bias", torch.ones(t, t).tril().view(1, 1, t, t))
-
-    def forward(self, x):
-        b, t, c = x.shape
-        hs = c // self.n_head
-        q, k, v = (y.view(b, t, self.n_head, hs).transpose(1, 2) for y in self.c_attn(x).split(c, 2))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf")).softmax(-1)
-        return self.c_proj((att @ v).transpose(1, 2).contiguous().view(b, t, c))
-
-
-class Block(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(c["n_embd"]), Attention(c), nn.LayerNorm(c["n_embd"])
-        self.c_fc, self.c_proj = nn.Linear(c["n_embd"], 4 * c["n_embd"]), nn.Linear(4 * c["n_embd"], c["n_embd"])
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x))))
-
-
-class GPT(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(c["vocab_size"], c["n_embd"]), nn.Embedding(c["block_size"], c["n_embd"])
-        self.h = nn.ModuleList(Block(c) for _ in range(c["n_layer"]))
-        self.ln_f = nn.LayerNorm(c["n_embd"])
-        with torch.no_grad():  # nanoGPT's init, as the zoo's
-            for name, p in self.named_parameters():
-                if name.endswith("c_proj.weight"):
-                    p.normal_(0.0, 0.02 / math.sqrt(2 * c["n_layer"]))
-                elif name.endswith("bias"):
-                    p.zero_()
-                elif "ln_" not in name:
-                    p.normal_(0.0, 0.02)
-
-    def forward(self, idx):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))
-        for block in self.h:
-            x = block(x)
-        return F.linear(self.ln_f(x), self.wte.weight)
+from torch_zoo import GPT
+from torch_zoo import GPT_SIZES as SIZES
 
 
 def time_steps(name, model, batch, steps, global_batch, rank):
