@@ -382,6 +382,10 @@ static inline double crucible_erf(double x) { return std::erf(x); }
 
 }  // namespace
 
+// The most kernels one combined launch takes (its parameters stay far
+// below CUDA's limit on a kernel's parameter bytes).
+constexpr size_t kMaxCombined = 24;
+
 Schedule compile_schedule(const ir::Graph& graph, int threads) {
   Schedule s;
   s.program = lower(graph);
@@ -415,30 +419,90 @@ Schedule compile_schedule(const ir::Graph& graph, int threads) {
     for (const ir::Value* v : out->inputs())
       if (auto b = p.buffer_of.find(v); b != p.buffer_of.end()) mark(b->second, -1);
 
-  for (size_t gi = 0; gi < s.groups.size(); ++gi) {
-    const Group& g = s.groups[gi];
-    KernelSignature sig;
-    sig.name = "kernel_" + std::to_string(gi);
-    std::string comment = "// " + sig.name + " (" +
-                          (g.tiled ? "outer " + std::to_string(g.outer) + " × inner " + std::to_string(g.inner)
-                                   : std::to_string(g.outer) + " elements") +
-                          ") fuses:";
+  // What each group's comment says it fuses.
+  auto fuses = [&](size_t gi) {
     std::vector<const ir::Node*> nodes;
-    for (int li : g.loops)
+    for (int li : s.groups[gi].loops)
       for (const ir::Node* n : p.loops[li].nodes)
         if (std::find(nodes.begin(), nodes.end(), n) == nodes.end()) nodes.push_back(n);
+    std::string text;
     for (size_t i = 0; i < nodes.size(); ++i) {
       if (i == 16) {
-        comment += " ... (" + std::to_string(nodes.size() - 16) + " more)";
+        text += " ... (" + std::to_string(nodes.size() - 16) + " more)";
         break;
       }
-      comment += " %" + nodes[i]->result()->name() + " (" + nodes[i]->target() + ")";
+      text += std::string(i ? " " : "") + "%" + nodes[i]->result()->name() + " (" + nodes[i]->target() + ")";
     }
-    sig.fuses = comment.substr(comment.find("fuses:") + 7);
+    return text;
+  };
+  auto shape = [&](const Group& g) {
+    return g.tiled ? "outer " + std::to_string(g.outer) + " × inner " + std::to_string(g.inner)
+                   : std::to_string(g.outer) + " elements";
+  };
+  auto render = [&](size_t gi) {
+    KernelSignature sig;
+    sig.name = "kernel_" + std::to_string(gi);
+    sig.fuses = fuses(gi);
+    const Group& g = s.groups[gi];
     const std::string body = p.device.is_cuda() ? render_cuda_group(p, g, info[gi], sig.name, sig)
                                                 : render_group(p, g, info[gi], sig.name, threads, sig);
-    s.source += comment + "\n" + body + "\n";
+    s.source += "// " + sig.name + " (" + shape(g) + ") fuses: " + sig.fuses + "\n" + body + "\n";
     s.kernels.push_back(std::move(sig));
+  };
+  if (!p.device.is_cuda()) {
+    for (size_t gi = 0; gi < s.groups.size(); ++gi) render(gi);
+  } else {
+    // Note [Combined launches]: consecutive pointwise kernels that do not
+    // depend on each other (an optimizer's per-parameter updates) are
+    // launched as one, each taking its own range of blocks.
+    std::vector<Schedule::Step> steps;
+    std::vector<size_t> run;
+    std::unordered_set<int> run_reads, run_writes;
+    auto flush = [&] {
+      if (run.size() == 1) render(run.front());
+      if (run.size() > 1) {
+        KernelSignature sig;
+        sig.name = "combined_" + std::to_string(run.front());
+        std::string comment = "// " + sig.name + " launches kernel_" + std::to_string(run.front()) + " to kernel_" +
+                              std::to_string(run.back()) + " as one:\n";
+        std::vector<const Group*> groups;
+        std::vector<GroupInfo*> infos;
+        for (size_t gi : run) {
+          groups.push_back(&s.groups[gi]);
+          infos.push_back(&info[gi]);
+          comment += "//   kernel_" + std::to_string(gi) + " (" + shape(s.groups[gi]) + "): " + fuses(gi) + "\n";
+          sig.fuses += std::string(sig.fuses.empty() ? "" : " | ") + fuses(gi);
+        }
+        s.source += comment + render_cuda_combined(p, groups, infos, sig.name, sig) + "\n";
+        s.kernels.push_back(std::move(sig));
+      }
+      if (!run.empty()) steps.push_back({nullptr, static_cast<int>(s.kernels.size()) - 1});
+      run.clear();
+      run_reads.clear();
+      run_writes.clear();
+    };
+    for (const Schedule::Step& st : s.steps) {
+      if (st.extern_node) {
+        flush();
+        steps.push_back(st);
+        continue;
+      }
+      const size_t gi = static_cast<size_t>(st.kernel);
+      const Group& g = s.groups[gi];
+      std::unordered_set<int> reads, writes(info[gi].produced.begin(), info[gi].produced.end());
+      for (int li : g.loops)
+        for (const Read& r : reads_of(p, p.loops[li], g.outer, g.inner)) reads.insert(r.buffer);
+      bool independent = !g.tiled && run.size() < kMaxCombined;
+      for (int b : reads) independent = independent && !run_writes.contains(b);
+      for (int b : writes) independent = independent && !run_writes.contains(b) && !run_reads.contains(b);
+      if (!independent) flush();
+      run.push_back(gi);
+      run_reads.insert(reads.begin(), reads.end());
+      run_writes.insert(writes.begin(), writes.end());
+      if (g.tiled) flush();
+    }
+    flush();
+    s.steps = std::move(steps);
   }
   if (!s.source.empty() && p.device.is_cuda())
     s.source =

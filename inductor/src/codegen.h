@@ -22,14 +22,16 @@ struct Group {
 };
 
 /// How a CUDA kernel is launched: `block` threads per block, and enough
-/// blocks to cover `units` work items at `per_block` items a block (the
-/// runtime caps the grid at a few waves of the device; kernels loop over
-/// what a grid does not cover). `shared_bytes` of dynamic shared memory.
+/// blocks to cover `units` work items at `per_block` items a block (unless
+/// `exact`, the runtime caps the grid at a few waves of the device; kernels
+/// loop over what a grid does not cover). `shared_bytes` of dynamic shared
+/// memory.
 struct Launch {
   int block = 0;
   int64_t units = 0;
   int64_t per_block = 1;
   int shared_bytes = 0;
+  bool exact = false;  // exactly units / per_block blocks, never capped (combined launches)
 };
 
 /// A generated kernel's signature as the runtime needs it: the buffers
@@ -70,6 +72,13 @@ struct GroupInfo;
 /// buffers to `info.external` (scratch rows too large for shared memory).
 std::string render_cuda_group(const Program& p, const Group& g, GroupInfo& info, const std::string& name,
                               KernelSignature& sig);
+
+/// One CUDA kernel launching the pointwise `groups` (independent of each
+/// other) together: each runs its own grid-stride loop over a range of the
+/// blocks (Note [Combined launches]); fills `sig` (the union of the groups'
+/// buffers; a launch of exactly the blocks the parts take).
+std::string render_cuda_combined(const Program& p, const std::vector<const Group*>& groups,
+                                 const std::vector<GroupInfo*>& infos, const std::string& name, KernelSignature& sig);
 
 /// What every generated CUDA translation unit starts with: the integer
 /// types and math functions the loop bodies name, for NVRTC, which has no

@@ -190,7 +190,8 @@ void* CudaLibrary::kernel(const std::string& name) const {
 void CudaLibrary::launch(void* kernel, const std::string& name, const Launch& l, void* stream, void** args) const {
   if (l.units <= 0) return;
   ensure_context(device_);  // a thread whose runtime calls have not made one current
-  const int64_t blocks = std::min(max_blocks_, (l.units + l.per_block - 1) / l.per_block);
+  const int64_t needed = (l.units + l.per_block - 1) / l.per_block;
+  const int64_t blocks = l.exact ? needed : std::min(max_blocks_, needed);
   // A CUkernel launches as a CUfunction in the current context.
   check(driver().launch_kernel(reinterpret_cast<CUfunction>(kernel), static_cast<unsigned>(blocks), 1, 1,
                                static_cast<unsigned>(l.block), 1, 1, static_cast<unsigned>(l.shared_bytes),

@@ -2,6 +2,7 @@
 #include "render.h"
 
 #include <algorithm>
+#include <unordered_map>
 
 namespace crucible::inductor::detail {
 
@@ -38,6 +39,7 @@ constexpr int kWarp = 32;
 constexpr int kColumnRows = 16;  // a column tile: kWarp kept indices × kColumnRows reduced
 constexpr int kMaxRowBlock = 512;
 constexpr int64_t kRowElements = 8;
+constexpr int64_t kMaxPartBlocks = 1024;             // a part of a combined launch (Note [Combined launches])
 constexpr int64_t kSharedBudget = 48 * 1024;         // what a block gets without opting in
 constexpr int64_t kIndex32Limit = int64_t{1} << 30;  // headroom for a grid stride past the end
 
@@ -101,8 +103,14 @@ std::string kernel(const std::string& name, int block, const std::string& params
          ") {\n" + body + "}\n";
 }
 
-std::string render_pointwise(const Program& p, const Group& g, const GroupInfo& info, const std::string& name,
-                             KernelSignature& sig) {
+// A pointwise group's loop over the blocks `bid` of `nblocks` (blockIdx.x
+// and gridDim.x for a kernel of its own; a range of a combined launch's
+// blocks otherwise), kPointwiseBlock threads a block.
+struct PointwiseText {
+  std::string params, body;
+};
+PointwiseText pointwise_text(const Program& p, const Group& g, const GroupInfo& info, KernelSignature& sig,
+                             const std::string& bid, const std::string& nblocks) {
   CBody body(p, g, info);
   Expr o = Expr::var("o", g.outer);
   std::string per_outer;
@@ -118,13 +126,20 @@ std::string render_pointwise(const Program& p, const Group& g, const GroupInfo& 
     body.locals_[l.buffer] = v.name;
   }
   const std::string B = std::to_string(kPointwiseBlock);
-  const std::string params = parameters(p, body, info, sig);
-  std::string text = "  typedef " + index_type(p, g, body) + " idx_t;\n" + indent(body.take(0), 2);
-  text += "  for (idx_t o = static_cast<idx_t>(blockIdx.x) * " + B + " + static_cast<idx_t>(threadIdx.x); o < " +
-          std::to_string(g.outer) + "; o += static_cast<idx_t>(gridDim.x) * " + B + ") {\n" + indent(per_outer, 4) +
-          "  }\n";
+  PointwiseText t;
+  t.params = parameters(p, body, info, sig);
+  t.body = "  typedef " + index_type(p, g, body) + " idx_t;\n" + indent(body.take(0), 2);
+  t.body += "  for (idx_t o = static_cast<idx_t>(" + bid + ") * " + B + " + static_cast<idx_t>(threadIdx.x); o < " +
+            std::to_string(g.outer) + "; o += static_cast<idx_t>(" + nblocks + ") * " + B + ") {\n" +
+            indent(per_outer, 4) + "  }\n";
+  return t;
+}
+
+std::string render_pointwise(const Program& p, const Group& g, const GroupInfo& info, const std::string& name,
+                             KernelSignature& sig) {
+  const PointwiseText t = pointwise_text(p, g, info, sig, "blockIdx.x", "gridDim.x");
   sig.launch = {kPointwiseBlock, g.outer, kPointwiseBlock, 0};
-  return kernel(name, kPointwiseBlock, params, text);
+  return kernel(name, kPointwiseBlock, t.params, t.body);
 }
 
 std::string render_column(const Program& p, const Group& g, const GroupInfo& info, const std::string& name,
@@ -281,6 +296,54 @@ std::string render_cuda_group(const Program& p, const Group& g, GroupInfo& info,
   if (!g.tiled) return render_pointwise(p, g, info, name, sig);
   if (p.loops[g.loops.front()].column) return render_column(p, g, info, name, sig);
   return render_rows(p, g, info, name, sig);
+}
+
+// Note [Combined launches]
+// A training step ends with one small pointwise kernel per parameter (its
+// update, its optimizer state written in place), independent of each
+// other; launched one by one, their launches, not their bytes, set the
+// pace. The scheduler hands runs of such kernels here: each becomes a
+// __device__ function over a range of the blocks, and one kernel gives each
+// its range (enough blocks for its elements, at most kMaxPartBlocks; the
+// loops stride over the rest). A run holds only kernels that neither read
+// nor write what another of the run writes, so running them at once is
+// running them in order.
+std::string render_cuda_combined(const Program& p, const std::vector<const Group*>& groups,
+                                 const std::vector<GroupInfo*>& infos, const std::string& name, KernelSignature& sig) {
+  std::string parts, dispatch, params;
+  std::unordered_map<int, size_t> position;  // buffer -> its index in sig
+  int64_t first = 0;
+  for (size_t k = 0; k < groups.size(); ++k) {
+    KernelSignature part;
+    const std::string part_name = name + "_part" + std::to_string(k);
+    const PointwiseText t = pointwise_text(p, *groups[k], *infos[k], part, "crucible_bid", "crucible_nblocks");
+    parts += "__device__ __forceinline__ void " + part_name + "(" + t.params + (t.params.empty() ? "" : ", ") +
+             "int crucible_bid, int crucible_nblocks) {\n" + t.body + "}\n\n";
+    std::string args;
+    for (size_t i = 0; i < part.buffers.size(); ++i) {
+      const int b = part.buffers[i];
+      args += p.buffers[b].name + ", ";
+      auto [it, fresh] = position.emplace(b, sig.buffers.size());
+      if (fresh) {
+        sig.buffers.push_back(b);
+        sig.written.push_back(part.written[i]);
+      } else {
+        sig.written[it->second] = sig.written[it->second] || part.written[i];
+      }
+    }
+    const int64_t blocks =
+        std::clamp<int64_t>((groups[k]->outer + kPointwiseBlock - 1) / kPointwiseBlock, 1, kMaxPartBlocks);
+    dispatch += "  if (b < " + std::to_string(first + blocks) + ") {\n    " + part_name + "(" + args + "b - " +
+                std::to_string(first) + ", " + std::to_string(blocks) + ");\n    return;\n  }\n";
+    first += blocks;
+  }
+  for (size_t i = 0; i < sig.buffers.size(); ++i) {
+    const Buffer& buf = p.buffers[sig.buffers[i]];
+    params += std::string(i ? ", " : "") + (sig.written[i] ? "" : "const ") + ctype_of(buf.dtype) +
+              (buf.host_scalar ? " " : "* __restrict__ ") + buf.name;
+  }
+  sig.launch = {kPointwiseBlock, first, 1, 0, true};
+  return parts + kernel(name, kPointwiseBlock, params, "  const int b = static_cast<int>(blockIdx.x);\n" + dispatch);
 }
 
 // NVRTC compiles without a standard library: the integer types, the
