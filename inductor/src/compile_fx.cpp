@@ -439,7 +439,7 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
     std::vector<c10::Event> events;  // a start and an end per step (profile on a GPU)
     for (size_t i = 0; i < plan->steps.size(); ++i) {
       const Step& st = plan->steps[i];
-      const auto start = std::chrono::steady_clock::now();
+      const auto start = plan->profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       if (on_gpu) {
         events.emplace_back(c10::kCUDA, c10::EventFlag::BACKEND_DEFAULT);
         events.back().record(c10::impl::getDeviceGuardImpl(c10::kCUDA)->getStream(plan->device));

@@ -17,7 +17,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <random>
+#include <sstream>
 
 using namespace crucible;
 namespace fs = std::filesystem;
@@ -91,6 +93,26 @@ TEST_CASE("a pointwise chain fuses into one loop and matches eager over shapes a
       REQUIRE_CLOSE(got[1], want[1], rtol(dtype), atol(dtype));
     }
   }
+}
+
+TEST_CASE("the per-step profile times every step and reports when the compiled function goes", "[inductor]") {
+  at::Tensor x = at::randn({6, 4}), b = at::randn({6, 4});
+  ir::Graph g = chain(x, b);
+  inductor::InductorOptions o = options();
+  o.profile = true;
+  std::ostringstream err;
+  std::streambuf* saved = std::cerr.rdbuf(err.rdbuf());
+  {
+    ir::CompiledFn fn = inductor::compile_fx_inner(g, {x, b}, o);
+    const auto want = chain_eager(x, b);
+    for (int call = 0; call < 2; ++call)  // profiled, and still right
+      REQUIRE_CLOSE(run(fn, {x, b})[0], want[0], rtol(at::kFloat), atol(at::kFloat));
+  }
+  std::cerr.rdbuf(saved);
+  INFO(err.str());
+  REQUIRE(err.str().find("inductor profile") != std::string::npos);
+  REQUIRE(err.str().find("2 calls") != std::string::npos);
+  REQUIRE(err.str().find("kernel_0: ") != std::string::npos);  // the kernel, named with what it fuses
 }
 
 TEST_CASE("inputs laid out unlike the graph's metadata are made contiguous first", "[inductor]") {
