@@ -311,8 +311,8 @@ void run_kernel(const Plan& plan, const Step& st, std::vector<c10::IValue>& slot
   std::vector<at::Tensor> keep;
   keep.reserve(st.kernel_args.size());
   std::vector<void*> ptrs(st.kernel_args.size());
-  std::vector<uint64_t> scalars(st.kernel_args.size());       // host scalars' values, as the kernel takes them
-  std::vector<std::pair<at::Tensor, at::Tensor>> write_back;  // (caller's tensor, the copy written)
+  std::vector<uint64_t> scalars(plan.cuda ? st.kernel_args.size() : 0);  // host scalars' values (CUDA only)
+  std::vector<std::pair<at::Tensor, at::Tensor>> write_back;             // (caller's tensor, the copy written)
   for (size_t i = 0; i < st.kernel_args.size(); ++i) {
     const KernelArg& a = st.kernel_args[i];
     if (a.written && a.slot != kNone) continue;
