@@ -4,6 +4,7 @@
 #include "codegen.h"
 #include "cpp_builder.h"
 #include "cuda_builder.h"
+#include "cuda_graphs.h"
 
 #include <crucible/ir/graph.h>
 #include <crucible/ir/interpreter.h>
@@ -375,6 +376,7 @@ InductorOptions InductorOptions::from_environment() {
   };
   o.profile = on("CRUCIBLE_INDUCTOR_PROFILE");
   o.print_generated_code = on("CRUCIBLE_INDUCTOR_PRINT_CODE");
+  o.cuda_graphs = on("CRUCIBLE_INDUCTOR_CUDA_GRAPHS");
   if (const char* dir = std::getenv("CRUCIBLE_INDUCTOR_CACHE_DIR")) o.cache_dir = dir;
   return o;
 }
@@ -426,7 +428,7 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
   }
   plan->profile = options.profile;
   if (plan->profile) plan->times.resize(plan->steps.size());
-  return [plan](std::vector<at::Tensor>& inputs) {
+  ir::CompiledFn fn = [plan](std::vector<at::Tensor>& inputs) {
     if (inputs.size() != plan->input_slots.size())
       throw InductorError("inductor: the compiled graph takes " + std::to_string(plan->input_slots.size()) +
                           " inputs, got " + std::to_string(inputs.size()));
@@ -471,6 +473,15 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
     for (const Source& s : plan->outputs) out.push_back(read(s, slots).toTensor());
     return out;
   };
+  if (!options.cuda_graphs) return fn;
+  // Note [CUDA graphs] in cuda_graphs.cpp.
+  std::string blocker = options.profile ? std::string("profiling times each step apart")
+                                        : detail::cuda_graph_blocker(*plan->graph, plan->device);
+  if (!blocker.empty()) {
+    TORCH_WARN("inductor: skipping CUDA graphs: ", blocker);
+    return fn;
+  }
+  return detail::cudagraphify(std::move(fn), *plan->graph, plan->device);
 }
 
 }  // namespace crucible::inductor

@@ -116,4 +116,11 @@ std::string to_text(const Program& p) {
   return out;
 }
 
+c10::Device loop_device(const ir::Graph& graph) {
+  for (const ir::Node* n : graph.nodes())
+    for (const auto& r : n->results())
+      if (r->is_tensor() && r->has_meta() && r->meta().device.is_cuda()) return r->meta().device;
+  return c10::kCPU;
+}
+
 }  // namespace crucible::inductor::detail

@@ -134,6 +134,10 @@ int level_of(const Expr& e);
 /// not know: that op is an extern kernel.
 Program lower(const ir::Graph& graph);
 
+/// The device the loops of `graph` run on: its first CUDA tensor's device,
+/// else the CPU.
+c10::Device loop_device(const ir::Graph& graph);
+
 /// The value of `loop`'s element at the loop variables `o` (over `outer`)
 /// and `r` (over `inner`): for a reduction, its combined operand at kept
 /// index o and reduced index r; for a pointwise loop of outer·inner

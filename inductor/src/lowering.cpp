@@ -443,13 +443,6 @@ class Lowerer {
 
   // -- classification --
 
-  static c10::Device loop_device(const ir::Graph& g) {
-    for (const ir::Node* n : g.nodes())
-      for (const auto& r : n->results())
-        if (r->is_tensor() && r->has_meta() && r->meta().device.is_cuda()) return r->meta().device;
-    return c10::kCPU;
-  }
-
   // A tensor the loops can read and write: on the loops' device, of a type they handle.
   bool loop_tensor(const ir::Value* v) const {
     return v && v->is_tensor() && v->has_meta() && v->meta().device == p_.device && !ctype_of(v->meta().dtype).empty();

@@ -8,6 +8,7 @@
 #include <crucible/ir/propagate_meta.h>
 
 #include "catch.h"
+#include "graph_testing.h"
 #include "testing.h"
 
 #include <torch/torch.h>
@@ -292,4 +293,113 @@ TEST_CASE("a write-back that reads its input at other elements is not done in pl
   auto out = run(inductor::compile_fx_inner(graph, {}, options()), {w});
   REQUIRE_CLOSE(w, w0.t() + 1, 1e-6, 1e-6);  // every element from the old w, as eager's copy_ of a temporary
   REQUIRE_CLOSE(out[0], w0.sum(), 1e-5, 1e-5);
+}
+
+namespace {
+
+// An optimizer-like step: w (a parameter) and m (its state) written in
+// place, x (a user input, new at every call) read, loss = sum((x·w)²) and
+// the new m returned: the shape of a training step for Note [CUDA graphs].
+ir::Graph state_step(const at::Tensor& w, const at::Tensor& m, const at::Tensor& x) {
+  ir::Graph g;
+  ir::Value* pw = g.add_placeholder("w", ir::TensorMeta::of(w), {ir::InputKind::Parameter, "w", std::nullopt});
+  ir::Value* pm = g.add_placeholder("m", ir::TensorMeta::of(m), {ir::InputKind::State, "w.m", std::nullopt});
+  ir::Value* px = g.add_placeholder("x", ir::TensorMeta::of(x));
+  ir::Value* y = g.add_call("aten::mm", {px, pw})->result();
+  ir::Value* y2 = g.add_call("aten::mul.Tensor", {y, y})->result();
+  ir::Value* loss = g.add_call("aten::sum", {y2, c10::IValue()})->result();
+  ir::Value* grad = g.add_call("aten::mm", {g.add_call("aten::t", {px})->result(), y})->result();
+  ir::Value* decayed = g.add_call("aten::mul.Scalar", {pm, c10::Scalar(0.9)})->result();
+  ir::Value* new_m = g.add_call("aten::add.Tensor", {decayed, grad, c10::Scalar(1)})->result();
+  ir::Value* new_w = g.add_call("aten::sub.Tensor", {pw, new_m, c10::Scalar(1e-3)})->result();
+  g.add_call("aten::copy_", {pm, new_m, false});
+  g.add_call("aten::copy_", {pw, new_w, false});
+  g.set_output({loss, new_m});
+  ir::propagate_meta(g);
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("cuda_graph_blocker: what keeps a graph from being captured, read from its metadata", "[inductor]") {
+  const at::Tensor w = at::randn({4, 3}), m = at::randn({4, 3}), x = at::randn({5, 4});
+  ir::Graph g = state_step(w, m, x);
+  CHECK_THAT(inductor::cuda_graph_blocker(g), CRUCIBLE_HAS_SUBSTR("runs on cpu"));
+  crucible::testing::relabel_device(g, c10::Device(c10::kCUDA, 0));
+  CHECK(inductor::cuda_graph_blocker(g).empty());
+  SECTION("an input on the host (a learning rate) would be baked into the capture") {
+    ir::Value* state = g.placeholders()[1];
+    ir::TensorMeta meta = state->meta();
+    meta.device = c10::kCPU;
+    state->set_meta(meta);
+    CHECK_THAT(inductor::cuda_graph_blocker(g),
+               CRUCIBLE_HAS_SUBSTR("input %m is a tensor on cpu") && CRUCIBLE_HAS_SUBSTR("capturable"));
+  }
+  SECTION("an op that reads a value back to the host") {
+    ir::Graph h = state_step(w, m, x);
+    ir::Value* s = h.add_call("aten::sum", {h.placeholders()[2], c10::IValue()})->result();
+    h.add_call("aten::_local_scalar_dense", {s});
+    ir::propagate_meta(h);
+    crucible::testing::relabel_device(h, c10::Device(c10::kCUDA, 0));
+    CHECK_THAT(inductor::cuda_graph_blocker(h), CRUCIBLE_HAS_SUBSTR("aten::_local_scalar_dense"));
+  }
+}
+
+// Note [CUDA graphs]: replays agree with the same graph compiled without
+// CUDA graphs, call after call, on new user inputs, with the state written
+// in place; outputs are not overwritten by later replays; state at a new
+// address is captured again.
+TEST_CASE("CUDA graphs: replays compute what the compiled graph computes, call after call", "[inductor][cuda]") {
+  CRUCIBLE_REQUIRE_CUDA();
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  const at::Tensor w0 = at::randn({64, 32}, cuda), m0 = at::zeros({64, 32}, cuda);
+  std::vector<at::Tensor> xs;
+  for (int i = 0; i < 6; ++i) xs.push_back(at::randn({128, 64}, cuda));
+  const ir::Graph g = state_step(w0, m0, xs[0]);
+  REQUIRE(inductor::cuda_graph_blocker(g).empty());
+  inductor::InductorOptions with = options();
+  with.cuda_graphs = true;
+  const ir::CompiledFn graphed = inductor::compile_fx_inner(g, {}, with);
+  const ir::CompiledFn plain = inductor::compile_fx_inner(g, {}, options());
+  at::Tensor w = w0.clone(), m = m0.clone(), rw = w0.clone(), rm = m0.clone();
+  const void* w_data = w.data_ptr();
+  std::vector<at::Tensor> kept;  // every call's outputs, checked after the later calls
+  std::vector<at::Tensor> want;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    if (i == 4) {  // the state moves: a new capture on the new addresses
+      w = w.clone();
+      m = m.clone();
+    }
+    auto out = run(graphed, {w, m, xs[i]});
+    auto ref = run(plain, {rw, rm, xs[i]});
+    // Same kernels, same order: the same values, bit for bit.
+    REQUIRE(at::equal(out[0], ref[0]));
+    REQUIRE(at::equal(out[1], ref[1]));
+    REQUIRE(at::equal(w, rw));
+    REQUIRE(at::equal(m, rm));
+    kept.push_back(out[0]);
+    want.push_back(ref[0].clone());
+  }
+  for (size_t i = 0; i < kept.size(); ++i) CHECK(at::equal(kept[i], want[i]));
+  CHECK(w.data_ptr() != w_data);
+}
+
+TEST_CASE("CUDA graphs: a graph that reads a host value runs uncaptured, with eager's values", "[inductor][cuda]") {
+  CRUCIBLE_REQUIRE_CUDA();
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  const at::Tensor x = at::randn({1000}, cuda), lr = at::scalar_tensor(0.5, at::kDouble);  // lr on the CPU
+  ir::Graph g;
+  ir::Value* px = g.add_placeholder("x", ir::TensorMeta::of(x));
+  ir::Value* plr = g.add_placeholder("lr", ir::TensorMeta::of(lr), {ir::InputKind::State, "lr", std::nullopt});
+  ir::Value* y = g.add_call("aten::mul.Tensor", {px, plr})->result();
+  g.set_output({g.add_call("aten::exp", {y})->result()});
+  ir::propagate_meta(g);
+  REQUIRE_THAT(inductor::cuda_graph_blocker(g), CRUCIBLE_HAS_SUBSTR("input %lr"));
+  inductor::InductorOptions with = options();
+  with.cuda_graphs = true;
+  const ir::CompiledFn fn = inductor::compile_fx_inner(g, {}, with);
+  for (double rate : {0.5, 0.25, 2.0}) {  // a new rate each call: nothing baked
+    lr.fill_(rate);
+    REQUIRE_CLOSE(run(fn, {x, lr})[0], at::exp(x * rate), 1e-5, 1e-6);
+  }
 }

@@ -49,6 +49,15 @@ namespace crucible::inductor {
 ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Tensor>& example_inputs,
                                 const InductorOptions& options = {});
 
+/// Why compile_fx_inner with InductorOptions::cuda_graphs would run `graph`
+/// without capturing it as a CUDA graph (Note [CUDA graphs] in
+/// src/cuda_graphs.cpp), as PyTorch's "skipping cudagraphs due to ..."
+/// says: the graph runs on the CPU, an input or result is not a tensor on
+/// the graph's GPU (e.g. a learning rate on the host), or an op reads a
+/// value back to the host (item, nonzero). Empty when it can be captured.
+/// Reads only the graph's metadata: needs no GPU. Throws nothing.
+std::string cuda_graph_blocker(const ir::Graph& graph);
+
 /// The translation unit compile_fx_inner generates for a graph.
 struct GeneratedCode {
   std::string source;  // empty when nothing is fused

@@ -36,10 +36,20 @@ struct InductorOptions {
   /// destroyed, the steps that took longest, in ms per call (Note [Per-step
   /// profile] in src/compile_fx.cpp). Slows the calls down.
   bool profile = false;
+  /// Capture each compiled CUDA graph's calls as a CUDA graph and replay it
+  /// (torch.compile's mode="reduce-overhead"; Note [CUDA graphs] in
+  /// src/cuda_graphs.cpp): one launch a call instead of one per kernel.
+  /// The first call runs as usual (warm-up), the second captures; inputs
+  /// that are module or optimizer state stay where they are, the others are
+  /// copied into buffers of the graph's. A graph that cannot be captured
+  /// (it computes on the CPU, reads a CPU tensor, syncs with the host) runs
+  /// without, with a warning saying why. Graphs on the CPU ignore it.
+  bool cuda_graphs = false;
 
   /// The defaults, with the debugging switches taken from the environment
   /// as torch/_inductor/config.py takes its own: CRUCIBLE_INDUCTOR_PROFILE=1
   /// (profile), CRUCIBLE_INDUCTOR_PRINT_CODE=1 (print_generated_code),
+  /// CRUCIBLE_INDUCTOR_CUDA_GRAPHS=1 (cuda_graphs),
   /// CRUCIBLE_INDUCTOR_CACHE_DIR (cache_dir). What the `inductor` backend
   /// of the pipeline's registry compiles with. Throws nothing.
   static InductorOptions from_environment();
