@@ -132,13 +132,13 @@ std::map<int64_t, std::vector<int64_t>>& buckets_of() {
   return m;
 }
 
-// The step's builder: the backend asked for; inductor with the core
-// decompositions, which turn softmax, layer norm, GELU and the loss into
-// the pointwise ops and reductions it fuses.
+// The step's builder: the backend asked for; inductor (and
+// inductor-cudagraphs) with the core decompositions, which turn softmax,
+// layer norm, GELU and the loss into the pointwise ops and reductions it fuses.
 pipeline::Builder builder() {
   pipeline::Builder b;
   b.backend(context().flags.backend);
-  if (context().flags.backend == "inductor") b.decompositions(tracer::core_aten_decompositions());
+  if (context().flags.backend.starts_with("inductor")) b.decompositions(tracer::core_aten_decompositions());
   return b;
 }
 

@@ -13,21 +13,31 @@ BackendRegistry BackendRegistry::builtin() {
          ir::interpret,
          {},
          0});
-  // Rank below the interpreter's until `train --check-eager` compares fused
-  // (differently rounded) results with a tolerance instead of bitwise.
+  // The inductor backends rank below the interpreter until `train
+  // --check-eager` compares fused (differently rounded) results with a
+  // tolerance instead of bitwise.
+  const CodeGenerator inductor_code = [](const ir::Graph& g) {
+    std::vector<GeneratedFile> files{{"loops.txt", inductor::loop_ir(g)}};
+    inductor::GeneratedCode code = inductor::generate_code(g);
+    if (!code.source.empty()) files.push_back({code.cuda ? "kernels.cu" : "kernels.cpp", code.source});
+    return files;
+  };
   r.add({"inductor",
          "lowers to a loop-level IR and fuses pointwise ops and reductions into generated kernels (C++/OpenMP on "
          "the CPU, CUDA through NVRTC on a GPU); other ops run as ATen extern kernels",
          [](const ir::Graph& g, const std::vector<at::Tensor>& example_inputs) {
            return inductor::compile_fx_inner(g, example_inputs, inductor::InductorOptions::from_environment());
          },
-         [](const ir::Graph& g) {
-           std::vector<GeneratedFile> files{{"loops.txt", inductor::loop_ir(g)}};
-           inductor::GeneratedCode code = inductor::generate_code(g);
-           if (!code.source.empty()) files.push_back({code.cuda ? "kernels.cu" : "kernels.cpp", code.source});
-           return files;
+         inductor_code, -1});
+  r.add({"inductor-cudagraphs",
+         "inductor, with each compiled graph captured as a CUDA graph and replayed (torch.compile's "
+         "mode=\"reduce-overhead\"); graphs on the CPU run as with inductor",
+         [](const ir::Graph& g, const std::vector<at::Tensor>& example_inputs) {
+           inductor::InductorOptions options = inductor::InductorOptions::from_environment();
+           options.cuda_graphs = true;
+           return inductor::compile_fx_inner(g, example_inputs, options);
          },
-         -1});
+         inductor_code, -1, /*cuda_graphs=*/true});
   return r;
 }
 

@@ -89,6 +89,7 @@ Builder& Builder::backend(std::string_view name) {
   const BackendInfo& info = builtin.get(name);
   backend_name_ = info.name;
   backend_ = info.compile;
+  backend_cuda_graphs_ = info.cuda_graphs;
   return *this;
 }
 
@@ -96,6 +97,7 @@ Builder& Builder::backend(std::string_view name, const BackendRegistry& registry
   const BackendInfo& info = registry.get(name);
   backend_name_ = info.name;
   backend_ = info.compile;
+  backend_cuda_graphs_ = info.cuda_graphs;
   user_compilers_ = true;
   return *this;
 }
@@ -104,6 +106,7 @@ Builder& Builder::backend(std::string name, ir::Backend backend) {
   if (!backend) throw PipelineError("Builder::backend: backend '" + name + "' is an empty function");
   backend_name_ = std::move(name);
   backend_ = std::move(backend);
+  backend_cuda_graphs_ = false;
   user_compilers_ = true;
   return *this;
 }

@@ -86,7 +86,8 @@ OptimizerState init_optimizer_state(const OptimizerOptions& options, at::TensorL
   OptimizerState state;
   for (const at::Tensor& p : params) {
     ParamState s;
-    s.step = at::zeros({}, at::TensorOptions().dtype(at::kDouble));  // on the CPU: Note [Traceable optimizer state]
+    // On the CPU unless capturable: Note [Traceable optimizer state].
+    s.step = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(options.capturable ? p.device() : c10::kCPU));
     auto zeros = [&] { return at::zeros_like(p, at::MemoryFormat::Preserve); };
     if (uses_momentum(options)) s.momentum_buffer = zeros();
     if (uses_moments(options)) {
@@ -99,7 +100,9 @@ OptimizerState init_optimizer_state(const OptimizerOptions& options, at::TensorL
   return state;
 }
 
-at::Tensor lr_tensor(double lr) { return at::scalar_tensor(lr, at::TensorOptions().dtype(at::kDouble)); }
+at::Tensor lr_tensor(double lr, c10::Device device) {
+  return at::scalar_tensor(lr, at::TensorOptions().dtype(at::kDouble).device(device));
+}
 
 void sgd_step(const OptimizerOptions& o, at::TensorList params, at::TensorList grads, OptimizerState& state,
               const at::Tensor& lr) {

@@ -33,7 +33,7 @@ struct TrainStepState {
   std::vector<at::Tensor> params;  // the optimizer's parameters, in its order
   OptimizerState optimizer_state;
   std::vector<at::Tensor> flat_state;
-  at::Tensor lr;  // float64 0-dim on the CPU (lr_tensor)
+  at::Tensor lr;  // float64 0-dim, on the CPU unless capturable (lr_tensor)
   double lr_value = 0;
   std::shared_ptr<LatestGraph> latest = std::make_shared<LatestGraph>();
   std::optional<autograd::AotModule> aot;  // the step, compiled by AOTAutograd (Note [Train step graph])
@@ -155,6 +155,7 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
   if (!loss_fn) throw PipelineError("compile_train_step: the loss function is empty");
   auto s = std::make_shared<detail::TrainStepState>();
   s->options = optimizer_options_from(optimizer);
+  s->options.capturable = step_options.capturable.value_or(builder.backend_cuda_graphs());
   std::vector<std::string> param_names;
   std::unordered_map<const c10::TensorImpl*, std::string> module_params;
   for (const auto& p : module->named_parameters(/*recurse=*/true))
@@ -174,7 +175,8 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
   s->optimizer = &optimizer;
   s->optimizer_state = optimizer_state_from(optimizer, s->options, s->params);
   s->flat_state = s->optimizer_state.flat();
-  s->lr = lr_tensor(s->options.lr);  // on the CPU, as the step count: Note [Traceable optimizer state]
+  // Where the step counts are: Note [Traceable optimizer state].
+  s->lr = lr_tensor(s->options.lr, s->options.capturable ? s->params.front().device() : c10::Device(c10::kCPU));
   s->lr_value = s->options.lr;
   // The update rounds as on the parameters' device, also when traced on meta tensors.
   OptimizerOptions traced_options = s->options;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
 
 #include <stdlib.h>
 
@@ -11,6 +12,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace crucible::testing {
 
@@ -69,6 +71,18 @@ inline std::string temp_dir(const std::string& prefix) {
   if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed for " + tmpl);
   return tmpl;
 }
+
+/// Collects the c10 warnings (TORCH_WARN) raised on this thread while it
+/// lives, instead of printing them.
+class CollectWarnings : public c10::WarningHandler {
+ public:
+  CollectWarnings() : guard_(this) {}
+  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+  std::vector<std::string> messages;
+
+ private:
+  c10::WarningUtils::WarningHandlerGuard guard_;
+};
 
 }  // namespace crucible::testing
 

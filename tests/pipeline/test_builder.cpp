@@ -88,7 +88,7 @@ TEST_CASE("builder: unknown passes and backends are refused by name", "[pipeline
 
 TEST_CASE("backend registry: names, lookup, ranks", "[pipeline][builder]") {
   BackendRegistry r = BackendRegistry::builtin();
-  CHECK(r.names() == std::vector<std::string>{"inductor", "interpreter"});
+  CHECK(r.names() == std::vector<std::string>{"inductor", "inductor-cudagraphs", "interpreter"});
   CHECK_THROWS_AS(r.add({"interpreter", "again", ir::interpret, {}, 0}), PipelineError);
   CHECK_THROWS_AS(r.add({"empty", "no compile function", {}, {}, 0}), PipelineError);
   r.add({"fast", "a better one", ir::interpret, {}, 5});

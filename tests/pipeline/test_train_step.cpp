@@ -283,6 +283,52 @@ TEST_CASE("train step through inductor on CUDA: the GPT with AdamW and ResNet-18
                                        8, kFusedRtol, kFusedAtol, inductor_builder());
 }
 
+// With CUDA graphs (Note [CUDA graphs]): the backend keeps the learning rate
+// and the step counts on the GPU (TrainStepOptions::capturable), the second
+// call captures the whole step and later calls replay it, on new batches
+// copied into the capture's inputs. The kernels are inductor's; the bias
+// corrections are computed on the device (float64, a few ulps from the
+// host's), far inside the bounds above.
+TEST_CASE(
+    "train step through inductor with CUDA graphs: MLP with Adam, ConvNet with SGD, the GPT with AdamW equal eager",
+    "[pipeline][train_step][inductor][cuda]") {
+  CRUCIBLE_REQUIRE_CUDA();
+  crucible::testing::CollectWarnings warnings;
+  auto builder = [] {
+    return std::move(
+        Builder().decompositions(crucible::tracer::core_aten_decompositions()).backend("inductor-cudagraphs"));
+  };
+  REQUIRE(builder().backend_cuda_graphs());
+  train_and_compare<torch::optim::Adam>(on_cuda(in_double([] { return make_mlp(); })), torch::optim::AdamOptions(1e-3),
+                                        on_cuda(in_double(fashion_mnist_batches(32))), 20, kFusedRtol, kFusedAtol,
+                                        builder());
+  train_and_compare<torch::optim::SGD>(
+      on_cuda(in_double([] { return make_convnet(); })), torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true),
+      on_cuda(in_double(fashion_mnist_batches(32))), 20, kFusedRtol, kFusedAtol, builder());
+  const GptConfig gpt{.vocab_size = 32, .block_size = 16, .n_layer = 1, .n_head = 2, .n_embd = 32};
+  train_and_compare<torch::optim::AdamW>(on_cuda(in_double([&] { return make_gpt(gpt); })),
+                                         torch::optim::AdamWOptions(3e-3), on_cuda(BatchFn([&](int64_t i) {
+                                           return synthetic_token_batch({gpt.vocab_size, gpt.block_size, 4, 0}, i);
+                                         })),
+                                         20, kFusedRtol, kFusedAtol, builder());
+  // Captured, not run around the capture: no skip and no failed capture.
+  for (const std::string& w : warnings.messages) CHECK_THAT(w, !CRUCIBLE_HAS_SUBSTR("CUDA graph"));
+}
+
+TEST_CASE(
+    "train step through inductor with CUDA graphs on the CPU: trains as inductor and says why nothing is captured",
+    "[pipeline][train_step][inductor]") {
+  crucible::testing::CollectWarnings warnings;
+  train_and_compare<torch::optim::Adam>(
+      in_double([] { return make_mlp(); }), torch::optim::AdamOptions(1e-3), in_double(fashion_mnist_batches(32)), 20,
+      kFusedRtol, kFusedAtol,
+      std::move(Builder().decompositions(crucible::tracer::core_aten_decompositions()).backend("inductor-cudagraphs")));
+  bool said = false;
+  for (const std::string& w : warnings.messages)
+    said |= w.find("skipping CUDA graphs: the graph runs on cpu") != std::string::npos;
+  CHECK(said);
+}
+
 TEST_CASE("train step through inductor: every zoo model's CUDA kernels compile with NVRTC",
           "[pipeline][train_step][inductor][nvrtc]") {
   // Traced on the CPU (no GPU needed), the graph's metadata moved to cuda:0:

@@ -37,6 +37,10 @@ struct BackendInfo {
   /// best() picks the registered backend of the highest rank: the fastest
   /// that works on this build.
   int rank = 0;
+  /// The backend captures CUDA graphs (torch.compile's mode
+  /// "reduce-overhead"): a training step compiled for it keeps its step
+  /// counts and learning rate on the device (TrainStepOptions::capturable).
+  bool cuda_graphs = false;
 };
 
 /// Backends by name (BackendInfo, sorted by name), as

@@ -161,6 +161,9 @@ class Builder {
   /// The backend's name: its registry name, or the one given with a user
   /// backend.
   const std::string& backend_name() const { return backend_name_; }
+  /// Whether the backend captures CUDA graphs (BackendInfo::cuda_graphs; a
+  /// user backend does not say, so false).
+  bool backend_cuda_graphs() const { return backend_cuda_graphs_; }
   /// The instruments, in the order they are called (the defaults first).
   const ir::Instruments& instruments() const { return instruments_; }
   /// The key compile() passes to the graph cache: the one set by
@@ -232,6 +235,7 @@ class Builder {
   bool verify_passes_ = true;
   partitioner::PartitionFn partition_fn_;
   std::string backend_name_;
+  bool backend_cuda_graphs_ = false;
   ir::Backend backend_;
   runtime::WrapperList<runtime::GraphRequest> wrappers_;
   runtime::WrapperList<autograd::AotRequest> aot_wrappers_;

@@ -22,6 +22,13 @@
 // host. Hyperparameters that stay fixed for a run (betas, eps, momentum, dampening, weight decay) are plain doubles and
 // become graph constants.
 //
+// With OptimizerOptions::capturable (torch.optim's `capturable`), the step
+// counts and the learning rate live on the parameters' device instead: the
+// whole update is device work, which a CUDA graph can capture and replay
+// (a host value read at capture would be baked into the graph). The bias
+// corrections are then computed on the device, which rounds as torch.optim's
+// capturable Adam does, not bitwise as torch::optim's host doubles.
+//
 // Numerics: each update runs the same ATen ops, with the same operands in the
 // same order, as torch::optim's C++ implementation (torch/csrc/api/src/optim/
 // sgd.cpp, adam.cpp, adamw.cpp in LibTorch 2.11); a host double that depended
@@ -31,6 +38,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <optional>
 #include <string>
@@ -65,6 +73,12 @@ struct OptimizerOptions {
   /// see adam_step). Unset: each parameter's own; a trace on meta tensors
   /// (fake mode) sets it to the real one.
   std::optional<c10::DeviceType> device_type;
+  /// Keep the step counts (init_optimizer_state) and the learning rate
+  /// (lr_tensor's device) on the parameters' device, as torch.optim's
+  /// `capturable` does, so that a CUDA graph can capture the update (Note
+  /// [Traceable optimizer state]). Off: both on the CPU, bitwise as
+  /// torch::optim.
+  bool capturable = false;
 };
 
 /// One parameter's optimizer state; a tensor is defined only where the
@@ -93,15 +107,16 @@ struct OptimizerState {
   static std::vector<std::string> field_names(const OptimizerOptions& options);
 };
 
-/// Fresh state for `params` (step 0 on the CPU, zero buffers with each
-/// parameter's sizes, dtype and device), as torch::optim creates lazily on its
-/// first step.
+/// Fresh state for `params` (step 0 on the CPU, or on the parameter's device
+/// when options.capturable; zero buffers with each parameter's sizes, dtype
+/// and device), as torch::optim creates lazily on its first step.
 OptimizerState init_optimizer_state(const OptimizerOptions& options, at::TensorList params);
 
-/// A learning rate as the float64 0-dim tensor the step functions take (the
-/// CPU is where it keeps GPU updates bitwise equal to torch::optim's; see
-/// Note [Traceable optimizer state]).
-at::Tensor lr_tensor(double lr);
+/// A learning rate as the float64 0-dim tensor the step functions take, on
+/// `device`: the CPU keeps GPU updates bitwise equal to torch::optim's, the
+/// parameters' device makes the update capturable (Note [Traceable optimizer
+/// state]).
+at::Tensor lr_tensor(double lr, c10::Device device = c10::kCPU);
 
 /// SGD, mirroring torch::optim::SGD::step (sgd.cpp), for each parameter p with
 /// gradient g (parameters whose gradient is undefined are skipped, as there):

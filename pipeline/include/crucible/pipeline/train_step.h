@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace torch::nn {
@@ -86,6 +87,12 @@ using GradientHook = std::function<std::vector<at::Tensor>(std::vector<at::Tenso
 struct TrainStepOptions {
   /// Applied to the gradients before the update (empty: none).
   GradientHook gradient_hook;
+  /// Keep the step counts and the learning rate on the parameters' device
+  /// (OptimizerOptions::capturable), so that a backend that captures CUDA
+  /// graphs can capture the whole step. Unset: on when the builder's backend
+  /// captures CUDA graphs (BackendInfo::cuda_graphs, e.g.
+  /// "inductor-cudagraphs").
+  std::optional<bool> capturable;
 };
 
 /// A compiled training step. Copies share one state (module, optimizer state,
