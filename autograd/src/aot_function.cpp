@@ -9,6 +9,8 @@ std::vector<at::Tensor> AotFunction::operator()(const std::vector<at::Tensor>& i
   return cache_->call(inputs);
 }
 
+void AotFunction::compile(const std::vector<at::Tensor>& inputs) const { cache_->compile(inputs); }
+
 size_t AotFunction::num_compilations() const { return cache_->num_compilations(); }
 
 AotFunction aot_function(tracer::TensorFn fn, AotConfig config) {

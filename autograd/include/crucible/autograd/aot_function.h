@@ -50,6 +50,11 @@ class AotFunction {
   /// compiled graph throws, and with config.debug_assert AotError for an
   /// input that requires grad though it did not when compiled.
   std::vector<at::Tensor> operator()(const std::vector<at::Tensor>& inputs) const;
+  /// Compiles for `inputs` (and the current grad mode) as a call would,
+  /// without running anything: a no-op when a compilation meets them. On the
+  /// autograd path the backward still compiles at the first backward call.
+  /// Throws what a compiling call throws.
+  void compile(const std::vector<at::Tensor>& inputs) const;
   /// Compilations so far (one per distinct guard set seen).
   size_t num_compilations() const;
 

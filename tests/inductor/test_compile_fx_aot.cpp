@@ -1,0 +1,295 @@
+// compile_fx (the whole path: core decompositions, AOTAutograd, min-cut
+// partition, post-grad passes, compile_fx_inner) against eager LibTorch:
+// values and gradients of a function and of a module, the inference path
+// with an input mutation, and which stages, partition and cache it used.
+#include <crucible/autograd/aot_function.h>
+#include <crucible/autograd/error.h>
+#include <crucible/inductor/compile_fx_aot.h>
+#include <crucible/ir/graph.h>
+#include <crucible/ir/instrument.h>
+#include <crucible/runtime/instruments.h>
+#include <crucible/runtime/metrics.h>
+
+#include "catch.h"
+#include "module_testing.h"
+#include "testing.h"
+
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+using namespace crucible;
+using Tensors = std::vector<at::Tensor>;
+
+namespace {
+
+// One kernel cache per test run, shared by the test cases.
+inductor::InductorOptions options() {
+  static const std::string dir = crucible::testing::temp_dir("crucible-compile-fx-aot-test");
+  inductor::InductorOptions o;
+  o.cache_dir = dir;
+  return o;
+}
+
+// Tolerances against eager, float32. Fused kernels evaluate pointwise chains
+// in another order than eager's separate kernels (a*b+c contracted to an FMA,
+// libm's exp/tanh/erf where ATen uses its vectorized ones): a few ulps,
+// relative 1e-5. The decomposed softmax, GELU and losses sum their rows in
+// another order (in double in generated code) than ATen's fused kernels do,
+// and gradients go through several such sums and through the mm extern
+// kernels fed by them: relative 1e-4, with an absolute floor for the
+// elements that nearly cancel.
+constexpr double kPointwiseRtol = 1e-5, kPointwiseAtol = 1e-6;
+constexpr double kReductionRtol = 1e-4, kReductionAtol = 1e-5;
+
+Tensors leaves(const Tensors& ts, const std::vector<bool>& requires_grad) {
+  Tensors out;
+  for (size_t i = 0; i < ts.size(); ++i) out.push_back(ts[i].detach().clone().requires_grad_(requires_grad[i]));
+  return out;
+}
+
+// A linear layer, GELU, softmax and a sum of squares: the GELU, the softmax
+// and their backwards are decomposed (core_aten_decompositions) and fused.
+Tensors gelu_softmax(const Tensors& in) {
+  const at::Tensor h = at::gelu(at::addmm(in[2], in[0], in[1].t()));
+  const at::Tensor p = at::softmax(h, -1);
+  return {h, (p * p + h).sum()};
+}
+
+// sin(sin(sin(x))), summed: the backward needs cos of x and of both
+// intermediates. The default partition saves the intermediates; the min-cut
+// one saves x alone and recomputes the sines (pointwise, cheap).
+Tensors sine_chain(const Tensors& in) { return {in[0].sin().sin().sin().sum()}; }
+
+// The metrics of the last compiled graph of `kind` in the process-wide log.
+runtime::CompilationMetrics last_record(const std::string& kind) {
+  const auto records = runtime::default_metrics_log().records();
+  for (auto it = records.rbegin(); it != records.rend(); ++it)
+    if (it->kind == kind) return *it;
+  FAIL("no " << kind << " graph in the metrics log");
+  return {};
+}
+
+// Records the stages of a compilation, and the ops of each graph the
+// backend stage receives.
+struct StageRecorder : ir::Instrument {
+  void before_stage(const ir::StageEvent& event) override {
+    std::lock_guard<std::mutex> lock(mu);
+    stages.emplace_back(event.stage);
+    if (event.stage != "backend") return;
+    std::vector<std::string>& targets = backend_ops[std::string(event.graphs.at(0).name)];
+    for (const ir::Node* n : event.graphs.at(0).graph->nodes())
+      if (n->is_call()) targets.push_back(n->target());
+  }
+  bool has_op_prefix(const std::string& graph, const std::string& prefix) const {
+    for (const std::string& t : backend_ops.at(graph))
+      if (t.rfind(prefix, 0) == 0) return true;
+    return false;
+  }
+  std::mutex mu;
+  std::vector<std::string> stages;
+  std::map<std::string, std::vector<std::string>> backend_ops;
+};
+
+}  // namespace
+
+TEST_CASE("compile_fx: a function's values and input gradients equal eager's", "[compile_fx_aot]") {
+  at::manual_seed(0);
+  const Tensors data{at::randn({6, 5}), at::randn({7, 5}), at::randn({7})};
+  const Tensors c_in = leaves(data, {true, true, true});
+  const Tensors e_in = leaves(data, {true, true, true});
+  auto compiled = inductor::compile_fx(gelu_softmax, c_in, options());
+  // Compiled here, for the example inputs, before any call.
+  REQUIRE(compiled.num_compilations() == 1);
+  const Tensors c_out = compiled(c_in);
+  const Tensors e_out = gelu_softmax(e_in);
+  REQUIRE(compiled.num_compilations() == 1);
+  REQUIRE(c_out.size() == 2);
+  REQUIRE(c_out[1].requires_grad());
+  REQUIRE_CLOSE(c_out[0].detach(), e_out[0].detach(), kPointwiseRtol, kPointwiseAtol);
+  REQUIRE_CLOSE(c_out[1].detach(), e_out[1].detach(), kReductionRtol, kReductionAtol);
+  // Both outputs feed the loss: the backward takes a tangent for each.
+  (c_out[1] + c_out[0].pow(2).mean()).backward();
+  (e_out[1] + e_out[0].pow(2).mean()).backward();
+  for (size_t i = 0; i < 3; ++i) {
+    INFO("gradient of input " << i);
+    REQUIRE_CLOSE(c_in[i].grad(), e_in[i].grad(), kReductionRtol, kReductionAtol);
+  }
+  // New sizes compile again, through the same config.
+  const Tensors more = leaves({at::randn({3, 5}), data[1], data[2]}, {false, true, true});
+  REQUIRE_CLOSE(compiled(more)[0].detach(), gelu_softmax(more)[0].detach(), kPointwiseRtol, kPointwiseAtol);
+  REQUIRE(compiled.num_compilations() == 2);
+}
+
+TEST_CASE("compile_fx: a module's loss and parameter gradients equal eager's, across an in-place update",
+          "[compile_fx_aot]") {
+  torch::manual_seed(1);
+  auto cm = std::make_shared<testing::Mlp>(8, 16, 4);
+  auto em = std::make_shared<testing::Mlp>(8, 16, 4);
+  {
+    torch::NoGradGuard no_grad;
+    const auto cp = cm->parameters(), ep = em->parameters();
+    for (size_t i = 0; i < cp.size(); ++i) ep[i].copy_(cp[i]);
+  }
+  const auto loss_fn = [](testing::Mlp& m, const Tensors& in) { return torch::mse_loss(m.forward(in[0]), in[1]); };
+  const Tensors batch{torch::randn({5, 8}), torch::randn({5, 4})};
+  auto compiled = inductor::compile_fx(
+      cm, [&](torch::nn::Module& m, const Tensors& in) { return Tensors{loss_fn(static_cast<testing::Mlp&>(m), in)}; },
+      batch, options());
+  REQUIRE(compiled.num_compilations() == 1);
+  for (int step = 0; step < 2; ++step) {
+    INFO("step " << step);
+    const at::Tensor c_loss = compiled(batch)[0];
+    const at::Tensor e_loss = loss_fn(*em, batch);
+    REQUIRE_CLOSE(c_loss.detach(), e_loss.detach(), kReductionRtol, kReductionAtol);
+    c_loss.backward();
+    e_loss.backward();
+    const auto cp = cm->named_parameters(), ep = em->named_parameters();
+    REQUIRE(cp.size() == 4);
+    for (size_t i = 0; i < cp.size(); ++i) {
+      INFO("gradient of " << cp[i].key());
+      REQUIRE_CLOSE(cp[i].value().grad(), ep[i].value().grad(), kReductionRtol, kReductionAtol);
+    }
+    // An SGD step in place: the next call reads the updated parameters.
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < cp.size(); ++i) {
+      cp[i].value().sub_(0.5 * cp[i].value().grad());
+      ep[i].value().sub_(0.5 * ep[i].value().grad());
+      cp[i].value().grad().zero_();
+      ep[i].value().grad().zero_();
+    }
+  }
+  REQUIRE(compiled.num_compilations() == 1);
+}
+
+TEST_CASE("compile_fx: the inference path, with an input written in place, equals eager", "[compile_fx_aot]") {
+  at::manual_seed(2);
+  // Writes its input (kept in the graph as a trailing copy: Note [compile_fx])
+  // and returns a function of the new value.
+  const auto fn = [](const Tensors& in) {
+    in[0].mul_(2).add_(in[1]);
+    return Tensors{at::softmax(in[0], 1) * in[1].exp()};
+  };
+  const Tensors data{at::randn({4, 9}), at::randn({4, 9})};
+  const int64_t inference_before = runtime::default_counters().get("graphs", "inference");
+  const int64_t forward_before = runtime::default_counters().get("graphs", "forward");
+
+  SECTION("inputs that do not require grad") {
+    const Tensors c_in = leaves(data, {false, false}), e_in = leaves(data, {false, false});
+    auto compiled = inductor::compile_fx(fn, c_in, options());
+    // Compiling ran `fn` on copies: the example inputs are unchanged.
+    REQUIRE_EQUAL_TENSORS(c_in[0], data[0]);
+    const Tensors c_out = compiled(c_in);
+    const Tensors e_out = fn(e_in);
+    REQUIRE_FALSE(c_out[0].requires_grad());
+    REQUIRE_CLOSE(c_out[0], e_out[0], kReductionRtol, kReductionAtol);
+    REQUIRE_CLOSE(c_in[0], e_in[0], kPointwiseRtol, kPointwiseAtol);
+  }
+  SECTION("inputs that require grad, under NoGradGuard") {
+    torch::NoGradGuard no_grad;
+    const Tensors c_in = leaves(data, {true, true}), e_in = leaves(data, {true, true});
+    auto compiled = inductor::compile_fx(fn, c_in, options());
+    const Tensors c_out = compiled(c_in);
+    const Tensors e_out = fn(e_in);
+    REQUIRE_FALSE(c_out[0].requires_grad());
+    REQUIRE_CLOSE(c_out[0], e_out[0], kReductionRtol, kReductionAtol);
+    REQUIRE_CLOSE(c_in[0], e_in[0], kPointwiseRtol, kPointwiseAtol);
+  }
+  // One inference graph, no forward graph.
+  REQUIRE(runtime::default_counters().get("graphs", "inference") == inference_before + 1);
+  REQUIRE(runtime::default_counters().get("graphs", "forward") == forward_before);
+}
+
+TEST_CASE("compile_fx: the backward saves what the min-cut partition chooses", "[compile_fx_aot]") {
+  at::manual_seed(3);
+  const at::Tensor x = at::randn({64});
+  const at::Tensor e_x = x.clone().requires_grad_();
+  sine_chain({e_x})[0].backward();
+
+  runtime::default_metrics_log().clear();
+  const Tensors c_in = leaves({x}, {true});
+  auto compiled = inductor::compile_fx(sine_chain, c_in, options());
+  const at::Tensor loss = compiled(c_in)[0];
+  REQUIRE_CLOSE(loss.detach(), sine_chain({x})[0], kPointwiseRtol, kPointwiseAtol);
+  loss.backward();
+  REQUIRE_CLOSE(c_in[0].grad(), e_x.grad(), kPointwiseRtol, kPointwiseAtol);
+  // The backward takes x (saved) and the tangent: the sines are recomputed.
+  REQUIRE(last_record("backward").graph_input_count == 2);
+
+  // The default partition, for contrast, saves the intermediates too.
+  runtime::default_metrics_log().clear();
+  const Tensors d_in = leaves({x}, {true});
+  autograd::aot_function(sine_chain)(d_in)[0].backward();
+  REQUIRE(last_record("backward").graph_input_count > 2);
+}
+
+TEST_CASE("compile_fx_config: decompositions, post-grad passes and compile_fx_inner on every graph",
+          "[compile_fx_aot]") {
+  at::manual_seed(4);
+  auto recorder = std::make_shared<StageRecorder>();
+  autograd::AotConfig config = inductor::compile_fx_config(options(), {recorder});
+  config.cache = nullptr;  // every graph reaches the backend
+  auto compiled = autograd::aot_function(gelu_softmax, config);
+  const Tensors data{at::randn({3, 4}), at::randn({5, 4}), at::randn({5})};
+  const Tensors c_in = leaves(data, {true, true, true}), e_in = leaves(data, {true, true, true});
+  const Tensors c_out = compiled(c_in);
+  c_out[1].backward();
+  gelu_softmax(e_in)[1].backward();
+  REQUIRE_CLOSE(c_in[1].grad(), e_in[1].grad(), kReductionRtol, kReductionAtol);
+
+  const std::vector<std::string> forward_stages = {"partition", "fw_compiler", "dce", "cse", "backend"};
+  const std::vector<std::string> backward_stages = {"bw_compiler", "dce", "cse", "backend"};
+  auto contains_in_order = [&](const std::vector<std::string>& wanted) {
+    size_t next = 0;
+    for (const std::string& s : recorder->stages)
+      if (next < wanted.size() && s == wanted[next]) ++next;
+    return next == wanted.size();
+  };
+  std::string stages;
+  for (const std::string& s : recorder->stages) stages += s + " ";
+  INFO("stages: " << stages);
+  REQUIRE(contains_in_order(forward_stages));
+  REQUIRE(contains_in_order(backward_stages));
+  // Softmax and GELU reach the backend decomposed: exp and erf, no fused op.
+  REQUIRE(recorder->backend_ops.count("forward") == 1);
+  REQUIRE(recorder->backend_ops.count("backward") == 1);
+  REQUIRE_FALSE(recorder->has_op_prefix("forward", "aten::_softmax"));
+  REQUIRE_FALSE(recorder->has_op_prefix("forward", "aten::gelu"));
+  REQUIRE(recorder->has_op_prefix("forward", "aten::exp"));
+  REQUIRE(recorder->has_op_prefix("forward", "aten::erf"));
+  REQUIRE_FALSE(recorder->has_op_prefix("backward", "aten::_softmax_backward_data"));
+  REQUIRE_FALSE(recorder->has_op_prefix("backward", "aten::gelu_backward"));
+}
+
+TEST_CASE("compile_fx: callables with equal options share compiled graphs, other options do not", "[compile_fx_aot]") {
+  at::manual_seed(5);
+  // A function no other test compiles, so the first compilation misses.
+  const auto fn = [](const Tensors& in) { return Tensors{(in[0].tanh() * 3 - in[0]).cos()}; };
+  const at::Tensor x = at::randn({3, 11});
+  const at::Tensor expected = fn({x})[0];
+  auto outcome = [&](const inductor::InductorOptions& o) {
+    auto compiled = inductor::compile_fx(fn, {x}, o);
+    REQUIRE_CLOSE(compiled({x})[0], expected, kPointwiseRtol, kPointwiseAtol);
+    return last_record("inference").graph_cache;
+  };
+  inductor::InductorOptions other = options();
+  other.threads = 1;
+  CHECK(outcome(options()) == "miss");
+  CHECK(outcome(options()) == "hit");
+  CHECK(outcome(other) == "miss");
+  CHECK(outcome(other) == "hit");
+}
+
+TEST_CASE("compile_fx: errors come at compile_fx, before anything runs", "[compile_fx_aot]") {
+  // Shapes that do not multiply: fn fails while traced.
+  const auto bad = [](const Tensors& in) { return Tensors{at::mm(in[0], in[1])}; };
+  REQUIRE_THROWS_AS(inductor::compile_fx(bad, {at::randn({2, 3}), at::randn({4, 5})}, options()), autograd::AotError);
+  REQUIRE_THROWS_AS(inductor::compile_fx(
+                        std::shared_ptr<torch::nn::Module>(), [](torch::nn::Module&, const Tensors& in) { return in; },
+                        {at::randn({2})}, options()),
+                    autograd::AotError);
+}
