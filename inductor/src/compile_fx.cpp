@@ -5,6 +5,7 @@
 #include "cpp_builder.h"
 #include "cuda_builder.h"
 #include "cuda_graphs.h"
+#include "pad_mm.h"
 
 #include <crucible/ir/graph.h>
 #include <crucible/ir/interpreter.h>
@@ -359,14 +360,26 @@ void run_kernel(const Plan& plan, const Step& st, std::vector<c10::IValue>& slot
   for (auto& [caller, written] : write_back) caller.copy_(written);
 }
 
+// The graph compile_fx_inner lowers: a copy of the caller's, with the
+// matmuls cuBLAS runs slowly padded (Note [Padding matmuls]).
+ir::Graph prepared(const ir::Graph& graph) {
+  ir::Graph g = graph.clone();
+  detail::pad_mm(g);
+  return g;
+}
+
 }  // namespace
 
 GeneratedCode generate_code(const ir::Graph& graph) {
-  detail::Schedule s = detail::compile_schedule(graph, 0);
+  const ir::Graph g = prepared(graph);  // outlives the schedule, which points into it
+  detail::Schedule s = detail::compile_schedule(g, 0);
   return {std::move(s.source), s.program.device.is_cuda()};
 }
 
-std::string loop_ir(const ir::Graph& graph) { return detail::to_text(detail::compile_schedule(graph, 0).program); }
+std::string loop_ir(const ir::Graph& graph) {
+  const ir::Graph g = prepared(graph);
+  return detail::to_text(detail::compile_schedule(g, 0).program);
+}
 
 InductorOptions InductorOptions::from_environment() {
   InductorOptions o;
@@ -382,7 +395,8 @@ InductorOptions InductorOptions::from_environment() {
 }
 
 std::string compile_cuda(const ir::Graph& graph, const std::string& arch, const InductorOptions& options) {
-  detail::Schedule s = detail::compile_schedule(graph, 0);
+  const ir::Graph g = prepared(graph);
+  detail::Schedule s = detail::compile_schedule(g, 0);
   if (s.source.empty() || !s.program.device.is_cuda()) return {};
   return detail::compile_cubin(s.source, arch, options);
 }
@@ -390,7 +404,7 @@ std::string compile_cuda(const ir::Graph& graph, const std::string& arch, const 
 ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Tensor>& /*example_inputs*/,
                                 const InductorOptions& options) {
   auto plan = std::make_shared<Plan>();
-  plan->graph = std::make_shared<ir::Graph>(graph.clone());
+  plan->graph = std::make_shared<ir::Graph>(prepared(graph));
   if (!plan->graph->output_node())
     throw InductorError("inductor: the graph has no output node; call Graph::set_output first");
   detail::Schedule s;

@@ -316,7 +316,7 @@ int64_t wrap_dim(int64_t d, size_t rank) {
 
 // ---- the lowering ---------------------------------------------------------
 
-enum class Kind { Pointwise, Reduction, View, Extern };
+enum class Kind { Pointwise, Pad, Reduction, View, Extern };
 
 struct Lazy {
   std::vector<int64_t> sizes;
@@ -373,6 +373,9 @@ class Lowerer {
     switch (kind_.at(n)) {
       case Kind::Pointwise:
         lower_pointwise(n);
+        break;
+      case Kind::Pad:
+        lower_pad(n);
         break;
       case Kind::Reduction:
         lower_reduction(n);
@@ -466,6 +469,7 @@ class Lowerer {
       return Kind::View;
     }
     if (reduction_ok(n)) return Kind::Reduction;
+    if (t == "aten::constant_pad_nd") return pad_ok(n) ? Kind::Pad : Kind::Extern;
     auto it = table().find(t);
     if (it == table().end() || n->num_results() != 1) return Kind::Extern;
     const PointwiseOp& op = it->second;
@@ -494,6 +498,22 @@ class Lowerer {
         if (dt != compute) return Kind::Extern;  // comparisons across dtypes promote: leave them to ATen
     if (!is_float(compute) && !op.integer_ok) return Kind::Extern;
     return Kind::Pointwise;
+  }
+
+  // constant_pad_nd(x, pads, value) lowered: a float tensor padded by
+  // constants, each side at most the dimension's size (Note [Lowering]).
+  bool pad_ok(const ir::Node* n) const {
+    if (n->args().size() != 3 || !n->arg(0).is_value() || !loop_tensor(n->arg(0).value()) || !n->arg(1).is_constant() ||
+        !numeric_constant(n->arg(2)) || !is_float(n->result()->meta().dtype))
+      return false;
+    const std::vector<int64_t>& sizes = n->arg(0).value()->meta().sizes;
+    const std::vector<int64_t> pads = n->arg(1).constant().toIntVector();
+    if (pads.size() % 2 != 0 || pads.size() / 2 > sizes.size()) return false;
+    for (size_t k = 0; k < pads.size(); ++k) {
+      const int64_t size = sizes[sizes.size() - 1 - k / 2];
+      if (pads[k] < 0 || pads[k] > size) return false;
+    }
+    return true;
   }
 
   static c10::ScalarType compute_type(const ir::Node* n, const PointwiseOp& op) {
@@ -679,6 +699,62 @@ class Lowerer {
     const Lazy& made = lazy_.at(out);
     if (needs_tensor(out) || made.ops > kMaxInlineOps ||
         (readers > 1 && (made.ops * static_cast<int>(readers - 1) > kMaxRecompute || full_loads(made) > 1)))
+      realize(out);
+  }
+
+  // constant_pad_nd: element i of a padded dimension of size N (pad lo
+  // before) is x[i - lo] where lo <= i < lo + N, else the value. The load
+  // goes to (i + N - lo) mod N, which equals i - lo inside and stays in
+  // bounds outside (lo <= N): nothing is read out of bounds, and a pointwise
+  // producer of x fuses with the pad (pad_mm's padded gradients are written
+  // once, padded).
+  void lower_pad(const ir::Node* n) {
+    const Lazy& in = lazy_.at(n->arg(0).value());
+    const ir::Value* out = n->result();
+    const std::vector<int64_t> pads = n->arg(1).constant().toIntVector();
+    const size_t rank = in.sizes.size();
+    std::vector<int64_t> before(rank, 0);
+    std::vector<bool> padded(rank, false);
+    for (size_t k = 0; k < pads.size(); k += 2) {
+      const size_t d = rank - 1 - k / 2;
+      before[d] = pads[k];
+      padded[d] = pads[k] > 0 || pads[k + 1] > 0;
+    }
+    Lazy l;
+    l.sizes = out->meta().sizes;
+    l.dtype = out->meta().dtype;
+    l.ops = in.ops + 1;
+    l.nodes = in.nodes;
+    l.nodes.push_back(n);
+    const std::string T = ctype_of(l.dtype);
+    const std::string fill = literal(n->arg(2).constant(), T);
+    const std::string I = ctype_of(in.dtype);
+    l.fn = [in, before, padded, T, I, fill](Body& b, const std::vector<Expr>& index) {
+      std::vector<Expr> src(index.size());
+      std::string inside;
+      int level = 0;
+      for (size_t d = 0; d < index.size(); ++d) {
+        if (!padded[d]) {
+          src[d] = index[d];
+          continue;
+        }
+        const int64_t size = in.sizes[d];
+        src[d] = mod(index[d] + (size - before[d]), size);
+        const std::string i = "(" + index[d].str() + ")";
+        const std::string lower = before[d] > 0 ? i + " >= " + std::to_string(before[d]) + " && " : "";
+        inside += std::string(inside.empty() ? "" : " && ") + "(" + lower + i + " < " +
+                  std::to_string(before[d] + size) + ")";
+        level = std::max(level, level_of(index[d]));
+      }
+      Val v = in.fn(b, src);
+      std::string x = I == T ? v.name : "static_cast<" + T + ">(" + v.name + ")";
+      return b.compute(inside.empty() ? x : "(" + inside + " ? " + x + " : " + fill + ")", std::max(level, v.level), T);
+    };
+    lazy_[out] = std::move(l);
+    const Lazy& made = lazy_.at(out);
+    if (needs_tensor(out) || made.ops > kMaxInlineOps ||
+        (out->users().size() > 1 &&
+         (made.ops * static_cast<int>(out->users().size() - 1) > kMaxRecompute || full_loads(made) > 1)))
       realize(out);
   }
 

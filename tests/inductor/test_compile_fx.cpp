@@ -403,3 +403,89 @@ TEST_CASE("CUDA graphs: a graph that reads a host value runs uncaptured, with ea
     REQUIRE_CLOSE(run(fn, {x, lr})[0], at::exp(x * rate), 1e-5, 1e-6);
   }
 }
+
+namespace {
+
+// Sets the float32 matmul precision for a scope (TF32 decides the padding
+// alignment of fp32 matmuls: Note [Padding matmuls]).
+struct MatmulPrecision {
+  explicit MatmulPrecision(const std::string& p) : saved(at::globalContext().float32MatmulPrecision()) {
+    at::globalContext().setFloat32MatmulPrecision(p);
+  }
+  ~MatmulPrecision() {
+    at::globalContext().setFloat32MatmulPrecision(saved == at::Float32MatmulPrecision::HIGHEST ? "highest"
+                                                  : saved == at::Float32MatmulPrecision::HIGH  ? "high"
+                                                                                               : "medium");
+  }
+  at::Float32MatmulPrecision saved;
+};
+
+// GPT-2's lm head and its gradients: logits = x·Wᵀ (N = 50257 columns, not
+// a multiple of 4), dx = g·W (K = 50257), dW = gᵀ·x (M = 50257).
+ir::Graph lm_head(const at::Tensor& x, const at::Tensor& w, const at::Tensor& g) {
+  ir::Graph graph;
+  ir::Value* px = graph.add_placeholder("x", ir::TensorMeta::of(x));
+  ir::Value* pw = graph.add_placeholder("w", ir::TensorMeta::of(w));
+  ir::Value* pg = graph.add_placeholder("g", ir::TensorMeta::of(g));
+  ir::Value* logits = graph.add_call("aten::mm", {px, graph.add_call("aten::t", {pw})->result()})->result();
+  ir::Value* dx = graph.add_call("aten::mm", {pg, pw})->result();
+  ir::Value* dw = graph.add_call("aten::mm", {graph.add_call("aten::t", {pg})->result(), px})->result();
+  // Reduced, so that no padded product is a graph output.
+  graph.set_output({graph.add_call("aten::amax", {logits, std::vector<int64_t>{1}, false})->result(),
+                    graph.add_call("aten::mul.Scalar", {dx, c10::Scalar(2)})->result(),
+                    graph.add_call("aten::mul.Scalar", {dw, c10::Scalar(2)})->result()});
+  ir::propagate_meta(graph);
+  return graph;
+}
+
+size_t occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("padded matmuls: large fp32 matmuls on a GPU get operands padded to 4 columns when TF32 is on",
+          "[inductor]") {
+  // Metadata only (meta tensors): the graph as a GPU trace would give it.
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  ir::Graph g = lm_head(at::empty({1024, 768}, meta), at::empty({50257, 768}, meta), at::empty({1024, 50257}, meta));
+  crucible::testing::relabel_device(g, c10::Device(c10::kCUDA, 0));
+  {
+    MatmulPrecision tf32("high");
+    const std::string ir = inductor::loop_ir(g);
+    // w padded once for logits (through the transpose) and dx; g once for dx
+    // and dw (each pad a loop of the lowered graph).
+    INFO(ir);
+    CHECK(occurrences(ir, "constant_pad_nd") == 2);
+    INFO(ir);
+    CHECK(occurrences(ir, "= aten::mm") == 3);
+    // The logits are read through the slice of the padded product, rows of 50260.
+    CHECK(occurrences(ir, "50260*o + r)") == 1);
+  }
+  {
+    MatmulPrecision exact("highest");  // plain fp32: no tensor cores, nothing to gain
+    CHECK(occurrences(inductor::loop_ir(g), "constant_pad_nd") == 0);
+  }
+  crucible::testing::relabel_device(g, c10::kCPU);
+  MatmulPrecision tf32("high");
+  CHECK(occurrences(inductor::loop_ir(g), "constant_pad_nd") == 0);  // a CPU graph
+}
+
+TEST_CASE("padded matmuls: the padded products are eager's on the GPU", "[inductor][cuda]") {
+  CRUCIBLE_REQUIRE_CUDA();
+  MatmulPrecision tf32("high");
+  // Small integers: every product and sum is exact in TF32 and fp32, so any
+  // kernel gives the same bits and a misplaced pad or slice shows at once.
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  const at::Tensor x = at::randint(-3, 4, {1024, 768}, cuda).to(at::kFloat);
+  const at::Tensor w = at::randint(-3, 4, {50257, 768}, cuda).to(at::kFloat);
+  const at::Tensor g = at::randint(-3, 4, {1024, 50257}, cuda).to(at::kFloat);
+  const ir::Graph graph = lm_head(x, w, g);
+  REQUIRE(occurrences(inductor::loop_ir(graph), "constant_pad_nd") == 2);
+  auto out = run(inductor::compile_fx_inner(graph, {}, options()), {x, w, g});
+  REQUIRE_EQUAL_TENSORS(out[0], at::amax(at::mm(x, w.t()), {1}));
+  REQUIRE_EQUAL_TENSORS(out[1], at::mm(g, w) * 2);
+  REQUIRE_EQUAL_TENSORS(out[2], at::mm(g.t(), x) * 2);
+}

@@ -972,6 +972,27 @@ TEST_CASE("lowering: integer arange as a function of the index; one-hot rows com
   REQUIRE(inductor::loop_ir(g.g).find("extern") == std::string::npos);
 }
 
+TEST_CASE("lowering: constant_pad_nd of a pointwise value, on any sides, fused without reading out of bounds",
+          "[inductor][lowering]") {
+  // pad_mm's padded gradients (Note [Padding matmuls]): the pad is computed
+  // in the producer's loop. Values outside the input are the constant,
+  // those inside are the input's: a pad and a copy are exact.
+  const at::Tensor x = at::randn({5, 7}), y = at::randn({3, 4, 6}).transpose(1, 2);
+  Builder g;
+  ir::Value *px = g.input(x), *py = g.input(y);
+  ir::Value* e = g.call("aten::exp", {px});
+  ir::Value* right = g.call("aten::constant_pad_nd", {e, Dims{0, 3}, c10::Scalar(0)});
+  ir::Value* both = g.call("aten::constant_pad_nd", {e, Dims{2, 1, 5, 0}, c10::Scalar(-1.5)});
+  ir::Value* whole = g.call("aten::constant_pad_nd", {py, Dims{1, 1, 0, 2, 3, 3}, c10::Scalar(2)});
+  const at::Tensor ex = at::exp(x);
+  check(g, {
+               pointwise("exp(x) padded right by 3", right, at::constant_pad_nd(ex, {0, 3}, 0)),
+               pointwise("exp(x) padded on both sides", both, at::constant_pad_nd(ex, {2, 1, 5, 0}, -1.5)),
+               exactly("a transposed input padded in 3 dims", whole, at::constant_pad_nd(y, {1, 1, 0, 2, 3, 3}, 2)),
+           });
+  REQUIRE(inductor::loop_ir(g.g).find("extern") == std::string::npos);
+}
+
 TEST_CASE("lowering: to.dtype and _to_copy between f32 and f64, functional copy broadcasting its source",
           "[inductor][lowering]") {
   at::Tensor x32 = at::randn({5, 3}), z64 = at::randn({5, 3}, at::kDouble);
