@@ -40,7 +40,8 @@ namespace crucible::inductor {
 //    (cuda_graph_blocker): a CPU input such as a learning rate or a step count
 //    would be read once, at capture, and baked in (TrainStepOptions::
 //    capturable keeps them on the device), and an op that reads a value back
-//    to the host (item, nonzero) cannot be captured at all;
+//    to the host (item, nonzero) cannot be captured at all, nor a collective
+//    (c10d tracks its work on the host);
 //  - the first call runs as compiled (a warm-up: modules load, cuBLAS makes
 //    its handles and workspaces outside any capture); the second captures,
 //    on a side stream and into a private pool of the caching allocator, then
@@ -100,6 +101,11 @@ std::string cuda_graph_blocker(const ir::Graph& graph, c10::Device device) {
     if (!n->is_call()) continue;
     if (syncs_with_host(n->target()))
       return "%" + n->result()->name() + " (" + n->target() + ") reads a tensor's value back to the host";
+    // c10d keeps each collective's work on the host (issued, then waited),
+    // which a replay would not redo.
+    if (n->target().starts_with("crucible::all_reduce") || n->target().starts_with("crucible::wait_tensor") ||
+        n->target().starts_with("_c10d_functional::"))
+      return "%" + n->result()->name() + " (" + n->target() + ") is a collective, which c10d tracks on the host";
     for (const auto& r : n->results()) {
       // An output the op leaves undefined (convolution_backward's unused
       // gradients) has neither metadata nor readers.

@@ -53,8 +53,9 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
 /// without capturing it as a CUDA graph (Note [CUDA graphs] in
 /// src/cuda_graphs.cpp), as PyTorch's "skipping cudagraphs due to ..."
 /// says: the graph runs on the CPU, an input or result is not a tensor on
-/// the graph's GPU (e.g. a learning rate on the host), or an op reads a
-/// value back to the host (item, nonzero). Empty when it can be captured.
+/// the graph's GPU (e.g. a learning rate on the host), an op reads a value
+/// back to the host (item, nonzero), or a collective (whose work c10d
+/// tracks on the host) is in it. Empty when it can be captured.
 /// Reads only the graph's metadata: needs no GPU. Throws nothing.
 std::string cuda_graph_blocker(const ir::Graph& graph);
 
