@@ -88,8 +88,8 @@ class Scheduler {
     return false;
   }
 
-  bool join(Group& g, int loop_index) {
-    const Loop& l = p_.loops[loop_index];
+  bool join(Group& g, int li) {
+    const Loop& l = p_.loops[li];
     Group t = g;
     // A column reduction walks its loops transposed: it opens its own group
     // and takes only per-outer epilogues after it.
@@ -130,7 +130,7 @@ class Scheduler {
           if (!(row == o)) return false;
         }
     }
-    t.loops.push_back(loop_index);
+    t.loops.push_back(li);
     g = std::move(t);
     return true;
   }
@@ -218,7 +218,7 @@ std::string render_column_group(const Program& p, const Group& g, const GroupInf
   Expr o = Expr::var("o", g.outer);
   if (info.external.contains(red.buffer))
     epilogue +=
-        body.arg(red.buffer) + "[" + dot(unravel(o, red.sizes), rbuf.strides).str() + "] = red_" + rbuf.name + ";\n";
+        body.arg(red.buffer) + "[" + dot(loop_index(red, o), rbuf.strides).str() + "] = red_" + rbuf.name + ";\n";
   body.locals_[red.buffer] = "red_" + rbuf.name;
   for (size_t k = 1; k < g.loops.size(); ++k) {
     const Loop& l = p.loops[g.loops[k]];
@@ -226,7 +226,7 @@ std::string render_column_group(const Program& p, const Group& g, const GroupInf
     Val e = body_value(body, l, g.outer, g.inner);
     epilogue += body.take_inner();
     if (info.external.contains(l.buffer))
-      epilogue += body.arg(l.buffer) + "[" + dot(unravel(o, l.sizes), buf.strides).str() + "] = " + e.name + ";\n";
+      epilogue += body.arg(l.buffer) + "[" + dot(loop_index(l, o), buf.strides).str() + "] = " + e.name + ";\n";
     body.locals_[l.buffer] = e.name;
   }
   const std::string B = std::to_string(kBlock), O = std::to_string(g.outer);
@@ -263,7 +263,7 @@ std::string render_group(const Program& p, const Group& g, const GroupInfo& info
     if (stage == Stage::Scalar) {
       per_outer += body.take(1);
       if (external) {
-        Expr at = dot(unravel(o, l.sizes), buf.strides);
+        Expr at = dot(loop_index(l, o), buf.strides);
         per_outer += body.arg(l.buffer) + "[" + at.str() + "] = " + v.name + ";\n";
         body.stored(l.buffer);
       }
@@ -273,7 +273,7 @@ std::string render_group(const Program& p, const Group& g, const GroupInfo& info
       per_outer += body.take(1);
       std::string store;
       if (external) {
-        Expr at = dot(unravel(o * g.inner + r, l.sizes), buf.strides);
+        Expr at = dot(loop_index(l, o * g.inner + r), buf.strides);
         store = body.arg(l.buffer) + "[" + at.str() + "] = " + v.name + ";\n";
         body.stored(l.buffer);
       } else {
@@ -295,7 +295,7 @@ std::string render_group(const Program& p, const Group& g, const GroupInfo& info
       std::string red = "red_" + buf.name;
       per_outer += "const " + T + " " + red + " = " + value + ";\n";
       if (external) {
-        Expr at = dot(unravel(o, l.sizes), buf.strides);
+        Expr at = dot(loop_index(l, o), buf.strides);
         per_outer += body.arg(l.buffer) + "[" + at.str() + "] = " + red + ";\n";
       }
       body.locals_[l.buffer] = red;

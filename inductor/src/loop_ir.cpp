@@ -50,7 +50,7 @@ class RecordingBody : public Body {
   explicit RecordingBody(const Program& p) : p_(p) {}
   Val load(int b, const std::vector<Expr>& index) override {
     const Buffer& buf = p_.buffers[b];
-    Expr flat = dot(index, contiguous_strides(buf.sizes));
+    Expr flat = iteration_position(p_, b, index);
     reads.push_back({b, flat});
     std::string text = "load(" + buf.name + ", " + flat.str() + ")";
     return compute(text, level_of(flat), ctype_of(buf.dtype));
@@ -75,7 +75,23 @@ Val body_value(Body& b, const Loop& loop, int64_t outer, int64_t inner) {
   Expr r = Expr::var("r", inner);
   if (loop.reduction) return loop.rfn(b, unravel(o, loop.sizes), unravel(r, loop.rsizes));
   Expr flat = loop.numel() == outer ? o : o * inner + r;
-  return loop.fn(b, unravel(flat, loop.sizes));
+  return loop.fn(b, loop_index(loop, flat));
+}
+
+Expr iteration_position(const Program& p, int b, const std::vector<Expr>& index) {
+  const Buffer& buf = p.buffers[static_cast<size_t>(b)];
+  const bool in_memory_order = buf.loop >= 0 && !p.loops[static_cast<size_t>(buf.loop)].order.empty();
+  return dot(index, in_memory_order ? buf.strides : contiguous_strides(buf.sizes));
+}
+
+std::vector<Expr> loop_index(const Loop& loop, const Expr& flat) {
+  if (loop.order.empty()) return unravel(flat, loop.sizes);
+  std::vector<int64_t> sizes;
+  for (int d : loop.order) sizes.push_back(loop.sizes[static_cast<size_t>(d)]);
+  const std::vector<Expr> in_order = unravel(flat, sizes);
+  std::vector<Expr> index(loop.sizes.size());
+  for (size_t k = 0; k < loop.order.size(); ++k) index[static_cast<size_t>(loop.order[k])] = in_order[k];
+  return index;
 }
 
 std::vector<Read> reads_of(const Program& p, const Loop& loop, int64_t outer, int64_t inner) {

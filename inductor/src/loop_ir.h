@@ -72,6 +72,11 @@ struct Loop {
   /// reduced index outside and a block of kept indices inside, so that
   /// loads stay contiguous.
   bool column = false;
+  /// The order of a pointwise loop's dimensions in memory, outermost first
+  /// (empty: row-major): a buffer with permuted strides (channels-last) is
+  /// written in its memory order, so that its stores, and the loads of
+  /// operands laid out alike, are contiguous (loop_index).
+  std::vector<int> order;
   /// C++-free finalization of the accumulator, e.g. dividing by the count
   /// for a mean: text with `$` standing for the accumulator; empty: none.
   std::string finalize;
@@ -133,6 +138,16 @@ int level_of(const Expr& e);
 /// Program (Note [Lowering] in lowering.cpp). Never fails on an op it does
 /// not know: that op is an extern kernel.
 Program lower(const ir::Graph& graph);
+
+/// Where element `index` of buffer `b` comes in the iteration of the loop
+/// that writes it: the flat position its loop counts it at (its storage
+/// offset for a loop in memory order, Loop::order; else row-major). What a
+/// read of `b` is compared with when loops are fused.
+Expr iteration_position(const Program& p, int b, const std::vector<Expr>& index);
+
+/// The multi-index of element `flat` of a pointwise loop, counting in the
+/// loop's memory order (Loop::order), else row-major.
+std::vector<Expr> loop_index(const Loop& loop, const Expr& flat);
 
 /// The device the loops of `graph` run on: its first CUDA tensor's device,
 /// else the CPU.

@@ -602,11 +602,25 @@ class Lowerer {
     loop.sizes = l.sizes;
     loop.fn = l.fn;
     loop.nodes = l.nodes;
+    loop.order = memory_order(p_.buffers[id]);
     p_.buffers[id].loop = static_cast<int>(p_.loops.size());
     p_.items.push_back({nullptr, static_cast<int>(p_.loops.size())});
     p_.loops.push_back(std::move(loop));
     lazy_[v].view = l.view;
     lazy_[v].base = l.base;
+  }
+
+  // The dimensions of a dense buffer by decreasing stride, those of size 1
+  // last (their index is always 0), or empty when that is row-major.
+  static std::vector<int> memory_order(const Buffer& b) {
+    std::vector<int> order, ones;
+    for (size_t d = 0; d < b.sizes.size(); ++d) (b.sizes[d] == 1 ? ones : order).push_back(static_cast<int>(d));
+    std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
+      return b.strides[static_cast<size_t>(x)] > b.strides[static_cast<size_t>(y)];
+    });
+    if (std::is_sorted(order.begin(), order.end())) return {};
+    order.insert(order.end(), ones.begin(), ones.end());
+    return order;
   }
 
   // `v` as a tensor at run time: a view runs its view op on the (realized)

@@ -51,7 +51,7 @@ class CBody : public Body {
     if (info_.produced.contains(b) && !info_.external.contains(b)) {
       const Loop& l = p_.loops[buf.loop];
       if (stage_of(l, g_) == Stage::Inner) {
-        Expr flat = dot(index, contiguous_strides(buf.sizes));
+        Expr flat = iteration_position(p_, b, index);
         Expr at = mod(flat, g_.inner);
         return compute(scratch(b) + "[" + at.str() + "]", level_of(at), T);
       }

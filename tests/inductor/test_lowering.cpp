@@ -404,6 +404,27 @@ TEST_CASE("lowering: transposed and permuted operands, and inputs with transpose
   }
 }
 
+TEST_CASE("lowering: a result laid out channels-last is computed in its memory order", "[inductor][lowering]") {
+  // relu of a channels-last [N, C, H, W] tensor is channels-last (as ATen
+  // lays it out): its loop counts in memory order (Loop::order), so the
+  // element at position o is stored at o and read from o, where counting
+  // row-major would stride by C through both.
+  const at::Tensor x = at::randn({2, 3, 4, 5}).contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor y = at::randn({2, 3, 4, 5});
+  Builder g;
+  ir::Value *px = g.input(x), *py = g.input(y);
+  ir::Value* r = g.call("aten::relu", {px});
+  ir::Value* s = g.call("aten::add.Tensor", {r, py, c10::Scalar(1)});  // y read in another order
+  check(g, {
+               exactly("relu(x), x channels-last", r, at::relu(x)),
+               pointwise("relu(x) + y", s, at::relu(x) + y),
+           });
+  const std::string code = inductor::generate_code(g.g).source;
+  INFO(code);
+  CHECK(code.find("[o] = ") != std::string::npos);    // relu's store
+  CHECK(code.find("_in0[o];") != std::string::npos);  // and its load
+}
+
 TEST_CASE("lowering: expanded operands", "[inductor][lowering]") {
   for (auto dtype : {at::kFloat, at::kDouble}) {
     CAPTURE(dtype);
