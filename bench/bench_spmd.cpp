@@ -7,7 +7,9 @@
 // Our flags (before Google Benchmark's own): --model, --size (zoo names),
 // --device cpu|cuda, --batch (per rank), --steps (timed steps per row),
 // --backend (the step's backend), --matmul-precision highest|high (high lets
-// cuBLAS use TF32, as torch.set_float32_matmul_precision does).
+// cuBLAS use TF32, as torch.set_float32_matmul_precision does),
+// --memory-format contiguous|channels-last (channels-last: the model's 4-D
+// parameters and the images, as model.to(memory_format=torch.channels_last)).
 //
 // Rows (real time; every iteration ends by reading the loss, which waits for
 // the step's kernels):
@@ -41,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -49,7 +52,8 @@ namespace {
 using namespace crucible;
 
 struct Flags {
-  std::string model = "gpt", size = "small", device = "cpu", backend = "interpreter", matmul_precision = "highest";
+  std::string model = "gpt", size = "small", device = "cpu", backend = "interpreter", matmul_precision = "highest",
+              memory_format = "contiguous";
   int64_t batch = 8, steps = 20;
 };
 
@@ -60,7 +64,8 @@ Flags parse_flags(int& argc, char** argv) {
                                               {"--size", &f.size},
                                               {"--device", &f.device},
                                               {"--backend", &f.backend},
-                                              {"--matmul-precision", &f.matmul_precision}};
+                                              {"--matmul-precision", &f.matmul_precision},
+                                              {"--memory-format", &f.memory_format}};
   std::map<std::string, int64_t*> ints{{"--batch", &f.batch}, {"--steps", &f.steps}};
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
@@ -104,9 +109,19 @@ struct Replica {
     const Shared& c = context();
     model.module->to(c.device);
     model.module->train();
+    if (channels_last())
+      for (at::Tensor& p : model.module->parameters())
+        if (p.dim() == 4) p.set_data(p.data().contiguous(at::MemoryFormat::ChannelsLast));
     optimizer = std::make_unique<torch::optim::AdamW>(model.module->parameters(), torch::optim::AdamWOptions(3e-4));
     const data::Batch b = model.example_batch(c.flags.batch, 1 + (c.group ? c.group->rank() : 0));
     batch = {b.inputs.to(c.device), b.targets.to(c.device)};
+    if (channels_last() && batch[0].dim() == 4) batch[0] = batch[0].contiguous(at::MemoryFormat::ChannelsLast);
+  }
+  static bool channels_last() {
+    const std::string& f = context().flags.memory_format;
+    if (f != "contiguous" && f != "channels-last")
+      throw std::invalid_argument("--memory-format: contiguous or channels-last, not " + f);
+    return f == "channels-last";
   }
   static models::Model make() {
     torch::manual_seed(0);
