@@ -243,13 +243,16 @@ class WithLoss(nn.Module):
 # --- timing --------------------------------------------------------------------------------
 
 
-def time_row(name, size, batch_size, mode, steps, device):
+def time_row(name, size, batch_size, mode, steps, device, memory_format=torch.contiguous_format):
     """(ms per timed step, seconds of the first step) of a fresh model in `mode`."""
     torch.manual_seed(0)
     model, example_batch = make_model(name, size)
     model.to(device).train()
+    model.to(memory_format=memory_format)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     inputs, targets = (t.to(device) for t in example_batch(batch_size, 1))
+    if inputs.dim() == 4:
+        inputs = inputs.contiguous(memory_format=memory_format)
     loss_fn = WithLoss(model) if mode == "eager" else torch.compile(WithLoss(model), mode=mode)
 
     def step():
@@ -296,6 +299,8 @@ def main():
     ap.add_argument("--modes", default="eager,default,reduce-overhead,max-autotune-no-cudagraphs",
                     help="eager (no compile) and torch.compile modes, comma-separated")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--memory-format", choices=["contiguous", "channels-last"], default="contiguous",
+                    help="channels-last: the model's 4-D parameters and the images, as crucible_spmd_bench's flag")
     args = ap.parse_args()
     models, modes = args.models.split(","), args.modes.split(",")
     for m in models:
@@ -305,16 +310,17 @@ def main():
     batch = parse_batches(args.batch)
     torch.set_float32_matmul_precision(args.matmul_precision)
     device = torch.device(args.device)
+    memory_format = torch.channels_last if args.memory_format == "channels-last" else torch.contiguous_format
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"torch {torch.__version__}, {gpu}, matmul precision {args.matmul_precision}, size {args.size}, "
-          f"batch {' '.join(f'{m}={batch[m]}' for m in models)}, {args.steps} steps", flush=True)
+          f"batch {' '.join(f'{m}={batch[m]}' for m in models)}, {args.steps} steps, {args.memory_format}", flush=True)
 
     for name in models:
         eager_ms = None
         for mode in modes:
             torch.compiler.reset()
             try:
-                ms, first = time_row(name, args.size, batch[name], mode, args.steps, device)
+                ms, first = time_row(name, args.size, batch[name], mode, args.steps, device, memory_format)
             except Exception as e:  # a failing mode is a row too
                 msg = (str(e).strip().splitlines() or [""])[0]
                 print(f"{mode:28s} {name:10s} failed: {type(e).__name__}: {msg}", flush=True)
