@@ -16,18 +16,42 @@ namespace crucible::ir::detail {
 // batch norm (Python registers them in torch/_meta_registrations.py), and
 // running them on CPU stand-ins costs what running them costs: on ResNet-18
 // they were nine tenths of deriving the train step's metadata. Their output
-// metadata is simple where the layout is certain: with contiguous inputs the
-// CPU and GPU kernels return contiguous results (sizes by ATen's own
-// conv_output_size / conv_input_size), batch norm's statistics are [C] in
-// training and empty in eval. Outside that (channels-last or other strided
-// inputs, whose layout the backend picks, or reduced-precision dtypes, whose
-// statistics may be float) the functions decline and the stand-ins serve.
-// tests/ir/test_meta_functions.cpp checks each against the stand-ins.
+// metadata is simple where the layout is certain: contiguous inputs give
+// contiguous results (sizes by ATen's own conv_output_size /
+// conv_input_size), a 2-D convolution whose input or weight suggests
+// channels-last gives channels-last results (cuDNN's and oneDNN's rule
+// alike), batch norm's statistics are [C] in training and empty in eval;
+// cuDNN's batch norm, which has no CPU kernel to stand in, keeps its input's
+// layout. Outside that (other strided inputs, whose layout the backend
+// picks, or reduced-precision dtypes, whose statistics may be float) the
+// functions decline and the stand-ins serve. tests/ir/test_meta_functions.cpp
+// checks each against the stand-ins where there are some.
 
 namespace {
 
-at::Tensor empty_meta(at::IntArrayRef sizes, const at::Tensor& like) {
-  return at::empty(sizes, like.options().device(c10::kMeta).memory_format(c10::MemoryFormat::Contiguous));
+at::Tensor empty_meta(at::IntArrayRef sizes, const at::Tensor& like,
+                      c10::MemoryFormat format = c10::MemoryFormat::Contiguous) {
+  return at::empty(sizes, like.options().device(c10::kMeta).memory_format(format));
+}
+
+// A 4-D tensor laid out channels-last (dimensions of size 1 take any stride).
+bool channels_last_4d(const at::Tensor& t) { return t.dim() == 4 && t.is_contiguous(c10::MemoryFormat::ChannelsLast); }
+
+// The layout of a convolution's results: channels-last when its input or
+// its weight suggests it (the rule of cuDNN's cudnn_conv_suggest_memory_format
+// and of oneDNN's mkldnn_conv_use_channels_last alike) and both are dense in
+// one of the two layouts, row-major when both are contiguous; nullopt for
+// other layouts, which the backends decide.
+std::optional<c10::MemoryFormat> conv_format(const at::Tensor& input, const at::Tensor& weight) {
+  const bool suggests_cl = input.dim() == 4 && weight.dim() == 4 &&
+                           (input.suggest_memory_format() == c10::MemoryFormat::ChannelsLast ||
+                            weight.suggest_memory_format() == c10::MemoryFormat::ChannelsLast);
+  if (suggests_cl)
+    return (input.is_contiguous() || channels_last_4d(input)) && (weight.is_contiguous() || channels_last_4d(weight))
+               ? std::optional(c10::MemoryFormat::ChannelsLast)
+               : std::nullopt;
+  if (input.is_contiguous() && weight.is_contiguous()) return c10::MemoryFormat::Contiguous;
+  return std::nullopt;
 }
 
 bool float_or_double(const at::Tensor& t) { return t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble; }
@@ -47,9 +71,9 @@ c10::IValue maybe(bool computed, const at::Tensor& t) { return computed ? c10::I
 bool convolution(torch::jit::Stack& stack, size_t base) {
   const at::Tensor& input = stack[base].toTensor();
   const at::Tensor& weight = stack[base + 1].toTensor();
-  if (input.dim() < 3 || input.dim() > 5 || weight.dim() != input.dim() || !input.is_contiguous() ||
-      !weight.is_contiguous())
-    return false;
+  if (input.dim() < 3 || input.dim() > 5 || weight.dim() != input.dim()) return false;
+  const std::optional<c10::MemoryFormat> format = conv_format(input, weight);
+  if (!format) return false;
   const size_t dims = static_cast<size_t>(input.dim() - 2);
   const auto stride = per_dim(stack[base + 3], dims), padding = per_dim(stack[base + 4], dims),
              dilation = per_dim(stack[base + 5], dims), output_padding = per_dim(stack[base + 7], dims);
@@ -63,7 +87,7 @@ bool convolution(torch::jit::Stack& stack, size_t base) {
                  : at::native::conv_output_size(input.sizes(), weight.sizes(), *padding, *stride, *dilation);
   for (size_t d = 1; d < sizes.size(); ++d)
     if (sizes[d] <= 0) return false;  // let the kernel say what is wrong (an empty batch is fine)
-  const at::Tensor out = empty_meta(sizes, input);
+  const at::Tensor out = empty_meta(sizes, input, *format);
   stack.resize(base);
   stack.emplace_back(out);
   return true;
@@ -75,13 +99,15 @@ bool convolution_backward(torch::jit::Stack& stack, size_t base) {
   const at::Tensor& grad_output = stack[base].toTensor();
   const at::Tensor& input = stack[base + 1].toTensor();
   const at::Tensor& weight = stack[base + 2].toTensor();
-  if (input.dim() < 3 || input.dim() > 5 || weight.dim() != input.dim() || grad_output.dim() != input.dim() ||
-      !grad_output.is_contiguous() || !input.is_contiguous() || !weight.is_contiguous())
+  if (input.dim() < 3 || input.dim() > 5 || weight.dim() != input.dim() || grad_output.dim() != input.dim())
     return false;
+  const std::optional<c10::MemoryFormat> format = conv_format(input, weight);
+  if (!format || !(grad_output.is_contiguous() || channels_last_4d(grad_output))) return false;
+  if (*format == c10::MemoryFormat::Contiguous && !grad_output.is_contiguous()) return false;
   const std::vector<bool> mask = stack[base + 10].toBoolList().vec();
   if (mask.size() != 3) return false;
-  const at::Tensor grad_input = empty_meta(input.sizes(), input);
-  const at::Tensor grad_weight = empty_meta(weight.sizes(), weight);
+  const at::Tensor grad_input = empty_meta(input.sizes(), input, *format);
+  const at::Tensor grad_weight = empty_meta(weight.sizes(), weight, *format);
   const at::Tensor grad_bias = empty_meta({grad_output.size(1)}, grad_output);
   stack.resize(base);
   stack.push_back(maybe(mask[0], grad_input));
@@ -133,6 +159,62 @@ bool native_batch_norm_backward(torch::jit::Stack& stack, size_t base) {
   return true;
 }
 
+// cuDNN's batch norm (CUDA only: LibTorch's C++ has neither a Meta kernel
+// nor a CPU one for it). Results as ATen's cudnn kernels make them: the
+// normalized tensor in the input's suggested layout, the saved statistics
+// [C] (in training; empty in eval) of the weight's dtype, a reserve space
+// whose size cuDNN picks at run time (recorded as empty: only
+// cudnn_batch_norm_backward reads it, and no generated kernel).
+bool cudnn_batch_norm_results(torch::jit::Stack& stack, size_t base, bool with_running_stats) {
+  const at::Tensor& input = stack[base].toTensor();
+  const at::Tensor& weight = stack[base + 1].toTensor();
+  if (input.dim() < 2 || !float_or_double(input) || !weight.defined() || weight.scalar_type() != input.scalar_type())
+    return false;
+  const bool training = with_running_stats || stack[base + 5].toBool();
+  const int64_t c = input.size(1);
+  const at::Tensor out = empty_meta(input.sizes(), input, input.suggest_memory_format());
+  const at::Tensor save_mean = empty_meta({training ? c : 0}, weight),
+                   save_var = empty_meta({training ? c : 0}, weight);
+  const at::Tensor reserve = at::empty({0}, input.options().dtype(at::kByte).device(c10::kMeta));
+  stack.resize(base);
+  stack.emplace_back(out);
+  stack.emplace_back(save_mean);
+  stack.emplace_back(save_var);
+  stack.emplace_back(reserve);
+  return true;
+}
+
+// cudnn_batch_norm(input, weight, bias?, running_mean?, running_var?, training, factor, eps)
+//   -> (out, save_mean, save_var, reserve)
+bool cudnn_batch_norm(torch::jit::Stack& stack, size_t base) { return cudnn_batch_norm_results(stack, base, false); }
+
+// crucible::cudnn_batch_norm_functional(input, weight, bias?, running_mean, running_var, factor, eps)
+//   -> (out, save_mean, save_var, reserve, running_mean_out, running_var_out): cudnn_batch_norm
+// in training on copies of the running statistics, which it returns (tracer/src/hidden_writes.cpp).
+bool cudnn_batch_norm_functional(torch::jit::Stack& stack, size_t base) {
+  const at::Tensor running_mean = stack[base + 3].toTensor(), running_var = stack[base + 4].toTensor();
+  if (!running_mean.defined() || !running_var.defined()) return false;
+  if (!cudnn_batch_norm_results(stack, base, true)) return false;
+  stack.emplace_back(empty_meta(running_mean.sizes(), running_mean));
+  stack.emplace_back(empty_meta(running_var.sizes(), running_var));
+  return true;
+}
+
+// cudnn_batch_norm_backward(input, grad_output, weight, running_mean?, running_var?, save_mean?,
+//                           save_var?, epsilon, reserveSpace) -> (grad_input, grad_weight, grad_bias)
+bool cudnn_batch_norm_backward(torch::jit::Stack& stack, size_t base) {
+  const at::Tensor& input = stack[base].toTensor();
+  const at::Tensor& weight = stack[base + 2].toTensor();
+  if (input.dim() < 2 || !float_or_double(input) || !weight.defined()) return false;
+  const at::Tensor grad_input = empty_meta(input.sizes(), input, input.suggest_memory_format());
+  const at::Tensor grad_weight = empty_meta(weight.sizes(), weight), grad_bias = empty_meta(weight.sizes(), weight);
+  stack.resize(base);
+  stack.emplace_back(grad_input);
+  stack.emplace_back(grad_weight);
+  stack.emplace_back(grad_bias);
+  return true;
+}
+
 using MetaFunction = bool (*)(torch::jit::Stack&, size_t);
 
 const std::unordered_map<std::string_view, MetaFunction>& table() {
@@ -141,6 +223,9 @@ const std::unordered_map<std::string_view, MetaFunction>& table() {
       {"aten::convolution_backward", convolution_backward},
       {"aten::native_batch_norm", native_batch_norm},
       {"aten::native_batch_norm_backward", native_batch_norm_backward},
+      {"aten::cudnn_batch_norm", cudnn_batch_norm},
+      {"aten::cudnn_batch_norm_backward", cudnn_batch_norm_backward},
+      {"crucible::cudnn_batch_norm_functional", cudnn_batch_norm_functional},
   };
   return t;
 }

@@ -99,10 +99,22 @@ TEST_CASE("meta functions: convolution and its backward, 1-D to 3-D, grouped, st
                        c.transposed, c.output_padding, c.groups, bools(mask)}) == expected);
     }
   }
-  // Channels-last: the backend picks the layout; the stand-ins say which.
+  // Channels-last input or weight: channels-last results (oneDNN's rule on
+  // the CPU stand-ins, cuDNN's on a GPU); a layout that is neither is left
+  // to the stand-ins.
   const at::Tensor cl = meta({2, 3, 8, 8}, at::kFloat, at::MemoryFormat::ChannelsLast);
-  REQUIRE(compare("aten::convolution", {cl, meta({4, 3, 3, 3}), c10::IValue(), Ints{1, 1}, Ints{1, 1}, Ints{1, 1},
-                                        false, Ints{0, 0}, int64_t{1}}) == MetaPath::StandIns);
+  const at::Tensor w = meta({4, 3, 3, 3}), w_cl = meta({4, 3, 3, 3}, at::kFloat, at::MemoryFormat::ChannelsLast);
+  for (const auto& [in, weight] : std::vector<std::pair<at::Tensor, at::Tensor>>{{cl, w}, {meta({2, 3, 8, 8}), w_cl}}) {
+    REQUIRE(compare("aten::convolution", {in, weight, c10::IValue(), Ints{1, 1}, Ints{1, 1}, Ints{1, 1}, false,
+                                          Ints{0, 0}, int64_t{1}}) == MetaPath::Function);
+    const at::Tensor grad = meta({2, 4, 8, 8}, at::kFloat, at::MemoryFormat::ChannelsLast);
+    REQUIRE(compare("aten::convolution_backward",
+                    {grad, in, weight, c10::IValue(Ints{4}), Ints{1, 1}, Ints{1, 1}, Ints{1, 1}, false, Ints{0, 0},
+                     int64_t{1}, bools({true, true, true})}) == MetaPath::Function);
+  }
+  const at::Tensor strided = meta({2, 3, 8, 16}).slice(3, 0, 16, 2);
+  REQUIRE(compare("aten::convolution", {strided, w, c10::IValue(), Ints{1, 1}, Ints{1, 1}, Ints{1, 1}, false,
+                                        Ints{0, 0}, int64_t{1}}) == MetaPath::StandIns);
 }
 
 TEST_CASE("meta functions: batch norm and its backward, training and eval, with and without affine parameters",
@@ -145,4 +157,26 @@ TEST_CASE("meta: an op that returns nothing and writes nothing (an assertion) is
   torch::jit::Stack write{meta({3}), 1.0, 1};
   REQUIRE(call_on_meta(resolve_operator("aten::add_.Scalar"), write) != MetaPath::Nothing);
   REQUIRE(write.size() == 1);
+}
+
+TEST_CASE("meta functions: cuDNN's batch norm and its backward keep their input's layout",
+          "[ir][meta][meta_functions]") {
+  // No CPU kernel to compare with (cuDNN only): checked against what ATen's
+  // cudnn kernels allocate (the input's suggested layout, [C] statistics in
+  // training). crucible::cudnn_batch_norm_functional shares the function;
+  // the GPU train-step tests run it.
+  for (const auto format : {at::MemoryFormat::Contiguous, at::MemoryFormat::ChannelsLast}) {
+    const at::Tensor input = meta({2, 3, 4, 5}, at::kFloat, format), c = meta({3});
+    torch::jit::Stack stack{input, c, c, c, c, true, 0.1, 1e-5};
+    REQUIRE(call_on_meta(resolve_operator("aten::cudnn_batch_norm"), stack) == MetaPath::Function);
+    REQUIRE(stack.size() == 4);
+    CHECK(stack[0].toTensor().is_contiguous(format));
+    CHECK(stack[0].toTensor().sizes() == input.sizes());
+    CHECK(stack[1].toTensor().sizes() == c10::IntArrayRef{3});
+    CHECK(stack[2].toTensor().sizes() == c10::IntArrayRef{3});
+    torch::jit::Stack back{input, input, c, c, c, c, c, 1e-5, stack[3]};
+    REQUIRE(call_on_meta(resolve_operator("aten::cudnn_batch_norm_backward"), back) == MetaPath::Function);
+    CHECK(back[0].toTensor().is_contiguous(format));
+    CHECK(back[1].toTensor().sizes() == c10::IntArrayRef{3});
+  }
 }
