@@ -5,6 +5,7 @@
 #include "cpp_builder.h"
 #include "cuda_builder.h"
 #include "cuda_graphs.h"
+#include "layout_opt.h"
 #include "pad_mm.h"
 
 #include <crucible/ir/graph.h>
@@ -365,6 +366,7 @@ void run_kernel(const Plan& plan, const Step& st, std::vector<c10::IValue>& slot
 ir::Graph prepared(const ir::Graph& graph) {
   ir::Graph g = graph.clone();
   detail::pad_mm(g);
+  detail::channels_last_convolutions(g);
   return g;
 }
 

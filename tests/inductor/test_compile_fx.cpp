@@ -489,3 +489,35 @@ TEST_CASE("padded matmuls: the padded products are eager's on the GPU", "[induct
   REQUIRE_EQUAL_TENSORS(out[1], at::mm(g, w) * 2);
   REQUIRE_EQUAL_TENSORS(out[2], at::mm(g.t(), x) * 2);
 }
+
+TEST_CASE("channels-last convolutions: a GPU graph's convolution operands are copied to channels-last once",
+          "[inductor]") {
+  // conv(x, w1) -> relu -> conv(., w2) -> sum, traced on meta tensors and
+  // moved to cuda:0: the images and both weights are copied to
+  // channels-last (Note [Channels-last convolutions]); the second
+  // convolution's input is channels-last already (the first's result,
+  // through the ReLU), so nothing copies it.
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  const at::Tensor x = at::empty({2, 3, 16, 16}, meta), w1 = at::empty({8, 3, 3, 3}, meta),
+                   w2 = at::empty({8, 8, 3, 3}, meta);
+  ir::Graph g;
+  ir::Value* px = g.add_placeholder("x", ir::TensorMeta::of(x));
+  ir::Value* p1 = g.add_placeholder("w1", ir::TensorMeta::of(w1));
+  ir::Value* p2 = g.add_placeholder("w2", ir::TensorMeta::of(w2));
+  auto conv = [&](ir::Value* in, ir::Value* w) {
+    return g
+        .add_call("aten::convolution", {in, w, c10::IValue(), std::vector<int64_t>{1, 1}, std::vector<int64_t>{1, 1},
+                                        std::vector<int64_t>{1, 1}, false, std::vector<int64_t>{0, 0}, int64_t{1}})
+        ->result();
+  };
+  ir::Value* y = conv(g.add_call("aten::relu", {conv(px, p1)})->result(), p2);
+  g.set_output({g.add_call("aten::sum", {y, c10::IValue()})->result()});
+  ir::propagate_meta(g);
+  CHECK(occurrences(inductor::loop_ir(g), "_clone") == 0);  // on the CPU: left alone
+  crucible::testing::relabel_device(g, c10::Device(c10::kCUDA, 0));
+  const std::string ir = inductor::loop_ir(g);
+  INFO(ir);
+  CHECK(occurrences(ir, "_clone") == 3);
+  // The ReLU between the convolutions is computed channels-last.
+  CHECK(occurrences(ir, "Float[2, 8, 16, 16] stride=[2048, 1, 128, 8]") >= 1);
+}
