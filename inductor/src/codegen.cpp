@@ -217,16 +217,14 @@ std::string render_column_group(const Program& p, const Group& g, const GroupInf
   std::string epilogue = "const " + T + " red_" + rbuf.name + " = " + value + ";\n";
   Expr o = Expr::var("o", g.outer);
   if (info.external.contains(red.buffer))
-    epilogue +=
-        body.arg(red.buffer) + "[" + dot(loop_index(red, o), rbuf.strides).str() + "] = red_" + rbuf.name + ";\n";
+    epilogue += body.arg(red.buffer) + "[" + store_offset(p, red, o).str() + "] = red_" + rbuf.name + ";\n";
   body.locals_[red.buffer] = "red_" + rbuf.name;
   for (size_t k = 1; k < g.loops.size(); ++k) {
     const Loop& l = p.loops[g.loops[k]];
-    const Buffer& buf = p.buffers[l.buffer];
     Val e = body_value(body, l, g.outer, g.inner);
     epilogue += body.take_inner();
     if (info.external.contains(l.buffer))
-      epilogue += body.arg(l.buffer) + "[" + dot(loop_index(l, o), buf.strides).str() + "] = " + e.name + ";\n";
+      epilogue += body.arg(l.buffer) + "[" + store_offset(p, l, o).str() + "] = " + e.name + ";\n";
     body.locals_[l.buffer] = e.name;
   }
   const std::string B = std::to_string(kBlock), O = std::to_string(g.outer);
@@ -263,7 +261,7 @@ std::string render_group(const Program& p, const Group& g, const GroupInfo& info
     if (stage == Stage::Scalar) {
       per_outer += body.take(1);
       if (external) {
-        Expr at = dot(loop_index(l, o), buf.strides);
+        Expr at = store_offset(p, l, o);
         per_outer += body.arg(l.buffer) + "[" + at.str() + "] = " + v.name + ";\n";
         body.stored(l.buffer);
       }
@@ -273,7 +271,7 @@ std::string render_group(const Program& p, const Group& g, const GroupInfo& info
       per_outer += body.take(1);
       std::string store;
       if (external) {
-        Expr at = dot(loop_index(l, o * g.inner + r), buf.strides);
+        Expr at = store_offset(p, l, o * g.inner + r);
         store = body.arg(l.buffer) + "[" + at.str() + "] = " + v.name + ";\n";
         body.stored(l.buffer);
       } else {
@@ -295,7 +293,7 @@ std::string render_group(const Program& p, const Group& g, const GroupInfo& info
       std::string red = "red_" + buf.name;
       per_outer += "const " + T + " " + red + " = " + value + ";\n";
       if (external) {
-        Expr at = dot(loop_index(l, o), buf.strides);
+        Expr at = store_offset(p, l, o);
         per_outer += body.arg(l.buffer) + "[" + at.str() + "] = " + red + ";\n";
       }
       body.locals_[l.buffer] = red;

@@ -5,8 +5,7 @@
 #include "cpp_builder.h"
 #include "cuda_builder.h"
 #include "cuda_graphs.h"
-#include "layout_opt.h"
-#include "pad_mm.h"
+#include "rewrites.h"
 
 #include <crucible/ir/graph.h>
 #include <crucible/ir/interpreter.h>
@@ -362,7 +361,8 @@ void run_kernel(const Plan& plan, const Step& st, std::vector<c10::IValue>& slot
 }
 
 // The graph compile_fx_inner lowers: a copy of the caller's, with the
-// matmuls cuBLAS runs slowly padded (Note [Padding matmuls]).
+// matmuls cuBLAS runs slowly padded (Note [Padding matmuls]) and the
+// convolutions in cuDNN's fastest layout (Note [Channels-last convolutions]).
 ir::Graph prepared(const ir::Graph& graph) {
   ir::Graph g = graph.clone();
   detail::pad_mm(g);

@@ -119,8 +119,7 @@ PointwiseText pointwise_text(const Program& p, const Group& g, const GroupInfo& 
     Val v = body_value(body, l, g.outer, g.inner);
     per_outer += body.take(1);
     if (info.external.contains(l.buffer)) {
-      per_outer +=
-          body.arg(l.buffer) + "[" + dot(loop_index(l, o), p.buffers[l.buffer].strides).str() + "] = " + v.name + ";\n";
+      per_outer += body.arg(l.buffer) + "[" + store_offset(p, l, o).str() + "] = " + v.name + ";\n";
       body.stored(l.buffer);
     }
     body.locals_[l.buffer] = v.name;
@@ -166,15 +165,14 @@ std::string render_column(const Program& p, const Group& g, const GroupInfo& inf
   epilogue += "const " + T + " " + red_name + " = " + value + ";\n";
   Expr o = Expr::var("o", g.outer);
   if (info.external.contains(red.buffer))
-    epilogue += body.arg(red.buffer) + "[" + dot(loop_index(red, o), rbuf.strides).str() + "] = " + red_name + ";\n";
+    epilogue += body.arg(red.buffer) + "[" + store_offset(p, red, o).str() + "] = " + red_name + ";\n";
   body.locals_[red.buffer] = red_name;
   for (size_t k = 1; k < g.loops.size(); ++k) {
     const Loop& l = p.loops[g.loops[k]];
     Val e = body_value(body, l, g.outer, g.inner);
     epilogue += body.take_inner();
     if (info.external.contains(l.buffer))
-      epilogue +=
-          body.arg(l.buffer) + "[" + dot(loop_index(l, o), p.buffers[l.buffer].strides).str() + "] = " + e.name + ";\n";
+      epilogue += body.arg(l.buffer) + "[" + store_offset(p, l, o).str() + "] = " + e.name + ";\n";
     body.locals_[l.buffer] = e.name;
   }
   per_tile += "if (threadIdx.x < " + W + " && o < " + OUTER + ") {\n" + indent(epilogue, 2) + "}\n__syncthreads();\n";
@@ -226,7 +224,7 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
       case Stage::Scalar:
         per_outer += body.take(1);
         if (external) {
-          per_outer += "if (threadIdx.x == 0) " + body.arg(l.buffer) + "[" + dot(loop_index(l, o), buf.strides).str() +
+          per_outer += "if (threadIdx.x == 0) " + body.arg(l.buffer) + "[" + store_offset(p, l, o).str() +
                        "] = " + v.name + ";\n";
           body.stored(l.buffer);
         }
@@ -237,8 +235,7 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
         per_outer += body.take(1);
         std::string store;
         if (external) {
-          store = body.arg(l.buffer) + "[" + dot(loop_index(l, o * g.inner + r), buf.strides).str() + "] = " + v.name +
-                  ";\n";
+          store = body.arg(l.buffer) + "[" + store_offset(p, l, o * g.inner + r).str() + "] = " + v.name + ";\n";
           body.stored(l.buffer);
         } else {
           store = body.scratch(l.buffer) + "[r] = " + v.name + ";\n";
@@ -258,8 +255,8 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
         const std::string red = "red_" + buf.name;
         per_outer += "const " + T + " " + red + " = " + value + ";\n";
         if (external)
-          per_outer += "if (threadIdx.x == 0) " + body.arg(l.buffer) + "[" + dot(loop_index(l, o), buf.strides).str() +
-                       "] = " + red + ";\n";
+          per_outer +=
+              "if (threadIdx.x == 0) " + body.arg(l.buffer) + "[" + store_offset(p, l, o).str() + "] = " + red + ";\n";
         body.locals_[l.buffer] = red;
         break;
       }

@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 #endif
 
@@ -156,7 +157,7 @@ struct CudaGraphRunner {
       }
     } else {
       for (size_t i = 0; i < inputs.size(); ++i)
-        if (!is_state[i]) copy_in(i, inputs[i]);
+        if (!is_state[i]) captured->inputs[i].copy_(inputs[i]);
     }
     captured->graph.replay();
     std::vector<at::Tensor> out;
@@ -187,8 +188,6 @@ struct CudaGraphRunner {
     }
     return true;
   }
-
-  void copy_in(size_t i, const at::Tensor& t) { captured->inputs[i].copy_(t); }
 
   // Captures one call on the state in `inputs` and the values of the others;
   // false when the capture failed (then nothing ran: a capture only records).
@@ -264,22 +263,20 @@ ir::CompiledFn cudagraphify(ir::CompiledFn fn, const ir::Graph& graph, c10::Devi
   runner->device = device;
   const std::vector<ir::Value*> placeholders = graph.placeholders();
   const auto& specs = graph.signature().inputs;
+  std::unordered_map<const ir::Value*, size_t> input_of;
   for (size_t i = 0; i < placeholders.size(); ++i) {
-    bool state = false;
-    if (specs.size() == placeholders.size()) {
-      const ir::InputKind k = specs[i].kind;
-      state = k == ir::InputKind::Parameter || k == ir::InputKind::Buffer || k == ir::InputKind::State;
-    }
-    runner->is_state.push_back(state);
-    bool written = false;
-    for (const ir::Node* n : graph.nodes()) {
-      if (!n->is_call() || !n->is_mutating()) continue;
-      const auto& formals = n->schema().arguments();
-      for (size_t a = 0; a < n->args().size() && a < formals.size(); ++a)
-        written |= formals[a].alias_info() && formals[a].alias_info()->isWrite() && n->arg(a).is_value() &&
-                   n->arg(a).value() == placeholders[i];
-    }
-    runner->written.push_back(written);
+    input_of.emplace(placeholders[i], i);
+    const ir::InputKind k = specs.size() == placeholders.size() ? specs[i].kind : ir::InputKind::UserInput;
+    runner->is_state.push_back(k == ir::InputKind::Parameter || k == ir::InputKind::Buffer ||
+                               k == ir::InputKind::State);
+  }
+  runner->written.assign(placeholders.size(), false);
+  for (const ir::Node* n : graph.nodes()) {
+    if (!n->is_call() || !n->is_mutating()) continue;
+    const auto& formals = n->schema().arguments();
+    for (size_t a = 0; a < n->args().size() && a < formals.size(); ++a)
+      if (formals[a].alias_info() && formals[a].alias_info()->isWrite() && n->arg(a).is_value())
+        if (auto it = input_of.find(n->arg(a).value()); it != input_of.end()) runner->written[it->second] = true;
   }
   return [runner](std::vector<at::Tensor>& inputs) { return (*runner)(inputs); };
 }

@@ -1,4 +1,4 @@
-#include "layout_opt.h"
+#include "rewrites.h"
 
 #include "loop_ir.h"
 

@@ -94,6 +94,10 @@ std::vector<Expr> loop_index(const Loop& loop, const Expr& flat) {
   return index;
 }
 
+Expr store_offset(const Program& p, const Loop& loop, const Expr& flat) {
+  return dot(loop_index(loop, flat), p.buffers[static_cast<size_t>(loop.buffer)].strides);
+}
+
 std::vector<Read> reads_of(const Program& p, const Loop& loop, int64_t outer, int64_t inner) {
   RecordingBody b(p);
   body_value(b, loop, outer, inner);

@@ -149,6 +149,10 @@ Expr iteration_position(const Program& p, int b, const std::vector<Expr>& index)
 /// loop's memory order (Loop::order), else row-major.
 std::vector<Expr> loop_index(const Loop& loop, const Expr& flat);
 
+/// Where a loop stores its element at `flat`: the offset in its buffer of
+/// loop_index(loop, flat).
+Expr store_offset(const Program& p, const Loop& loop, const Expr& flat);
+
 /// The device the loops of `graph` run on: its first CUDA tensor's device,
 /// else the CPU.
 c10::Device loop_device(const ir::Graph& graph);

@@ -703,10 +703,17 @@ class Lowerer {
       return b.compute(e, level, R);
     };
     lazy_[out] = std::move(l);
-    // A write-back of the value is not a reader that recomputes it: taken
-    // in place, its loop joins the other readers' kernel and shares their
-    // loads (an optimizer's new momentum, read by the parameter's update
-    // and written back; Note [In-place write-backs]).
+    realize_if_costly(out);
+  }
+
+  // Realizes a new pointwise value where inlining it would not pay: a
+  // tensor something needs, too many ops, or too much recomputation or
+  // re-reading across its readers. A write-back of the value is not a
+  // reader that recomputes it: taken in place, its loop joins the other
+  // readers' kernel and shares their loads (an optimizer's new momentum,
+  // read by the parameter's update and written back; Note [In-place
+  // write-backs]).
+  void realize_if_costly(const ir::Value* out) {
     size_t readers = 0;
     for (const ir::Node* u : out->users())
       readers += !(is_write_back(u) && u->arg(1).is_value() && u->arg(1).value() == out);
@@ -765,11 +772,7 @@ class Lowerer {
       return b.compute(inside.empty() ? x : "(" + inside + " ? " + x + " : " + fill + ")", std::max(level, v.level), T);
     };
     lazy_[out] = std::move(l);
-    const Lazy& made = lazy_.at(out);
-    if (needs_tensor(out) || made.ops > kMaxInlineOps ||
-        (out->users().size() > 1 &&
-         (made.ops * static_cast<int>(out->users().size() - 1) > kMaxRecompute || full_loads(made) > 1)))
-      realize(out);
+    realize_if_costly(out);
   }
 
   // The buffers of the lazy's size (not broadcast) its inlined body reads:

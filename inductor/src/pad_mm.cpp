@@ -1,4 +1,4 @@
-#include "pad_mm.h"
+#include "rewrites.h"
 
 #include "loop_ir.h"
 

@@ -346,9 +346,11 @@ TEST_CASE("cuda_graph_blocker: what keeps a graph from being captured, read from
 }
 
 // Note [CUDA graphs]: replays agree with the same graph compiled without
-// CUDA graphs, call after call, on new user inputs, with the state written
-// in place; outputs are not overwritten by later replays; state at a new
-// address is captured again.
+// CUDA graphs (bit for bit: the same kernels in the same order) and with
+// eager ATen (within a few ulps: the fused sum adds in another order), call
+// after call, on new user inputs, with the state written in place; outputs
+// are not overwritten by later replays; state at a new address is captured
+// again.
 TEST_CASE("CUDA graphs: replays compute what the compiled graph computes, call after call", "[inductor][cuda]") {
   CRUCIBLE_REQUIRE_CUDA();
   const auto cuda = at::TensorOptions().device(at::kCUDA);
@@ -361,7 +363,7 @@ TEST_CASE("CUDA graphs: replays compute what the compiled graph computes, call a
   with.cuda_graphs = true;
   const ir::CompiledFn graphed = inductor::compile_fx_inner(g, {}, with);
   const ir::CompiledFn plain = inductor::compile_fx_inner(g, {}, options());
-  at::Tensor w = w0.clone(), m = m0.clone(), rw = w0.clone(), rm = m0.clone();
+  at::Tensor w = w0.clone(), m = m0.clone(), rw = w0.clone(), rm = m0.clone(), ew = w0.clone(), em = m0.clone();
   const void* w_data = w.data_ptr();
   std::vector<at::Tensor> kept;  // every call's outputs, checked after the later calls
   std::vector<at::Tensor> want;
@@ -377,6 +379,16 @@ TEST_CASE("CUDA graphs: replays compute what the compiled graph computes, call a
     REQUIRE(at::equal(out[1], ref[1]));
     REQUIRE(at::equal(w, rw));
     REQUIRE(at::equal(m, rm));
+    const at::Tensor y = xs[i].mm(ew);
+    em = em * 0.9 + xs[i].t().mm(y);
+    ew = ew - 1e-3 * em;
+    REQUIRE_CLOSE(out[0], (y * y).sum(), 1e-5, 1e-5);
+    // A gradient element sums 128 products whose terms may cancel: a few
+    // ulps of the largest sum of their magnitudes. w moves by 1e-3 m, so
+    // m's error reaches it a thousandth as large, beside w's own ulps.
+    const double m_atol = 1e-6 * xs[i].abs().t().mm(y.abs()).max().item<double>();
+    REQUIRE_CLOSE(m, em, 1e-5, m_atol);
+    REQUIRE_CLOSE(w, ew, 1e-5, 1e-6 + 1e-2 * m_atol);
     kept.push_back(out[0]);
     want.push_back(ref[0].clone());
   }
