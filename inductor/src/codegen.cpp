@@ -218,14 +218,14 @@ std::string render_column_group(const Program& p, const Group& g, const GroupInf
   Expr o = Expr::var("o", g.outer);
   if (info.external.contains(red.buffer))
     epilogue += body.arg(red.buffer) + "[" + store_offset(p, red, o).str() + "] = red_" + rbuf.name + ";\n";
-  body.locals_[red.buffer] = "red_" + rbuf.name;
+  body.set_local(red.buffer, "red_" + rbuf.name);
   for (size_t k = 1; k < g.loops.size(); ++k) {
     const Loop& l = p.loops[g.loops[k]];
     Val e = body_value(body, l, g.outer, g.inner);
     epilogue += body.take_inner();
     if (info.external.contains(l.buffer))
       epilogue += body.arg(l.buffer) + "[" + store_offset(p, l, o).str() + "] = " + e.name + ";\n";
-    body.locals_[l.buffer] = e.name;
+    body.set_local(l.buffer, e.name);
   }
   const std::string B = std::to_string(kBlock), O = std::to_string(g.outer);
   std::string out =
@@ -242,30 +242,145 @@ std::string render_column_group(const Program& p, const Group& g, const GroupInf
   return out;
 }
 
+// Note [Split loops]
+// A kernel counts its elements with one variable per loop (o over the
+// outer range, r over the inner one), so an operand that is broadcast or
+// reduced over some dimensions but not the next is indexed by quotients
+// and remainders of it: a channel's scale in an NCHW pointwise loop at
+// ((o / 784) % 16), a batch norm's sum over N, H and W at
+// 12544·(r / 784) + r % 784. That is integer divisions in every load and a
+// loop the compiler does not vectorize. Such a loop is walked as two
+// nested ones instead, o = K·oh + ol (r = K·rh + rl), K the product of
+// some trailing dimensions: the offsets become affine in the inner
+// variable (contiguous, or constant, as it counts), and what depends on oh
+// alone is computed once per K elements. K is the largest product of
+// trailing dimensions that makes every load and store of the kernel
+// affine; when the single variable already is, or no K makes it so, the
+// loop stays whole. A pointwise kernel keeps enough outer iterations to
+// share among threads.
+
+// The offsets in memory of a group's loads, as CBody makes them: not those
+// of values the group makes and keeps in locals or scratch rows.
+class OffsetBody : public Body {
+ public:
+  OffsetBody(const Program& p, const Group& g, const GroupInfo& info) : p_(p), g_(g), info_(info) {}
+  Val load(int b, const std::vector<Expr>& index) override {
+    const Buffer& buf = p_.buffers[b];
+    const bool in_registers =
+        info_.produced.contains(b) && (!info_.external.contains(b) || stage_of(p_.loops[buf.loop], g_) != Stage::Inner);
+    if (!in_registers && !buf.host_scalar) offsets.push_back(dot(index, buf.strides));
+    return {"x", 0};
+  }
+  Val compute(const std::string&, int, const std::string&) override { return {"x", 0}; }
+  std::vector<Expr> offsets;
+
+ private:
+  const Program& p_;
+  const Group& g_;
+  const GroupInfo& info_;
+};
+
+// Every load and store of `g` steps by a constant as the variable `var` of
+// `v` counts.
+bool affine(const Program& p, const Group& g, const GroupInfo& info, const LoopVars& v, const std::string& var) {
+  OffsetBody body(p, g, info);
+  for (int li : g.loops) {
+    const Loop& l = p.loops[li];
+    body_value(body, l, v);
+    if (l.reduction || l.numel() == g.outer)
+      body.offsets.push_back(store_offset(p, l, v.o));
+    else
+      body.offsets.push_back(store_offset(p, l, v.o * g.inner + v.r));
+  }
+  return std::all_of(body.offsets.begin(), body.offsets.end(), [&](const Expr& e) { return e.affine_in(var); });
+}
+
+struct Split {
+  int64_t outer = 0, inner = 0;  // 0: not split
+};
+
+Split split_loops(const Program& p, const Group& g, const GroupInfo& info) {
+  constexpr int64_t kMinInner = 16;     // a few vectors' worth per inner loop
+  constexpr int64_t kMinRows = 64;      // outer iterations for the threads to share
+  constexpr int64_t kParallel = 32768;  // the work from which a kernel runs in parallel
+  const Loop& first = p.loops[g.loops.front()];
+  // Writing a graph input in place, a kernel keeps its loads and stores in
+  // their order (Note [In-place write-backs]); hoisting a load out of the
+  // inner loop could move it before a store.
+  for (int li : g.loops)
+    if (p.buffers[p.loops[li].buffer].kind == Buffer::Input) return {};
+  // Candidate inner sizes: products of the trailing dimensions the split
+  // variable counts, largest first.
+  auto candidates = [](const std::vector<int64_t>& dims) {
+    std::vector<int64_t> out;
+    int64_t k = 1;
+    for (size_t d = dims.size(); d-- > 1;) {
+      k *= dims[d];
+      if (k >= kMinInner) out.insert(out.begin(), k);
+    }
+    return out;
+  };
+  if (g.tiled) {
+    const Loop* red = nullptr;
+    for (int li : g.loops)
+      if (p.loops[li].reduction && !red) red = &p.loops[li];
+    if (!red || red->rnumel() != g.inner || affine(p, g, info, loop_vars(g.outer, g.inner), "r")) return {};
+    for (int64_t k : candidates(red->rsizes))
+      if (affine(p, g, info, loop_vars(g.outer, g.inner, 0, k), "rl")) return {0, k};
+    return {};
+  }
+  if (first.numel() != g.outer || affine(p, g, info, loop_vars(g.outer, g.inner), "o")) return {};
+  std::vector<int64_t> dims;
+  for (size_t k = 0; k < first.sizes.size(); ++k)
+    dims.push_back(first.sizes[first.order.empty() ? k : static_cast<size_t>(first.order[k])]);
+  for (int64_t k : candidates(dims)) {
+    if (g.outer * g.inner >= kParallel && g.outer / k < kMinRows) continue;
+    if (affine(p, g, info, loop_vars(g.outer, g.inner, k, 0), "ol")) return {k, 0};
+  }
+  return {};
+}
+
 std::string render_group(const Program& p, const Group& g, const GroupInfo& info, const std::string& name, int threads,
                          KernelSignature& sig) {
   if (p.loops[g.loops.front()].column) return render_column_group(p, g, info, name, threads, sig);
   CBody body(p, g, info);
   std::string per_outer;  // the body of the outer loop
+  std::string per_inner;  // a split pointwise kernel: the body of its inner loop
   int acc_counter = 0;
-  Expr o = Expr::var("o", g.outer);
-  Expr r = Expr::var("r", g.inner);
+  const Split split = split_loops(p, g, info);
+  const LoopVars vars = loop_vars(g.outer, g.inner, split.outer, split.inner);
+  const Expr& o = vars.o;
+  const Expr& r = vars.r;
   const std::string omp_threads = threads > 0 ? " num_threads(" + std::to_string(threads) + ")" : "";
+  // The loop (or nest) over the inner range, `pragma` on its innermost loop.
+  auto inner_loop = [&](const std::string& pragma, const std::string& lines) {
+    if (split.inner == 0)
+      return pragma + "for (int64_t r = 0; r < " + literal_int(g.inner) + "; ++r) {\n" + indent(lines, 2) + "}\n";
+    return "for (int64_t rh = 0; rh < " + literal_int(g.inner / split.inner) + "; ++rh) {\n" +
+           indent(pragma + "for (int64_t rl = 0; rl < " + literal_int(split.inner) + "; ++rl) {\n" + indent(lines, 2) +
+                      "}\n",
+                  2) +
+           "}\n";
+  };
   for (int li : g.loops) {
     const Loop& l = p.loops[li];
     const Buffer& buf = p.buffers[l.buffer];
     const std::string T = ctype_of(buf.dtype);
     bool external = info.external.contains(l.buffer);
     Stage stage = stage_of(l, g);
-    Val v = body_value(body, l, g.outer, g.inner);
+    Val v = body_value(body, l, vars);
     if (stage == Stage::Scalar) {
+      // Split, lines that depend on ol go to the inner loop; those of oh
+      // alone before it (they never read what the inner loop computes).
       per_outer += body.take(1);
+      std::string& lines = split.outer ? per_inner : per_outer;
+      lines += body.take(2);
       if (external) {
         Expr at = store_offset(p, l, o);
-        per_outer += body.arg(l.buffer) + "[" + at.str() + "] = " + v.name + ";\n";
+        lines += body.arg(l.buffer) + "[" + at.str() + "] = " + v.name + ";\n";
         body.stored(l.buffer);
       }
-      body.locals_[l.buffer] = v.name;
+      body.set_local(l.buffer, v.name, std::max(v.level, 1));
     } else if (stage == Stage::Inner) {
       std::string inner_lines = body.take(2);
       per_outer += body.take(1);
@@ -275,19 +390,17 @@ std::string render_group(const Program& p, const Group& g, const GroupInfo& info
         store = body.arg(l.buffer) + "[" + at.str() + "] = " + v.name + ";\n";
         body.stored(l.buffer);
       } else {
-        store = body.scratch(l.buffer) + "[r] = " + v.name + ";\n";
+        store = body.scratch(l.buffer) + "[" + r.str() + "] = " + v.name + ";\n";
       }
-      per_outer += "#pragma omp simd\nfor (int64_t r = 0; r < " + literal_int(g.inner) + "; ++r) {\n" +
-                   indent(inner_lines + store, 2) + "}\n";
+      per_outer += inner_loop("#pragma omp simd\n", inner_lines + store);
     } else {
       std::string inner_lines = body.take(2);
       per_outer += body.take(1);
       std::string acc = "acc" + std::to_string(acc_counter++);
       std::string A = T == "float" && l.rtype == ReductionType::Sum ? "double" : T;
       Combine c = combine_of(l.rtype, A, acc, v.name);
-      std::string init = c.init, combine = c.combine, pragma = c.pragma;
-      per_outer += A + " " + acc + " = " + init + ";\n" + c.extra_decl + pragma + "for (int64_t r = 0; r < " +
-                   literal_int(g.inner) + "; ++r) {\n" + indent(inner_lines + combine, 2) + "}\n";
+      per_outer +=
+          A + " " + acc + " = " + c.init + ";\n" + c.extra_decl + inner_loop(c.pragma, inner_lines + c.combine);
       std::string value = c.result.empty() ? "static_cast<" + T + ">(" + acc + ")" : c.result;
       if (!l.finalize.empty()) value = substitute(l.finalize, value);
       std::string red = "red_" + buf.name;
@@ -296,14 +409,19 @@ std::string render_group(const Program& p, const Group& g, const GroupInfo& info
         Expr at = store_offset(p, l, o);
         per_outer += body.arg(l.buffer) + "[" + at.str() + "] = " + red + ";\n";
       }
-      body.locals_[l.buffer] = red;
+      body.set_local(l.buffer, red);
     }
   }
   std::string decls = signature(p, body, info, sig);
   std::string out = "extern \"C\" void " + name + "(void* const* b) {\n" + indent(decls + body.take(0), 2);
   const int64_t work = g.outer * g.inner;
   const std::string parallel_if = " if(" + literal_int(work) + " >= 32768)";
-  if (!g.tiled) {
+  if (!g.tiled && split.outer) {
+    out += "#pragma omp parallel for schedule(static)" + parallel_if + omp_threads + "\n";
+    out += "  for (int64_t oh = 0; oh < " + literal_int(g.outer / split.outer) + "; ++oh) {\n" + indent(per_outer, 4);
+    out += "#pragma omp simd\n    for (int64_t ol = 0; ol < " + literal_int(split.outer) + "; ++ol) {\n" +
+           indent(per_inner, 6) + "    }\n  }\n";
+  } else if (!g.tiled) {
     out += "#pragma omp parallel for simd schedule(static)" + parallel_if + omp_threads + "\n";
     out += "  for (int64_t o = 0; o < " + literal_int(g.outer) + "; ++o) {\n" + indent(per_outer, 4) + "  }\n";
   } else {

@@ -122,7 +122,7 @@ PointwiseText pointwise_text(const Program& p, const Group& g, const GroupInfo& 
       per_outer += body.arg(l.buffer) + "[" + store_offset(p, l, o).str() + "] = " + v.name + ";\n";
       body.stored(l.buffer);
     }
-    body.locals_[l.buffer] = v.name;
+    body.set_local(l.buffer, v.name);
   }
   const std::string B = std::to_string(kPointwiseBlock);
   PointwiseText t;
@@ -166,14 +166,14 @@ std::string render_column(const Program& p, const Group& g, const GroupInfo& inf
   Expr o = Expr::var("o", g.outer);
   if (info.external.contains(red.buffer))
     epilogue += body.arg(red.buffer) + "[" + store_offset(p, red, o).str() + "] = " + red_name + ";\n";
-  body.locals_[red.buffer] = red_name;
+  body.set_local(red.buffer, red_name);
   for (size_t k = 1; k < g.loops.size(); ++k) {
     const Loop& l = p.loops[g.loops[k]];
     Val e = body_value(body, l, g.outer, g.inner);
     epilogue += body.take_inner();
     if (info.external.contains(l.buffer))
       epilogue += body.arg(l.buffer) + "[" + store_offset(p, l, o).str() + "] = " + e.name + ";\n";
-    body.locals_[l.buffer] = e.name;
+    body.set_local(l.buffer, e.name);
   }
   per_tile += "if (threadIdx.x < " + W + " && o < " + OUTER + ") {\n" + indent(epilogue, 2) + "}\n__syncthreads();\n";
   const int block = kWarp * kColumnRows;
@@ -228,7 +228,7 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
                        "] = " + v.name + ";\n";
           body.stored(l.buffer);
         }
-        body.locals_[l.buffer] = v.name;
+        body.set_local(l.buffer, v.name);
         break;
       case Stage::Inner: {
         std::string inner_lines = body.take(2);
@@ -257,7 +257,7 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
         if (external)
           per_outer +=
               "if (threadIdx.x == 0) " + body.arg(l.buffer) + "[" + store_offset(p, l, o).str() + "] = " + red + ";\n";
-        body.locals_[l.buffer] = red;
+        body.set_local(l.buffer, red);
         break;
       }
     }

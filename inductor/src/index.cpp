@@ -71,7 +71,9 @@ void Expr::add_term(const std::shared_ptr<const Atom>& a, int64_t c) {
 }
 
 // c·B·floor(Y / B) + c·(Y mod B) = c·Y: what unravelling a flat index and
-// ravelling it again with the same sizes leaves behind.
+// ravelling it again with the same sizes leaves behind; and
+// c·B·(floor(Y / B) mod D) + c·(Y mod B) = c·(Y mod B·D): what is left of
+// it when the unravelled dimensions were inner ones of a larger index.
 void Expr::normalize() {
   for (bool changed = true; changed;) {
     changed = false;
@@ -83,13 +85,19 @@ void Expr::normalize() {
       if (quotient.terms_.size() != 1 || quotient.constant_ != 0 || quotient.terms_[0].second != 1) continue;
       const std::string& qtext = quotient.terms_[0].first->text;
       for (size_t j = 0; j < terms_.size(); ++j) {
-        if (terms_[j].first->text != qtext || terms_[j].second != k * m->divisor) continue;
-        Expr y = m->arg * k;
-        int64_t kq = terms_[j].second;
-        auto div_atom = terms_[j].first;
+        const int64_t kj = terms_[j].second;
+        if (kj != k * m->divisor) continue;
+        const std::shared_ptr<const Atom> other = terms_[j].first;
+        Expr merged;
+        if (other->text == qtext)
+          merged = m->arg * k;
+        else if (other->kind == Atom::Mod && other->arg.str() == qtext)
+          merged = mod(m->arg, m->divisor * other->divisor) * k;
+        else
+          continue;
         add_term(m, -k);
-        add_term(div_atom, -kq);
-        *this = *this + y;
+        add_term(other, -kj);
+        *this = *this + merged;
         changed = true;
         break;
       }
@@ -228,6 +236,12 @@ bool Expr::uses(const std::string& name) const {
     if (atom->kind == Atom::Var ? atom->name == name : atom->arg.uses(name)) return true;
   }
   return false;
+}
+
+bool Expr::affine_in(const std::string& name) const {
+  for (const auto& [atom, k] : terms_)
+    if (atom->kind != Atom::Var && atom->arg.uses(name)) return false;
+  return true;
 }
 
 std::string Expr::str() const {

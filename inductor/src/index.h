@@ -45,6 +45,10 @@ class Expr {
   int64_t constant() const { return constant_; }
   /// True when the expression mentions the variable `name`.
   bool uses(const std::string& name) const;
+  /// True when `name` appears only as a term of its own (c·name), never
+  /// inside a quotient or remainder: the expression steps by a constant as
+  /// `name` counts.
+  bool affine_in(const std::string& name) const;
   /// C++ text, e.g. `64*o + r` or `((o / 8) % 4)`.
   std::string str() const;
   bool operator==(const Expr& o) const { return str() == o.str(); }

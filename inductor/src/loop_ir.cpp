@@ -39,7 +39,10 @@ std::string ctype_of(c10::ScalarType t) {
   }
 }
 
-int level_of(const Expr& e) { return e.uses("r") ? 2 : e.uses("o") ? 1 : 0; }
+int level_of(const Expr& e) {
+  if (e.uses("r") || e.uses("rh") || e.uses("rl") || e.uses("ol")) return 2;
+  return e.uses("o") || e.uses("oh") ? 1 : 0;
+}
 
 namespace {
 
@@ -70,12 +73,22 @@ class RecordingBody : public Body {
 
 }  // namespace
 
-Val body_value(Body& b, const Loop& loop, int64_t outer, int64_t inner) {
-  Expr o = Expr::var("o", outer);
-  Expr r = Expr::var("r", inner);
-  if (loop.reduction) return loop.rfn(b, unravel(o, loop.sizes), unravel(r, loop.rsizes));
-  Expr flat = loop.numel() == outer ? o : o * inner + r;
+LoopVars loop_vars(int64_t outer, int64_t inner, int64_t osplit, int64_t rsplit) {
+  auto var = [](const std::string& name, int64_t extent, int64_t split) {
+    if (split <= 0) return Expr::var(name, extent);
+    return Expr::var(name + "h", extent / split) * split + Expr::var(name + "l", split);
+  };
+  return {outer, inner, var("o", outer, osplit), var("r", inner, rsplit)};
+}
+
+Val body_value(Body& b, const Loop& loop, const LoopVars& v) {
+  if (loop.reduction) return loop.rfn(b, unravel(v.o, loop.sizes), unravel(v.r, loop.rsizes));
+  Expr flat = loop.numel() == v.outer ? v.o : v.o * v.inner + v.r;
   return loop.fn(b, loop_index(loop, flat));
+}
+
+Val body_value(Body& b, const Loop& loop, int64_t outer, int64_t inner) {
+  return body_value(b, loop, loop_vars(outer, inner));
 }
 
 Expr iteration_position(const Program& p, int b, const std::vector<Expr>& index) {

@@ -131,7 +131,8 @@ class Body {
 /// bool); empty for any other.
 std::string ctype_of(c10::ScalarType t);
 
-/// The loop level an index expression needs: 2 if it uses `r`, 1 if `o`, else 0.
+/// The loop level an index expression needs: 2 if it uses an innermost
+/// variable (`r`, `rh`, `rl`, `ol`), 1 if `o` or `oh`, else 0.
 int level_of(const Expr& e);
 
 /// Lowers `graph` (functional, ATen-level, metadata on every tensor) to a
@@ -157,11 +158,25 @@ Expr store_offset(const Program& p, const Loop& loop, const Expr& flat);
 /// else the CPU.
 c10::Device loop_device(const ir::Graph& graph);
 
-/// The value of `loop`'s element at the loop variables `o` (over `outer`)
-/// and `r` (over `inner`): for a reduction, its combined operand at kept
-/// index o and reduced index r; for a pointwise loop of outer·inner
-/// elements, the element at flat index o·inner + r; for one of `outer`
-/// elements, the element at o.
+/// The loop variables a kernel counts with: `o` over `outer` elements and
+/// `r` over `inner`. Either may be split into two nested loops (Note [Split
+/// loops] in codegen.cpp): o = K·oh + ol, r = K·rh + rl, the inner one (ol,
+/// rl) over K elements, so that offsets become affine in it.
+struct LoopVars {
+  int64_t outer = 1, inner = 1;
+  Expr o, r;
+};
+
+/// `o` and `r` over `outer` and `inner`; a split (> 0, a divisor of the
+/// range) makes the variable two.
+LoopVars loop_vars(int64_t outer, int64_t inner, int64_t osplit = 0, int64_t rsplit = 0);
+
+/// The value of `loop`'s element at the loop variables `o` and `r` of `v`:
+/// for a reduction, its combined operand at kept index o and reduced index
+/// r; for a pointwise loop of outer·inner elements, the element at flat
+/// index o·inner + r; for one of `outer` elements, the element at o.
+Val body_value(Body& b, const Loop& loop, const LoopVars& v);
+/// body_value with unsplit variables over `outer` and `inner`.
 Val body_value(Body& b, const Loop& loop, int64_t outer, int64_t inner);
 
 /// The loads `loop` makes when rendered with the outer variable `o` over

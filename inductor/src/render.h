@@ -47,7 +47,7 @@ class CBody : public Body {
     // A value made once per outer index is read back as its local, also
     // where it reaches memory too: on a GPU other threads of the block may
     // not see that store yet.
-    if (auto it = locals_.find(b); it != locals_.end() && info_.produced.contains(b)) return {it->second, 1};
+    if (auto it = locals_.find(b); it != locals_.end() && info_.produced.contains(b)) return it->second;
     if (info_.produced.contains(b) && !info_.external.contains(b)) {
       const Loop& l = p_.loops[buf.loop];
       if (stage_of(l, g_) == Stage::Inner) {
@@ -55,7 +55,7 @@ class CBody : public Body {
         Expr at = mod(flat, g_.inner);
         return compute(scratch(b) + "[" + at.str() + "]", level_of(at), T);
       }
-      return {locals_.at(b), 1};
+      return locals_.at(b);
     }
     // A buffer this group writes is read back no earlier than the outer
     // iteration that wrote it.
@@ -109,14 +109,18 @@ class CBody : public Body {
     return "row_" + p_.buffers[b].name;
   }
 
+  /// Buffer `b`'s elements are the local `name`, defined at loop `level`
+  /// (1: once per outer index, as most are; 2: in a split loop's inner one).
+  void set_local(int b, const std::string& name, int level = 1) { locals_[b] = {name, level}; }
+
   std::vector<int> args;
-  std::unordered_map<int, std::string> locals_;
   std::unordered_set<int> scratch_;
 
  private:
   const Program& p_;
   const Group& g_;
   const GroupInfo& info_;
+  std::unordered_map<int, Val> locals_;
   std::unordered_map<std::string, std::string> cache_[3];
   std::unordered_map<int, std::string> arg_names_;
   std::string lines_[3];

@@ -768,6 +768,48 @@ TEST_CASE("lowering: reductions over transposed, permuted, sliced and expanded i
   }
 }
 
+// A batch norm's backward sums over N, H and W of an NCHW tensor: the
+// kernel walks N outside and H·W inside (Note [Split loops]), also for the
+// pointwise stages fused with the sums; its pointwise kernels walk N·C
+// outside and H·W inside.
+TEST_CASE("lowering: reductions over N, H and W of NCHW tensors, with the batch norm's pointwise stages",
+          "[inductor][lowering][reduction]") {
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    CAPTURE(dtype);
+    at::Tensor x = at::randn({4, 3, 5, 7}, of(dtype)), dy = at::randn({4, 3, 5, 7}, of(dtype));
+    at::Tensor mean = at::randn({1, 3, 1, 1}, of(dtype));
+    Builder g;
+    ir::Value *px = g.input(x), *pdy = g.input(dy), *pmean = g.input(mean);
+    const Dims nhw{0, 2, 3};
+    ir::Value* centered = g.call("aten::sub.Tensor", {px, pmean});
+    ir::Value* s1 = g.call("aten::sum.dim_IntList", {pdy, nhw, true});
+    ir::Value* s2 = g.call("aten::sum.dim_IntList", {g.call("aten::mul.Tensor", {pdy, centered}), nhw, true});
+    ir::Value* dx = g.call("aten::sub.Tensor", {pdy, g.call("aten::mul.Tensor", {centered, s2})});
+    ir::Value* s3 = g.call("aten::sum.dim_IntList", {g.call("aten::exp", {px}), Dims{0, 3}, false});
+    const at::Tensor c = x - mean, s2_e = (dy * c).sum(nhw, true);
+    check(g, {
+                 reduction("sum(dy, [0, 2, 3])", s1, dy.sum(nhw, true), mag(dy).sum(nhw, true)),
+                 reduction("sum(dy * (x - mean), [0, 2, 3])", s2, s2_e, (mag(dy) * mag(c)).sum(nhw, true)),
+                 // dx's tolerance is that of the sum it multiplies
+                 reduction("dy - (x - mean) * s2", dx, dy - c * s2_e, mag(c) * (mag(dy) * mag(c)).sum(nhw, true)),
+                 reduction("sum(exp(x), [0, 3])", s3, at::exp(x).sum(Dims{0, 3}), at::exp(x).sum(Dims{0, 3})),
+             });
+    // The pointwise kernels of a batch norm and of a bias: N·C outer and
+    // H·W inner iterations, rows outer and a row's columns inner.
+    at::Tensor scale = at::randn({3, 1, 1}, of(dtype)), rows = at::randn({6, 20}, of(dtype));
+    at::Tensor bias = at::randn({20}, of(dtype));
+    Builder pw;
+    ir::Value *qx = pw.input(x), *qmean = pw.input(mean), *qscale = pw.input(scale);
+    ir::Value *qrows = pw.input(rows), *qbias = pw.input(bias);
+    ir::Value* y = pw.call("aten::mul.Tensor", {pw.call("aten::sub.Tensor", {qx, qmean}), qscale});
+    ir::Value* z = pw.call("aten::relu", {pw.call("aten::add.Tensor", {qrows, qbias})});
+    check(pw, {
+                  pointwise("(x - mean) * scale", y, (x - mean) * scale),
+                  pointwise("relu(rows + bias)", z, at::relu(rows + bias)),
+              });
+  }
+}
+
 TEST_CASE("lowering: reductions over 0-size dims, and of 1-element and 0-dim tensors",
           "[inductor][lowering][reduction]") {
   for (auto dtype : {at::kFloat, at::kDouble}) {
