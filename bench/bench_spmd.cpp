@@ -9,7 +9,13 @@
 // --backend (the step's backend), --matmul-precision highest|high (high lets
 // cuBLAS use TF32, as torch.set_float32_matmul_precision does),
 // --memory-format contiguous|channels-last (channels-last: the model's 4-D
-// parameters and the images, as model.to(memory_format=torch.channels_last)).
+// parameters and the images, as model.to(memory_format=torch.channels_last)),
+// --remat off|B (B, a memory budget in [0, 1]: rematerialization inside the
+// step's graph, Note [Rematerialization in one graph], as `crucible train
+// --partitioner min-cut --memory-budget B`).
+//
+// On a GPU the step rows count peak_MiB: the most memory the caching
+// allocator had handed out during the timed steps (tensors, not its cache).
 //
 // Rows (real time; every iteration ends by reading the loss, which waits for
 // the step's kernels):
@@ -27,12 +33,14 @@
 // collective waits for a rank that never comes: the rows therefore have
 // fixed iteration counts, and ranks other than 0 run them silently.
 #include <crucible/models/zoo.h>
+#include <crucible/partitioner/min_cut_partition.h>
 #include <crucible/pipeline/builder.h>
 #include <crucible/spmd/api.h>
 #include <crucible/spmd/process_group.h>
 #include <crucible/tracer/decomposition.h>
 
 #include <ATen/ATen.h>
+#include <ATen/DeviceAccelerator.h>
 #include <benchmark/benchmark.h>
 #include <torch/nn/module.h>
 #include <torch/optim/adamw.h>
@@ -53,7 +61,7 @@ using namespace crucible;
 
 struct Flags {
   std::string model = "gpt", size = "small", device = "cpu", backend = "interpreter", matmul_precision = "highest",
-              memory_format = "contiguous";
+              memory_format = "contiguous", remat = "off";
   int64_t batch = 8, steps = 20;
 };
 
@@ -65,7 +73,8 @@ Flags parse_flags(int& argc, char** argv) {
                                               {"--device", &f.device},
                                               {"--backend", &f.backend},
                                               {"--matmul-precision", &f.matmul_precision},
-                                              {"--memory-format", &f.memory_format}};
+                                              {"--memory-format", &f.memory_format},
+                                              {"--remat", &f.remat}};
   std::map<std::string, int64_t*> ints{{"--batch", &f.batch}, {"--steps", &f.steps}};
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
@@ -134,8 +143,17 @@ struct Replica {
 template <typename Step>
 void time_steps(benchmark::State& state, Step&& step) {
   for (int i = 0; i < 3; ++i) step().template item<double>();
-  for (auto _ : state) benchmark::DoNotOptimize(step().template item<double>());
   const Shared& c = context();
+  const bool gpu = c.device.is_cuda();
+  const c10::DeviceIndex index = !gpu                   ? -1
+                                 : c.device.has_index() ? c.device.index()
+                                                        : at::accelerator::getDeviceIndex();
+  if (gpu) at::accelerator::resetPeakStats(index);
+  for (auto _ : state) benchmark::DoNotOptimize(step().template item<double>());
+  if (gpu) {
+    const auto stats = at::accelerator::getDeviceStats(index);
+    state.counters["peak_MiB"] = static_cast<double>(stats.allocated_bytes[0].peak) / (1 << 20);
+  }
   state.counters["samples/s"] =
       benchmark::Counter(static_cast<double>(c.flags.batch * c.world()), benchmark::Counter::kIsIterationInvariantRate);
 }
@@ -154,6 +172,11 @@ pipeline::Builder builder() {
   pipeline::Builder b;
   b.backend(context().flags.backend);
   if (context().flags.backend.starts_with("inductor")) b.decompositions(tracer::core_aten_decompositions());
+  if (context().flags.remat != "off") {
+    partitioner::MinCutOptions options;
+    options.memory_budget = std::stod(context().flags.remat);
+    b.add_pass(partitioner::remat_pass(options));
+  }
   return b;
 }
 

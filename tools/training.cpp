@@ -62,7 +62,8 @@ void CompileFlags::add_to(CLI::App& cmd) {
       ->capture_default_str();
   cmd.add_option("--partitioner", partitioner,
                  "how a joint graph is split: default (save what the backward reads) or min-cut (recompute "
-                 "cheap ops instead of saving them)")
+                 "cheap ops instead of saving them; in a training step's graph, recompute them in the backward "
+                 "instead of keeping them alive)")
       ->check(CLI::IsMember({"default", "min-cut"}))
       ->capture_default_str();
   cmd.add_option("--memory-budget", memory_budget,
@@ -83,6 +84,9 @@ void CompileFlags::apply(pipeline::Builder& builder) const {
     builder.partitioner([min_cut](const ir::Graph& joint, size_t num_fwd_outputs) {
       return partitioner::min_cut_rematerialization_partition(joint, num_fwd_outputs, min_cut);
     });
+    // A training step is one graph: the same cut, inside it (Note
+    // [Rematerialization in one graph]), after the other passes.
+    builder.add_pass(partitioner::remat_pass(min_cut));
   }
   builder.trace_options(options);
 }

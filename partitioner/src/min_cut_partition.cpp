@@ -17,6 +17,8 @@
 #pragma GCC diagnostic pop
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <limits>
 #include <string_view>
 #include <unordered_map>
@@ -45,6 +47,12 @@ bool compute_intensive(std::string_view op) {
   return ops.count(op) > 0;
 }
 
+bool is_view(const ir::Node& n) {
+  if (!n.is_call()) return false;
+  const auto& returns = n.schema().returns();
+  return !returns.empty() && returns[0].alias_info() && !returns[0].alias_info()->isWrite();
+}
+
 bool cheap(const ir::Node& n) {
   static const std::unordered_set<std::string_view> ops = {
       "aten::sum",           "aten::mean",   "aten::amax",       "aten::amin",       "aten::cat",
@@ -52,9 +60,7 @@ bool cheap(const ir::Node& n) {
       "aten::full_like",     "aten::zeros",  "aten::zeros_like", "aten::ones",       "aten::ones_like",
       "aten::scalar_tensor", "aten::arange", "aten::empty",      "aten::empty_like", "aten::lift_fresh_copy",
       "aten::alias"};
-  if (n.op().hasTag(at::Tag::pointwise)) return true;
-  const auto& returns = n.schema().returns();
-  if (!returns.empty() && returns[0].alias_info() && !returns[0].alias_info()->isWrite()) return true;  // a view
+  if (n.op().hasTag(at::Tag::pointwise) || is_view(n)) return true;
   return ops.count(n.schema().name()) > 0;
 }
 
@@ -113,6 +119,162 @@ class Network {
   FlowGraph g_;
 };
 
+// Every result of `g`, in graph order, and its position.
+struct Values {
+  explicit Values(const ir::Graph& g) {
+    for (const ir::Node* n : g.nodes())
+      for (size_t r = 0; r < n->num_results(); ++r) {
+        index.emplace(n->result(r), list.size());
+        list.push_back(n->result(r));
+      }
+  }
+  std::unordered_map<const ir::Value*, size_t> index;
+  std::vector<const ir::Value*> list;
+};
+
+// Values that depend on one of `roots`' results: they exist only in the backward.
+std::vector<bool> depending_on(const ir::Graph& g, const Values& v, const std::unordered_set<const ir::Node*>& roots) {
+  std::vector<bool> backward(v.list.size(), false);
+  for (const ir::Node* n : g.nodes()) {
+    bool b = roots.count(n) > 0;
+    for (const ir::Value* in : n->inputs()) b = b || backward[v.index.at(in)];
+    for (size_t r = 0; r < n->num_results(); ++r) backward[v.index.at(n->result(r))] = b;
+  }
+  return backward;
+}
+
+// A backward reader of `value` (through views) that a fusing backend does
+// not fuse with its producer (a matmul, a convolution, a softmax): there
+// the value is materialized again, so recomputing it saves no memory and
+// costs a kernel (is_materialized_backwards in the seed's partitioner).
+bool materialized_backwards(const ir::Value* value, const std::vector<bool>& backward, const Values& v) {
+  std::vector<const ir::Value*> stack{value};
+  while (!stack.empty()) {
+    const ir::Value* cur = stack.back();
+    stack.pop_back();
+    for (const ir::Node* user : cur->users()) {
+      if (!user->is_call() || user->num_results() == 0) continue;
+      if (backward[v.index.at(user->result(0))] && !cheap(*user)) return true;
+      if (is_view(*user)) stack.push_back(user->result(0));
+    }
+  }
+  return false;
+}
+
+struct Cut {
+  std::unordered_set<const ir::Value*> saved;
+  double bytes = 0;  // the cut's capacity; infinite when no finite cut exists
+};
+
+// The cut of Note [Min-cut partition] and Note [Memory budget] over the
+// values of `v`: `backward` those that exist only in the backward, `free`
+// those that cost nothing to keep (their capacity is 0), `mutated` the
+// inputs the function writes.
+Cut choose_saved(const ir::Graph& g, const Values& v, const std::vector<bool>& backward, const std::vector<bool>& free,
+                 const std::unordered_set<const ir::Value*>& mutated, const MinCutOptions& options,
+                 std::string_view who) {
+  const std::vector<const ir::Value*>& values = v.list;
+  // Uses from a forward value to the first backward use (0: a backward node
+  // reads it), for max_recompute_distance; in reverse graph order.
+  constexpr size_t kFar = std::numeric_limits<size_t>::max();
+  std::vector<size_t> distance(values.size(), kFar);
+  std::vector<const ir::Node*> nodes;
+  for (const ir::Node* n : g.nodes()) nodes.push_back(n);
+  for (auto it = nodes.rbegin(); it != nodes.rend(); ++it)
+    for (size_t r = 0; r < (*it)->num_results(); ++r) {
+      const ir::Value* value = (*it)->result(r);
+      size_t& d = distance[v.index.at(value)];
+      for (const ir::Node* user : value->users()) {
+        if (!user->is_call() || user->num_results() == 0) continue;
+        if (backward[v.index.at(user->result(0))]) {
+          d = 0;
+          break;
+        }
+        for (size_t k = 0; k < user->num_results(); ++k)
+          if (const size_t du = distance[v.index.at(user->result(k))]; du != kFar) d = std::min(d, du + 1);
+      }
+    }
+
+  for (size_t i = 0; i < values.size(); ++i)
+    if (!backward[i] && !free[i] && values[i]->is_tensor() && !values[i]->has_meta())
+      throw PartitionError(std::string(who) + ": %" + values[i]->name() +
+                           " has no metadata, so what saving it costs is unknown; run the propagate_meta pass first");
+
+  // The values the heuristics keep in the forward, and among them those the
+  // memory budget may let the backward recompute (Note [Memory budget]).
+  // A node that reads an input the function mutates runs in the forward
+  // only: the runtime writes the input's new value after the forward, so the
+  // backward would read the new value (autograd's version check refuses it).
+  std::vector<bool> banned(values.size(), false);
+  std::vector<size_t> candidates;  // value indices, one per node (its first result)
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (backward[i]) continue;
+    const ir::Node* n = values[i]->node();
+    const bool far = distance[i] != kFar && distance[i] > options.max_recompute_distance;
+    bool reads_mutated = false;
+    for (const ir::Value* in : n->inputs()) reads_mutated = reads_mutated || mutated.count(in) > 0;
+    banned[i] = n->is_placeholder() || reads_mutated || !recomputable(*n, options) || far ||
+                (options.ban_materialized_backwards && materialized_backwards(values[i], backward, v));
+    if (banned[i] && n->is_call() && !reads_mutated && !ir::has_side_effects(*n) && values[i] == n->result(0))
+      candidates.push_back(i);
+  }
+
+  // The minimum cut of the network of Note [Min-cut partition] with the
+  // values of `ban` fed by the source.
+  auto min_cut = [&](const std::vector<bool>& ban) {
+    const size_t source = 2 * values.size(), sink = source + 1;
+    Network net(sink + 1);
+    auto in = [](size_t i) { return 2 * i; };
+    auto out = [](size_t i) { return 2 * i + 1; };
+    for (size_t i = 0; i < values.size(); ++i) {
+      const ir::Value* value = values[i];
+      if (backward[i]) {
+        net.add(in(i), out(i), kInfinity);
+        net.add(in(i), sink, kInfinity);
+      } else {
+        const double keep = free[i]              ? 0.0
+                            : value->is_tensor() ? static_cast<double>(value->meta().nbytes())
+                                                 : kInfinity;
+        net.add(in(i), out(i), keep);
+        if (ban[i]) net.add(source, in(i), kInfinity);
+      }
+      for (const ir::Node* user : value->users())
+        if (user->is_call())
+          for (size_t k = 0; k < user->num_results(); ++k) net.add(out(i), in(v.index.at(user->result(k))), kInfinity);
+    }
+    Cut cut;
+    cut.bytes = net.max_flow(source, sink);
+    for (size_t i = 0; i < values.size(); ++i)
+      if (!backward[i] && net.source_side(in(i)) && !net.source_side(out(i))) cut.saved.insert(values[i]);
+    return cut;
+  };
+  Cut cut = min_cut(banned);
+  if (options.memory_budget < 1.0 && !candidates.empty()) {
+    // See Note [Memory budget].
+    std::stable_sort(candidates.begin(), candidates.end(), [&](size_t a, size_t b) {
+      return recompute_cost(*values[a]->node()) < recompute_cost(*values[b]->node());
+    });
+    auto unbanned = [&](size_t k) {
+      std::vector<bool> ban = banned;
+      for (size_t c = 0; c < k; ++c)
+        for (const auto& r : values[candidates[c]]->node()->results()) ban[v.index.at(r.get())] = false;
+      return ban;
+    };
+    const double least = min_cut(unbanned(candidates.size())).bytes;
+    const double target = least + std::max(0.0, options.memory_budget) * (cut.bytes - least);
+    size_t lo = 0, hi = candidates.size();  // the fewest unbanned candidates whose cut fits the target
+    while (lo < hi) {
+      const size_t mid = (lo + hi) / 2;
+      if (min_cut(unbanned(mid)).bytes <= target)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    cut = min_cut(unbanned(lo));
+  }
+  return cut;
+}
+
 }  // namespace
 
 PartitionResult min_cut_rematerialization_partition(const ir::Graph& joint, size_t num_fwd_outputs,
@@ -122,130 +284,19 @@ PartitionResult min_cut_rematerialization_partition(const ir::Graph& joint, size
   // graph it refuses is refused here with the same message.
   (void)detail::split(joint, num_fwd_outputs, nullptr, kWho);
 
-  std::unordered_map<const ir::Value*, size_t> index;
-  std::vector<const ir::Value*> values;
-  for (const ir::Node* n : joint.nodes())
-    for (size_t r = 0; r < n->num_results(); ++r) {
-      index.emplace(n->result(r), values.size());
-      values.push_back(n->result(r));
-    }
+  const Values values(joint);
   const ir::GraphSignature& sig = joint.signature();
   const std::vector<ir::Value*> placeholders = joint.placeholders();
   std::unordered_set<const ir::Node*> tangents;
   for (size_t i = 0; i < placeholders.size() && i < sig.inputs.size(); ++i)
     if (sig.inputs[i].kind == ir::InputKind::Tangent) tangents.insert(placeholders[i]->node());
-
-  // Values that depend on a tangent: they exist only in the backward.
-  std::vector<bool> backward(values.size(), false);
-  for (const ir::Node* n : joint.nodes()) {
-    bool b = tangents.count(n) > 0;
-    for (const ir::Value* in : n->inputs()) b = b || backward[index.at(in)];
-    for (size_t r = 0; r < n->num_results(); ++r) backward[index.at(n->result(r))] = b;
-  }
-
-  // Uses from a forward value to the first backward use (0: a backward node
-  // reads it), for max_recompute_distance; in reverse graph order.
-  constexpr size_t kFar = std::numeric_limits<size_t>::max();
-  std::vector<size_t> distance(values.size(), kFar);
-  std::vector<const ir::Node*> nodes;
-  for (const ir::Node* n : joint.nodes()) nodes.push_back(n);
-  for (auto it = nodes.rbegin(); it != nodes.rend(); ++it)
-    for (size_t r = 0; r < (*it)->num_results(); ++r) {
-      const ir::Value* v = (*it)->result(r);
-      size_t& d = distance[index.at(v)];
-      for (const ir::Node* user : v->users()) {
-        if (!user->is_call() || user->num_results() == 0) continue;
-        if (backward[index.at(user->result(0))]) {
-          d = 0;
-          break;
-        }
-        for (size_t k = 0; k < user->num_results(); ++k)
-          if (const size_t du = distance[index.at(user->result(k))]; du != kFar) d = std::min(d, du + 1);
-      }
-    }
-
-  for (size_t i = 0; i < values.size(); ++i)
-    if (!backward[i] && values[i]->is_tensor() && !values[i]->has_meta())
-      throw PartitionError(std::string(kWho) + ": %" + values[i]->name() +
-                           " has no metadata, so what saving it costs is unknown; run the propagate_meta pass first");
-
-  // The values the heuristics keep in the forward, and among them those the
-  // memory budget may let the backward recompute (Note [Memory budget]).
-  // A node that reads an input the function mutates runs in the forward
-  // only: the runtime writes the input's new value after the forward, so the
-  // backward would read the new value (autograd's version check refuses it).
   std::unordered_set<const ir::Value*> mutated;
   for (const ir::OutputSpec& spec : sig.outputs)
     if (spec.kind == ir::OutputKind::MutatedInput && spec.input_index && *spec.input_index < placeholders.size())
       mutated.insert(placeholders[*spec.input_index]);
-  std::vector<bool> banned(values.size(), false);
-  std::vector<size_t> candidates;  // value indices, one per node (its first result)
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (backward[i]) continue;
-    const ir::Node* n = values[i]->node();
-    const bool far = distance[i] != kFar && distance[i] > options.max_recompute_distance;
-    bool reads_mutated = false;
-    for (const ir::Value* in : n->inputs()) reads_mutated = reads_mutated || mutated.count(in) > 0;
-    banned[i] = n->is_placeholder() || reads_mutated || !recomputable(*n, options) || far;
-    if (banned[i] && n->is_call() && !reads_mutated && !ir::has_side_effects(*n) && values[i] == n->result(0))
-      candidates.push_back(i);
-  }
-
-  // The minimum cut of the network of Note [Min-cut partition] with the
-  // values of `ban` fed by the source: the values it saves and their bytes.
-  auto min_cut = [&](const std::vector<bool>& ban, double* bytes) {
-    const size_t source = 2 * values.size(), sink = source + 1;
-    Network net(sink + 1);
-    auto in = [](size_t i) { return 2 * i; };
-    auto out = [](size_t i) { return 2 * i + 1; };
-    for (size_t i = 0; i < values.size(); ++i) {
-      const ir::Value* v = values[i];
-      if (backward[i]) {
-        net.add(in(i), out(i), kInfinity);
-        net.add(in(i), sink, kInfinity);
-      } else {
-        net.add(in(i), out(i), v->is_tensor() ? static_cast<double>(v->meta().nbytes()) : kInfinity);
-        if (ban[i]) net.add(source, in(i), kInfinity);
-      }
-      for (const ir::Node* user : v->users())
-        if (user->is_call())
-          for (size_t k = 0; k < user->num_results(); ++k) net.add(out(i), in(index.at(user->result(k))), kInfinity);
-    }
-    *bytes = net.max_flow(source, sink);
-    std::unordered_set<const ir::Value*> saved;
-    for (size_t i = 0; i < values.size(); ++i)
-      if (!backward[i] && net.source_side(in(i)) && !net.source_side(out(i))) saved.insert(values[i]);
-    return saved;
-  };
-  double flow = 0;
-  std::unordered_set<const ir::Value*> saved = min_cut(banned, &flow);
-  if (options.memory_budget < 1.0 && !candidates.empty()) {
-    // See Note [Memory budget].
-    std::stable_sort(candidates.begin(), candidates.end(), [&](size_t a, size_t b) {
-      return recompute_cost(*values[a]->node()) < recompute_cost(*values[b]->node());
-    });
-    auto unbanned = [&](size_t k) {
-      std::vector<bool> ban = banned;
-      for (size_t c = 0; c < k; ++c)
-        for (const auto& r : values[candidates[c]]->node()->results()) ban[index.at(r.get())] = false;
-      return ban;
-    };
-    double least = 0;
-    (void)min_cut(unbanned(candidates.size()), &least);
-    const double target = least + std::max(0.0, options.memory_budget) * (flow - least);
-    size_t lo = 0, hi = candidates.size();  // the fewest unbanned candidates whose cut fits the target
-    while (lo < hi) {
-      const size_t mid = (lo + hi) / 2;
-      double bytes = 0;
-      (void)min_cut(unbanned(mid), &bytes);
-      if (bytes <= target)
-        hi = mid;
-      else
-        lo = mid + 1;
-    }
-    saved = min_cut(unbanned(lo), &flow);
-  }
-  PartitionResult result = detail::split(joint, num_fwd_outputs, &saved, kWho);
+  const Cut cut = choose_saved(joint, values, depending_on(joint, values, tangents),
+                               std::vector<bool>(values.list.size(), false), mutated, options, kWho);
+  PartitionResult result = detail::split(joint, num_fwd_outputs, &cut.saved, kWho);
   if (report) {
     report->saved.clear();
     report->recomputed.clear();
@@ -254,9 +305,131 @@ PartitionResult min_cut_rematerialization_partition(const ir::Graph& joint, size
       if (n->is_call())
         for (size_t r = 0; r < n->num_results(); ++r)
           if (result.forward.find_value(n->result(r)->name())) report->recomputed.insert(n->result(r)->name());
-    report->saved_bytes = flow;
+    report->saved_bytes = cut.bytes;
   }
   return result;
+}
+
+RematReport rematerialize(ir::Graph& graph, const MinCutOptions& options) {
+  constexpr std::string_view kWho = "rematerialize";
+  RematReport report;
+  const Values values(graph);
+  // Everything from the first node autograd ran on: what is made there is
+  // not alive before the backward starts, whatever it depends on (the
+  // update's bias corrections, made from step counts).
+  std::vector<bool> backward(values.list.size(), false);
+  bool started = false;
+  for (const ir::Node* n : graph.nodes()) {
+    started = started || n->has_tag("backward");
+    for (size_t r = 0; r < n->num_results(); ++r) backward[values.index.at(n->result(r))] = started;
+  }
+  if (!started) return report;  // no backward region
+  // What the caller holds anyway costs nothing to keep: the placeholders,
+  // the constants and views of them.
+  std::vector<bool> free(values.list.size(), false);
+  std::unordered_set<const ir::Value*> mutated;
+  for (const ir::Node* n : graph.nodes()) {
+    const std::vector<ir::Value*> inputs = n->inputs();
+    bool held = n->is_placeholder() || n->is_constant() ||
+                (is_view(*n) && !inputs.empty() && free[values.index.at(inputs.front())]);
+    for (size_t r = 0; r < n->num_results(); ++r) free[values.index.at(n->result(r))] = held;
+    if (n->is_call() && n->is_mutating())
+      for (const ir::Value* in : inputs)
+        if (in->node()->is_placeholder()) mutated.insert(in);
+  }
+  for (size_t i = 0; i < values.list.size(); ++i) {
+    const ir::Value* v = values.list[i];
+    if (backward[i] || free[i] || !v->is_tensor()) continue;
+    for (const ir::Node* user : v->users())
+      if (user->num_results() > 0 && backward[values.index.at(user->result(0))]) {
+        if (!v->has_meta())
+          throw PartitionError(std::string(kWho) + ": %" + v->name() +
+                               " has no metadata, so what keeping it costs is unknown; run the propagate_meta pass "
+                               "first");
+        report.kept_bytes_before += static_cast<double>(v->meta().nbytes());
+        break;
+      }
+  }
+  const Cut cut = choose_saved(graph, values, backward, free, mutated, options, kWho);
+  report.kept_bytes_after = report.kept_bytes_before;
+  if (!std::isfinite(cut.bytes) || cut.bytes >= report.kept_bytes_before) return report;
+
+  // A forward value the backward reads is kept (or free), or made again from
+  // kept values. Reaching a side effect or a read of an input the graph
+  // writes (which no budget lets the cut recompute) would mean the cut is
+  // not what Note [Min-cut partition] promises: then nothing changes.
+  auto kept = [&](const ir::Value* v) {
+    const size_t i = values.index.at(v);
+    return backward[i] || free[i] || cut.saved.count(v) > 0;
+  };
+  std::vector<const ir::Node*> to_copy;  // in graph order
+  {
+    std::unordered_set<const ir::Node*> seen;
+    std::vector<const ir::Node*> stack;
+    for (const ir::Node* n : graph.nodes())
+      if (n->num_results() > 0 && backward[values.index.at(n->result(0))])
+        for (const ir::Value* in : n->inputs())
+          if (!kept(in) && seen.insert(in->node()).second) stack.push_back(in->node());
+    while (!stack.empty()) {
+      const ir::Node* n = stack.back();
+      stack.pop_back();
+      if (!n->is_call() || ir::has_side_effects(*n)) return report;
+      for (const ir::Value* in : n->inputs())
+        if (mutated.count(in))
+          return report;
+        else if (!kept(in) && seen.insert(in->node()).second)
+          stack.push_back(in->node());
+    }
+    for (const ir::Node* n : graph.nodes())
+      if (seen.count(n)) to_copy.push_back(n);
+  }
+
+  // Copies go in front of the first backward node that needs them, in graph
+  // order; every backward reader then reads the copy.
+  detail::ValueMap copy;  // forward value -> its copy (or itself, when kept)
+  std::unordered_set<const ir::Node*> needed(to_copy.begin(), to_copy.end());
+  std::vector<ir::Node*> order;
+  for (ir::Node* n : graph.nodes()) order.push_back(n);
+  std::function<void(const ir::Node*)> make = [&](const ir::Node* n) {
+    for (const ir::Value* in : n->inputs()) {
+      if (copy.count(in)) continue;
+      if (needed.count(in->node()))
+        make(in->node());
+      else
+        copy[in] = const_cast<ir::Value*>(in);
+    }
+    detail::copy_node(n, graph, copy, /*keep_names=*/false);
+    ++report.recomputed_nodes;
+  };
+  for (ir::Node* n : order) {
+    if (n->num_results() == 0 || !backward[values.index.at(n->result(0))]) continue;
+    for (size_t a = 0; a < n->args().size(); ++a) {
+      const ir::Argument& arg = n->arg(a);
+      bool touched = false;
+      for (const ir::Value* in : arg.values()) {
+        if (!needed.count(in->node())) continue;
+        touched = true;
+        if (!copy.count(in)) {
+          const ir::Graph::InsertGuard guard(graph, n);
+          make(in->node());
+        }
+      }
+      if (!touched) continue;
+      if (arg.is_value()) {
+        n->set_arg(a, copy.at(arg.value()));
+      } else {
+        ir::Argument::ValueList list;
+        for (ir::Value* v : arg.value_list()) list.push_back(v && needed.count(v->node()) ? copy.at(v) : v);
+        n->set_arg(a, std::move(list));
+      }
+    }
+  }
+  report.kept_bytes_after = cut.bytes;
+  return report;
+}
+
+ir::Pass remat_pass(const MinCutOptions& options) {
+  return {"remat", [options](ir::Graph& g) { (void)rematerialize(g, options); }};
 }
 
 double saved_bytes(const PartitionResult& partition) {

@@ -9,8 +9,6 @@ namespace crucible::partitioner::detail {
 
 namespace {
 
-using ValueMap = std::unordered_map<const ir::Value*, ir::Value*>;
-
 ir::Argument remap(const ir::Argument& a, const ValueMap& map) {
   if (a.is_value()) return map.at(a.value());
   if (a.is_value_list()) {
@@ -21,9 +19,9 @@ ir::Argument remap(const ir::Argument& a, const ValueMap& map) {
   return a.constant();
 }
 
-// Copies a call or constant node of the joint graph into `g`, keeping result
-// names, metadata, source and tags; records old -> new results in `map`.
-void copy_node(const ir::Node* n, ir::Graph& g, ValueMap& map) {
+}  // namespace
+
+void copy_node(const ir::Node* n, ir::Graph& g, ValueMap& map, bool keep_names) {
   ir::Node* copy = nullptr;
   if (n->is_constant()) {
     copy = g.add_constant(n->constant_value(), n->result()->name())->node();
@@ -39,13 +37,11 @@ void copy_node(const ir::Node* n, ir::Graph& g, ValueMap& map) {
   for (size_t i = 0; i < n->num_results(); ++i) {
     const ir::Value* old = n->result(i);
     ir::Value* v = copy->result(i);
-    if (v->name() != old->name()) g.rename(v, old->name());
+    if (keep_names && v->name() != old->name()) g.rename(v, old->name());
     if (old->has_meta()) v->set_meta(old->meta());
     map[old] = v;
   }
 }
-
-}  // namespace
 
 PartitionResult split(const ir::Graph& joint, size_t num_fwd_outputs,
                       const std::unordered_set<const ir::Value*>* saved_only, std::string_view who) {

@@ -5,9 +5,19 @@
 #include <crucible/partitioner/partition.h>
 
 #include <string_view>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace crucible::partitioner::detail {
+
+using ValueMap = std::unordered_map<const ir::Value*, ir::Value*>;
+
+/// Copies a call or constant node `n` into `g` at its insertion point, with
+/// its source, tags and metadata; the arguments are read through `map`
+/// (which must hold every Value `n` reads), and old -> new results recorded
+/// there. `keep_names`: the copies take `n`'s result names (which `g` must
+/// not have yet); else fresh names made from them.
+void copy_node(const ir::Node* n, ir::Graph& g, ValueMap& map, bool keep_names = true);
 
 /// Splits `joint` per Note [Joint graph contract]. Without `saved_only`, the
 /// backward saves every forward tensor it reads (Note [Default partition]).

@@ -156,6 +156,22 @@ TEST_CASE("min-cut: compute-intensive ops are saved, not recomputed (ban_compute
   CHECK(free.result->bytes == (8 * 16 + 16 * 4) * 4);
 }
 
+TEST_CASE("min-cut: a value a backward matmul reads is saved, not recomputed (ban_materialized_backwards)",
+          "[partitioner][min_cut]") {
+  // mm(relu(x @ w1), w2).sum(): w2's gradient is relu(h)ᵀ @ dy, a matmul
+  // that reads relu(h) whole: recomputed, it would be materialized again.
+  // Without the ban the cut recomputes relu from h (saving h, the same
+  // bytes); with it, relu(h) is saved as it is.
+  auto fn = [](const Tensors& in) { return Tensors{at::mm(at::relu(at::mm(in[0], in[1])), in[2]).sum()}; };
+  const Tensors in = {at::randn({8, 16}), at::randn({16, 32}), at::randn({32, 4})};
+  Recorded banned, free;
+  banned.options.ban_materialized_backwards = true;
+  check_against_eager(fn, in, banned);
+  check_against_eager(fn, in, free);
+  CHECK(testing::count_calls(banned.result->backward, "aten::relu") == 0);
+  CHECK(testing::count_calls(free.result->backward, "aten::relu") == 1);
+}
+
 TEST_CASE("min-cut: a random op is never recomputed: the backward reads the forward's mask", "[partitioner][min_cut]") {
   auto fn = [](const Tensors& in) {
     auto [y, mask] = at::native_dropout(in[0], 0.5, true);

@@ -7,6 +7,7 @@
 #include <crucible/inductor/compile_fx.h>
 #include <crucible/ir/graph.h>
 #include <crucible/models/zoo.h>
+#include <crucible/partitioner/min_cut_partition.h>
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/error.h>
 #include <crucible/pipeline/train_step.h>
@@ -22,6 +23,8 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
+#include <memory>
 
 #include "catch.h"
 #include "data_dir.h"
@@ -233,6 +236,106 @@ TEST_CASE("train step through inductor: ResNet-18 with BatchNorm statistics, 8 S
                                        torch::optim::SGDOptions(0.05).momentum(0.9),
                                        in_double([&](int64_t i) { return shapes.example_batch(8, 100 + i); }), 8,
                                        kFusedRtol, kFusedAtol, inductor_builder());
+}
+
+// Rematerialization inside the step's graph (Note [Rematerialization in
+// one graph]): the backward recomputes what the cut does not keep alive.
+// Recomputed values come from the same kernels as the originals, so the
+// steps agree with eager as closely as without it: bitwise with the
+// interpreter (the bounds above), as the fused bounds with inductor.
+// `report` receives what the last compilation's cut did.
+Builder with_remat(Builder builder, std::shared_ptr<crucible::partitioner::RematReport> report,
+                   double memory_budget = 1.0) {
+  crucible::partitioner::MinCutOptions options;
+  options.memory_budget = memory_budget;
+  builder.add_pass({"remat", [report, options](crucible::ir::Graph& g) {
+                      *report = crucible::partitioner::rematerialize(g, options);
+                    }});
+  return builder;
+}
+
+void require_recomputed(const crucible::partitioner::RematReport& r) {
+  INFO("kept " << r.kept_bytes_before << " -> " << r.kept_bytes_after << " bytes, " << r.recomputed_nodes
+               << " nodes recomputed");
+  REQUIRE(r.recomputed_nodes > 0);
+  REQUIRE(r.kept_bytes_after < r.kept_bytes_before);
+}
+
+TEST_CASE("train step with rematerialization in its graph: every zoo model trains as eager, keeping no more bytes",
+          "[pipeline][train_step][remat]") {
+  // Budget 1: the heuristics' cut; budget 0: whatever can be recomputed,
+  // matmuls included.
+  for (double budget : {1.0, 0.0}) {
+    CAPTURE(budget);
+    auto report = std::make_shared<crucible::partitioner::RematReport>();
+    auto check = [&] {
+      INFO("kept " << report->kept_bytes_before << " -> " << report->kept_bytes_after << " bytes, "
+                   << report->recomputed_nodes << " nodes recomputed");
+      REQUIRE(report->kept_bytes_after <= report->kept_bytes_before);
+      if (budget == 0.0) require_recomputed(*report);
+    };
+    train_and_compare<torch::optim::SGD>([] { return make_mlp(); }, torch::optim::SGDOptions(0.05).momentum(0.9),
+                                         fashion_mnist_batches(32), 10, kRtol, kAtol,
+                                         with_remat(Builder(), report, budget));
+    check();
+    train_and_compare<torch::optim::Adam>([] { return make_convnet(); }, torch::optim::AdamOptions(1e-3),
+                                          fashion_mnist_batches(32), 10, kRtol, kAtol,
+                                          with_remat(Builder(), report, budget));
+    check();
+    const GptConfig gpt{.vocab_size = 32, .block_size = 16, .n_layer = 1, .n_head = 2, .n_embd = 32};
+    train_and_compare<torch::optim::AdamW>([&] { return make_gpt(gpt); }, torch::optim::AdamWOptions(3e-3),
+                                           [&](int64_t i) {
+                                             return synthetic_token_batch({gpt.vocab_size, gpt.block_size, 4, 0}, i);
+                                           },
+                                           10, kRtol, kAtol, with_remat(Builder(), report, budget));
+    check();
+    const ResNetConfig resnet{.in_channels = 1, .image_size = 16, .width = 4, .blocks = {1, 1, 1, 1}};
+    const Model shapes = make_resnet(resnet);
+    train_and_compare<torch::optim::SGD>([&] { return make_resnet(resnet); },
+                                         torch::optim::SGDOptions(0.05).momentum(0.9),
+                                         [&](int64_t i) { return shapes.example_batch(8, 100 + i); }, 8, kRtol, kAtol,
+                                         with_remat(Builder(), report, budget));
+    check();
+  }
+}
+
+TEST_CASE("train step with rematerialization: a memory budget sweep keeps non-increasing bytes, training as eager",
+          "[pipeline][train_step][remat]") {
+  const GptConfig gpt{.vocab_size = 32, .block_size = 16, .n_layer = 1, .n_head = 2, .n_embd = 32};
+  double last = std::numeric_limits<double>::infinity();
+  for (double budget : {1.0, 0.5, 0.1, 0.0}) {
+    CAPTURE(budget);
+    auto report = std::make_shared<crucible::partitioner::RematReport>();
+    train_and_compare<torch::optim::AdamW>([&] { return make_gpt(gpt); }, torch::optim::AdamWOptions(3e-3),
+                                           [&](int64_t i) {
+                                             return synthetic_token_batch({gpt.vocab_size, gpt.block_size, 4, 0}, i);
+                                           },
+                                           5, kRtol, kAtol, with_remat(Builder(), report, budget));
+    REQUIRE(report->kept_bytes_after <= last);
+    last = report->kept_bytes_after;
+  }
+}
+
+TEST_CASE("train step through inductor with rematerialization: the GPT and ResNet-18 train as eager",
+          "[pipeline][train_step][inductor][remat]") {
+  // Budget 0: the most recomputation, fused into the backward's kernels
+  // where it is pointwise.
+  auto report = std::make_shared<crucible::partitioner::RematReport>();
+  const GptConfig gpt{.vocab_size = 32, .block_size = 16, .n_layer = 1, .n_head = 2, .n_embd = 32};
+  train_and_compare<torch::optim::AdamW>(
+      in_double([&] { return make_gpt(gpt); }), torch::optim::AdamWOptions(3e-3),
+      [&](int64_t i) {
+        return synthetic_token_batch({gpt.vocab_size, gpt.block_size, 4, 0}, i);
+      },
+      10, kFusedRtol, kFusedAtol, with_remat(inductor_builder(), report, 0.0));
+  require_recomputed(*report);
+  const ResNetConfig resnet{.in_channels = 1, .image_size = 16, .width = 4, .blocks = {1, 1, 1, 1}};
+  const Model shapes = make_resnet(resnet);
+  train_and_compare<torch::optim::SGD>(in_double([&] { return make_resnet(resnet); }),
+                                       torch::optim::SGDOptions(0.05).momentum(0.9),
+                                       in_double([&](int64_t i) { return shapes.example_batch(8, 100 + i); }), 8,
+                                       kFusedRtol, kFusedAtol, with_remat(inductor_builder(), report, 0.0));
+  require_recomputed(*report);
 }
 
 // The same training steps with the model, the batches and the optimizer

@@ -5,6 +5,7 @@
 // partition_fn).
 #pragma once
 
+#include <crucible/ir/pass_manager.h>
 #include <crucible/partitioner/partition.h>
 
 #include <cstddef>
@@ -45,6 +46,16 @@ namespace crucible::partitioner {
 //  - max_recompute_distance: a forward value more than this many uses away
 //    from the first backward use is not recomputed (long chains cost time
 //    for little memory).
+//  - ban_materialized_backwards (off by default): a value that a backward
+//    op a fusing backend does not fuse (a matmul, a convolution, a softmax;
+//    through views) reads is not recomputed: it would be materialized again
+//    there, saving no memory for a kernel's time (GPT-2's GELU output, read
+//    by the weight gradient's matmul). The seed bans these with a wider
+//    notion of fusible ops (normalizations' backward among them); with
+//    Crucible's narrower one the ban keeps nearly everything (GPT-2 small:
+//    min-cut then saves what the default partition saves), so it is a
+//    switch: on, a rematerialized training step stays as fast and keeps as
+//    much memory (bench/results/partitioner.md).
 
 // Note [Memory budget]
 // memory_budget (PyTorch's activation_memory_budget) trades recomputation
@@ -62,6 +73,7 @@ struct MinCutOptions {
   bool ban_compute_intensive = true;
   bool only_recompute_cheap_ops = true;
   size_t max_recompute_distance = 1000;
+  bool ban_materialized_backwards = false;
   /// 0..1; see Note [Memory budget]. Values above 1 act as 1, below 0 as 0.
   double memory_budget = 1.0;
 };
@@ -84,6 +96,42 @@ struct MinCutReport {
 /// what was saved and recomputed.
 PartitionResult min_cut_rematerialization_partition(const ir::Graph& joint, size_t num_fwd_outputs,
                                                     const MinCutOptions& options = {}, MinCutReport* report = nullptr);
+
+// Note [Rematerialization in one graph]
+// A whole training step is one graph (forward, backward and update: Note
+// [Train step graph] in pipeline/train_step.h). Nothing is split, but the
+// same question stands: which forward values stay alive into the backward.
+// The backward region runs from the first node autograd ran (the tracer
+// tags them "backward"): the backward and the update. The network of
+// Note [Min-cut partition] is built over the whole graph with what the
+// caller holds anyway (placeholders, constants and views of them) free to
+// keep, the heuristics and memory budget as there. A forward value the
+// backward reads and the cut does not keep is recomputed: the nodes that
+// make it from kept values are copied in front of the first backward node
+// that reads it, and the backward reads the copies. The original then dies
+// at its last forward reader, where the executors free it, and a fusing
+// backend computes the copies inside the backward's kernels. The cut runs
+// after common-subexpression elimination, which would merge the copies
+// back (Builder::add_pass appends it to the post-grad passes).
+
+struct RematReport {
+  /// Bytes of the forward tensors the backward reads, other than the free
+  /// ones: what stays alive into the backward without rematerialization,
+  /// and with it (the cut's capacity).
+  double kept_bytes_before = 0, kept_bytes_after = 0;
+  /// Nodes copied into the backward.
+  size_t recomputed_nodes = 0;
+};
+
+/// Rematerializes `graph` in place (Note [Rematerialization in one
+/// graph]). A graph without a backward region, or whose cut keeps no fewer
+/// bytes, is left as it is. Throws PartitionError naming a value the
+/// backward reads that has no metadata.
+RematReport rematerialize(ir::Graph& graph, const MinCutOptions& options = {});
+
+/// rematerialize as a pass named "remat", for the training step's graph
+/// (`crucible train --partitioner min-cut`).
+ir::Pass remat_pass(const MinCutOptions& options = {});
 
 /// Bytes of the saved values of a partition's forward (its SavedValue
 /// outputs), by their metadata.
