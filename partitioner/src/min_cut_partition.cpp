@@ -55,11 +55,13 @@ bool is_view(const ir::Node& n) {
 
 bool cheap(const ir::Node& n) {
   static const std::unordered_set<std::string_view> ops = {
-      "aten::sum",           "aten::mean",   "aten::amax",       "aten::amin",       "aten::cat",
-      "aten::expand",        "aten::clone",  "aten::_to_copy",   "aten::where",      "aten::full",
-      "aten::full_like",     "aten::zeros",  "aten::zeros_like", "aten::ones",       "aten::ones_like",
-      "aten::scalar_tensor", "aten::arange", "aten::empty",      "aten::empty_like", "aten::lift_fresh_copy",
-      "aten::alias"};
+      "aten::sum", "aten::mean", "aten::amax", "aten::amin", "aten::cat", "aten::expand", "aten::clone",
+      "aten::_to_copy", "aten::where", "aten::full", "aten::full_like", "aten::zeros", "aten::zeros_like", "aten::ones",
+      "aten::ones_like", "aten::scalar_tensor", "aten::arange", "aten::empty", "aten::empty_like",
+      "aten::lift_fresh_copy", "aten::alias",
+      // Functionalized RNG's draws: a pure function of the seed and offset
+      // inputs, so the backward draws the forward's numbers again.
+      "crucible::philox_rand"};
   if (n.op().hasTag(at::Tag::pointwise) || is_view(n)) return true;
   return ops.count(n.schema().name()) > 0;
 }

@@ -182,6 +182,38 @@ TEST_CASE("min-cut: a random op is never recomputed: the backward reads the forw
   CHECK(testing::count_calls(min_cut.result->backward, "aten::native_dropout") == 0);
 }
 
+TEST_CASE("min-cut: with functionalized RNG the backward draws the forward's dropout mask again",
+          "[partitioner][min_cut]") {
+  // (sin(dropout(x)) * w).sum(): the backward needs the mask (in dx) and
+  // sin(dropout(x)) (as dw). With the RNG functionalized the mask is
+  // crucible::philox_rand of the seed and offset inputs, cheap to draw
+  // again: the cut saves x, w and those two scalars, no mask.
+  auto fn = [](const Tensors& in) { return Tensors{(at::sin(at::dropout(in[0], 0.5, true)) * in[1]).sum()}; };
+  Recorded min_cut;
+  autograd::AotConfig config;
+  config.functionalize_rng_ops = true;
+  config.partition_fn = min_cut.fn();
+  config.cache = nullptr;
+  const autograd::AotFunction compiled = autograd::aot_function(fn, config);
+  const at::Tensor x = at::randn({256}), w = at::randn({256});
+  const at::Tensor cx = x.clone().requires_grad_(), cw = w.clone().requires_grad_();
+  at::manual_seed(3);
+  const at::Tensor out = compiled({cx, cw}).at(0);
+  out.backward();
+  CHECK(testing::count_calls(min_cut.result->backward, "crucible::philox_rand") == 1);
+  CHECK(min_cut.result->bytes <= (256 + 256) * 4 + 2 * 8);  // x, w, seed and offset at most: no mask
+  // The mask the forward drew, read off dw = sin(dropout(x)) (zero where
+  // dropped), and eager's formulas with it: the backward drew the same one.
+  const at::Tensor mask = (cw.grad() != 0).to(at::kFloat);
+  const double kept = mask.mean().item<double>();  // a fair draw, many standard deviations inside
+  REQUIRE(kept > 0.3);
+  REQUIRE(kept < 0.7);
+  const at::Tensor y = x * mask * 2.0;
+  REQUIRE_CLOSE(cw.grad(), at::sin(y), 1e-6, 1e-7);
+  REQUIRE_CLOSE(cx.grad(), at::cos(y) * w * mask * 2.0, 1e-6, 1e-7);
+  REQUIRE_CLOSE(out, (at::sin(y) * w).sum(), 1e-5, 1e-5);  // summation order of sum() may differ
+}
+
 TEST_CASE("min-cut: only cheap ops are recomputed (only_recompute_cheap_ops)", "[partitioner][min_cut]") {
   // softmax is no pointwise op: its result is saved however cheap in bytes.
   auto fn = [](const Tensors& in) { return Tensors{at::sin(at::_softmax(in[0], 1, false)).sum()}; };

@@ -37,7 +37,8 @@ namespace crucible::partitioner {
 //  - side effects are never recomputed (Note [Order of side effects]):
 //    random ops (recomputing one draws new numbers; with functionalized RNG,
 //    crucible::philox_rand takes its seed and offset as inputs and is an
-//    ordinary op), writes, collectives.
+//    ordinary, cheap op: a dropout mask is drawn again in the backward
+//    instead of saved), writes, collectives.
 //  - only_recompute_cheap_ops: only what a fusing backend recomputes for
 //    free is recomputed: pointwise ops (ATen's `pointwise` tag), views,
 //    small reductions (sum, mean, amax, amin), and a few layout and factory
