@@ -12,7 +12,8 @@
 // parameters and the images, as model.to(memory_format=torch.channels_last)),
 // --remat off|B (B, a memory budget in [0, 1]: rematerialization inside the
 // step's graph, Note [Rematerialization in one graph], as `crucible train
-// --partitioner min-cut --memory-budget B`).
+// --partitioner min-cut --memory-budget B`), --remat-ban on|off (on: with
+// MinCutOptions::ban_materialized_backwards).
 //
 // On a GPU the step rows count peak_MiB: the most memory the caching
 // allocator had handed out during the timed steps (tensors, not its cache).
@@ -61,7 +62,7 @@ using namespace crucible;
 
 struct Flags {
   std::string model = "gpt", size = "small", device = "cpu", backend = "interpreter", matmul_precision = "highest",
-              memory_format = "contiguous", remat = "off";
+              memory_format = "contiguous", remat = "off", remat_ban = "off";
   int64_t batch = 8, steps = 20;
 };
 
@@ -74,7 +75,8 @@ Flags parse_flags(int& argc, char** argv) {
                                               {"--backend", &f.backend},
                                               {"--matmul-precision", &f.matmul_precision},
                                               {"--memory-format", &f.memory_format},
-                                              {"--remat", &f.remat}};
+                                              {"--remat", &f.remat},
+                                              {"--remat-ban", &f.remat_ban}};
   std::map<std::string, int64_t*> ints{{"--batch", &f.batch}, {"--steps", &f.steps}};
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
@@ -175,6 +177,7 @@ pipeline::Builder builder() {
   if (context().flags.remat != "off") {
     partitioner::MinCutOptions options;
     options.memory_budget = std::stod(context().flags.remat);
+    options.ban_materialized_backwards = context().flags.remat_ban == "on";
     b.add_pass(partitioner::remat_pass(options));
   }
   return b;

@@ -145,10 +145,10 @@ std::vector<bool> depending_on(const ir::Graph& g, const Values& v, const std::u
   return backward;
 }
 
-// A backward reader of `value` (through views) that a fusing backend does
-// not fuse with its producer (a matmul, a convolution, a softmax): there
-// the value is materialized again, so recomputing it saves no memory and
-// costs a kernel (is_materialized_backwards in the seed's partitioner).
+// A backward reader of `value` (through views) that no backend fuses with
+// its producer (a matmul, a convolution, attention): there the value is
+// materialized again, so recomputing it saves no memory and costs a kernel
+// (is_materialized_backwards in the seed's partitioner).
 bool materialized_backwards(const ir::Value* value, const std::vector<bool>& backward, const Values& v) {
   std::vector<const ir::Value*> stack{value};
   while (!stack.empty()) {
@@ -156,7 +156,7 @@ bool materialized_backwards(const ir::Value* value, const std::vector<bool>& bac
     stack.pop_back();
     for (const ir::Node* user : cur->users()) {
       if (!user->is_call() || user->num_results() == 0) continue;
-      if (backward[v.index.at(user->result(0))] && !cheap(*user)) return true;
+      if (backward[v.index.at(user->result(0))] && compute_intensive(user->schema().name())) return true;
       if (is_view(*user)) stack.push_back(user->result(0));
     }
   }
