@@ -431,7 +431,15 @@ RematReport rematerialize(ir::Graph& graph, const MinCutOptions& options) {
 }
 
 ir::Pass remat_pass(const MinCutOptions& options) {
-  return {"remat", [options](ir::Graph& g) { (void)rematerialize(g, options); }};
+  return {"remat", [options](ir::Graph& g) {
+            // Only a training step's graph (it returns a loss): an AOT
+            // backward graph begins with what its partition recomputes,
+            // which the cut would only move.
+            const auto& outputs = g.signature().outputs;
+            if (std::any_of(outputs.begin(), outputs.end(),
+                            [](const ir::OutputSpec& o) { return o.kind == ir::OutputKind::Loss; }))
+              (void)rematerialize(g, options);
+          }};
 }
 
 double saved_bytes(const PartitionResult& partition) {

@@ -130,8 +130,9 @@ struct RematReport {
 /// backward reads that has no metadata.
 RematReport rematerialize(ir::Graph& graph, const MinCutOptions& options = {});
 
-/// rematerialize as a pass named "remat", for the training step's graph
-/// (`crucible train --partitioner min-cut`).
+/// rematerialize as a pass named "remat" that acts on training steps'
+/// graphs (those with a Loss output) and leaves others as they are, for
+/// the post-grad pass list (`crucible train --partitioner min-cut`).
 ir::Pass remat_pass(const MinCutOptions& options = {});
 
 /// Bytes of the saved values of a partition's forward (its SavedValue
