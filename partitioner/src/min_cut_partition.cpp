@@ -364,32 +364,26 @@ RematReport rematerialize(ir::Graph& graph, const MinCutOptions& options) {
     const size_t i = values.index.at(v);
     return backward[i] || free[i] || cut.saved.count(v) > 0;
   };
-  std::vector<const ir::Node*> to_copy;  // in graph order
-  {
-    std::unordered_set<const ir::Node*> seen;
-    std::vector<const ir::Node*> stack;
-    for (const ir::Node* n : graph.nodes())
-      if (n->num_results() > 0 && backward[values.index.at(n->result(0))])
-        for (const ir::Value* in : n->inputs())
-          if (!kept(in) && seen.insert(in->node()).second) stack.push_back(in->node());
-    while (!stack.empty()) {
-      const ir::Node* n = stack.back();
-      stack.pop_back();
-      if (!n->is_call() || ir::has_side_effects(*n)) return report;
+  std::unordered_set<const ir::Node*> needed;  // the nodes the backward makes again
+  std::vector<const ir::Node*> stack;
+  for (const ir::Node* n : graph.nodes())
+    if (n->num_results() > 0 && backward[values.index.at(n->result(0))])
       for (const ir::Value* in : n->inputs())
-        if (mutated.count(in))
-          return report;
-        else if (!kept(in) && seen.insert(in->node()).second)
-          stack.push_back(in->node());
-    }
-    for (const ir::Node* n : graph.nodes())
-      if (seen.count(n)) to_copy.push_back(n);
+        if (!kept(in) && needed.insert(in->node()).second) stack.push_back(in->node());
+  while (!stack.empty()) {
+    const ir::Node* n = stack.back();
+    stack.pop_back();
+    if (!n->is_call() || ir::has_side_effects(*n)) return report;
+    for (const ir::Value* in : n->inputs())
+      if (mutated.count(in))
+        return report;
+      else if (!kept(in) && needed.insert(in->node()).second)
+        stack.push_back(in->node());
   }
 
   // Copies go in front of the first backward node that needs them, in graph
   // order; every backward reader then reads the copy.
   detail::ValueMap copy;  // forward value -> its copy (or itself, when kept)
-  std::unordered_set<const ir::Node*> needed(to_copy.begin(), to_copy.end());
   std::vector<ir::Node*> order;
   for (ir::Node* n : graph.nodes()) order.push_back(n);
   std::function<void(const ir::Node*)> make = [&](const ir::Node* n) {
