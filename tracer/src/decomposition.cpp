@@ -90,7 +90,10 @@ void native_layer_norm_backward(const c10::OperatorHandle&, std::vector<c10::IVa
 // are eager's up to the order of floating-point sums (a fused kernel and a
 // decomposed reduction add in different orders), never bitwise. Half and
 // bfloat16 inputs are computed in float and rounded once at the end, as the
-// fused kernels do.
+// fused kernels do. A decomposition runs below functionalization, so it
+// must call functional ops only: C++'s `scalar - tensor` and `scalar /
+// tensor` are empty_like(...).fill_(...) followed by an in-place op, hence
+// at::rsub here.
 
 // The dtype a reduction over `t` computes in.
 at::ScalarType compute_dtype(const at::Tensor& t) {
@@ -172,7 +175,7 @@ void gelu_backward(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) 
   if (tanh) {
     const at::Tensor inner = kSqrt2OverPi * (xc + kKappa * xc * xc * xc);
     const at::Tensor t = at::tanh(inner);
-    d = 0.5 * (1 + t) + 0.5 * xc * (1 - t * t) * kSqrt2OverPi * (1 + 3 * kKappa * xc * xc);
+    d = 0.5 * (1 + t) + 0.5 * xc * at::rsub(t * t, 1) * kSqrt2OverPi * (1 + 3 * kKappa * xc * xc);
   } else {
     d = 0.5 * (1 + at::erf(xc * kSqrt1_2)) + xc * kInvSqrt2Pi * at::exp(-0.5 * xc * xc);
   }
@@ -265,7 +268,7 @@ void silu(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
 void silu_backward(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
   const at::Tensor grad = stack[0].toTensor(), x = stack[1].toTensor();
   const at::Tensor xc = upcast(x), s = at::sigmoid(xc);
-  push_results(stack, {(upcast(grad) * s * (1 + xc * (1 - s))).to(x.scalar_type())});
+  push_results(stack, {(upcast(grad) * s * (1 + xc * at::rsub(s, 1))).to(x.scalar_type())});
 }
 
 // threshold_backward(grad, x, threshold): grad where x > threshold, else 0

@@ -489,6 +489,11 @@ void TraceSession::run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, to
     op.redispatchBoxed(after, &stack);
     return;
   }
+  run_on_meta(op, after, stack, base);
+}
+
+void TraceSession::run_on_meta(const c10::OperatorHandle& op, c10::DispatchKeySet after, torch::jit::Stack& stack,
+                               size_t base) {
   std::vector<c10::IValue> args(stack.begin() + static_cast<std::ptrdiff_t>(base), stack.end());
   try {
     op.redispatchBoxed(after, &stack);
@@ -513,6 +518,8 @@ void TraceSession::run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, to
 // Functionalize kernels first run a mutating op on meta copies of its
 // arguments, made outside the dispatcher, to raise eager's shape errors; such
 // calls read meta tensors the trace never saw and are not part of the program.
+// They run in any mode, so an in-place op without a Meta kernel in C++
+// (logical_and_, which clamp's backward calls) goes the fake mode's way.
 bool TraceSession::is_shape_check(const torch::jit::Stack& stack, size_t base) {
   for (size_t a = base; a < stack.size(); ++a) {
     if (!stack[a].isTensor()) continue;
@@ -568,7 +575,7 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
 
   c10::impl::ExcludeDispatchKeyGuard no_trace(c10::DispatchKey::Fake);
   if (options_.functionalize && is_shape_check(stack, base)) {
-    op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake), &stack);
+    run_on_meta(op, ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake), stack, base);
     return;
   }
   std::vector<ir::Argument> args;

@@ -164,6 +164,10 @@ class TraceSession {
   ir::Argument argument(const c10::IValue& iv, const c10::Argument& formal, const std::string& user);
   bool is_shape_check(const torch::jit::Stack& stack, size_t base);
   void run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack, size_t base);
+  // Runs `op` on meta tensors below the tracer's key (`after`), through a
+  // meta function or CPU stand-ins where it has no Meta kernel (Note [Fake
+  // mode]).
+  void run_on_meta(const c10::OperatorHandle& op, c10::DispatchKeySet after, torch::jit::Stack& stack, size_t base);
 
   ir::Graph& graph_;
   const TraceOptions& options_;
