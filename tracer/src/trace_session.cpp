@@ -529,11 +529,33 @@ bool TraceSession::is_shape_check(const torch::jit::Stack& stack, size_t base) {
   return false;
 }
 
+// Note [equal of one tensor]
+// LibTorch's multi_head_attention_forward (nn::MultiheadAttention, so every
+// nn::Transformer layer) tells self-attention apart by
+// torch::equal(query, key), where Python compares identities; the tensors are
+// one and the same there. at::equal of a tensor and itself is true unless it
+// holds a NaN (NaN != NaN), a value the trace cannot see; the trace takes it
+// as true, the identity test the caller means, and records nothing. (In
+// multi-head attention both branches compute the same values, NaN or not.)
+// at::equal of two different tensors stays a data-dependent read.
+bool TraceSession::is_equal_of_one_tensor(const torch::jit::Stack& stack, size_t base) {
+  const at::Tensor& a = stack[base].toTensor();
+  const at::Tensor& b = stack[base + 1].toTensor();
+  if (a.unsafeGetTensorImpl() == b.unsafeGetTensorImpl()) return true;
+  ir::Value* v = lookup(a);
+  return v && v == lookup(b);
+}
+
 void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack) {
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t base = stack.size() - nargs;
   const OpInfo& i = info(op);
+  if (i.name == "aten::equal" && is_equal_of_one_tensor(stack, base)) {
+    stack.resize(base);
+    stack.emplace_back(true);
+    return;
+  }
   if (i.data_dependent)
     throw TraceError(i.name + " " + i.data_dependent +
                      ": data-dependent control flow and shapes cannot be captured in a graph. Compute the value "

@@ -163,6 +163,7 @@ class TraceSession {
   void to_constant(const Reached& r, size_t index, std::vector<InputMutation>& input_mutations);
   ir::Argument argument(const c10::IValue& iv, const c10::Argument& formal, const std::string& user);
   bool is_shape_check(const torch::jit::Stack& stack, size_t base);
+  bool is_equal_of_one_tensor(const torch::jit::Stack& stack, size_t base);
   void run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack, size_t base);
   // Runs `op` on meta tensors below the tracer's key (`after`), through a
   // meta function or CPU stand-ins where it has no Meta kernel (Note [Fake
