@@ -167,7 +167,15 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
       if (it == module_params.end())
         throw PipelineError("compile_train_step: the optimizer updates a tensor of sizes " + c10::str(p.sizes()) +
                             " that is not a parameter of the module; build the optimizer over module->parameters()");
-      if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+      // torch::optim updates a tensor once per listing, with one state: a
+      // parameter listed twice takes two steps a call, which one update in
+      // the graph would not reproduce.
+      if (!seen.insert(p.unsafeGetTensorImpl()).second)
+        throw PipelineError("compile_train_step: the optimizer lists the parameter '" + it->second + "' (sizes " +
+                            c10::str(p.sizes()) +
+                            ") more than once (a submodule registered under two names, or a param group that "
+                            "repeats it), so torch::optim would update it more than once a step; give the "
+                            "optimizer each parameter once");
       s->params.push_back(p);
       param_names.push_back(it->second);
     }

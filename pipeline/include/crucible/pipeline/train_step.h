@@ -156,7 +156,8 @@ class TrainStep {
 /// Compiles nothing itself; throws PipelineError when `module` is null,
 /// `loss_fn` is empty, the optimizer is not SGD, Adam or AdamW, has no
 /// param groups or groups with different options, updates a tensor that is
-/// not one of the module's parameters, has no parameters, or holds state
+/// not one of the module's parameters or lists one more than once (eager
+/// would update it once per listing), has no parameters, or holds state
 /// whose sizes differ from its parameter's. Compile errors come at the first
 /// call or TrainStep::compile.
 /// `options.gradient_hook`, where set, rewrites the gradients in the traced

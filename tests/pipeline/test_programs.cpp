@@ -1,0 +1,474 @@
+// Programs written as a LibTorch user writes them, unlike the model zoo's:
+// torch::nn containers and layers the zoo does not use, in-place ops in the
+// forward, buffers a module updates itself, tensors the loss reads from
+// outside the module, frozen and shared parameters, random draws. Each is
+// trained through compile_train_step (the interpreter, and inductor with the
+// core decompositions) and, from the same initial state, by the eager loop
+// `zero_grad(); loss_fn(...).backward(); step()`; losses, parameters and
+// buffers must agree at every step.
+#include <crucible/pipeline/builder.h>
+#include <crucible/pipeline/train_step.h>
+#include <crucible/tracer/decomposition.h>
+
+#include <ATen/ATen.h>
+#include <torch/nn.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "catch.h"
+#include "testing.h"
+
+using namespace crucible::pipeline;
+
+namespace {
+
+using Batch = std::vector<at::Tensor>;
+using MakeModule = std::function<std::shared_ptr<torch::nn::Module>()>;
+using MakeOptimizer = std::function<std::unique_ptr<torch::optim::Optimizer>(torch::nn::Module&)>;
+using BatchFn = std::function<Batch(int64_t step)>;
+
+// Everything in float64, so that fused kernels' other summation orders stay
+// ~1e-15 relative after a few steps; a wrong kernel, a missed buffer update
+// or a baked constant is off by the values' own scale.
+constexpr double kRtol = 1e-9, kAtol = 1e-11;
+
+void copy_all(const torch::nn::Module& from, torch::nn::Module& to) {
+  torch::NoGradGuard no_grad;
+  auto src_p = from.named_parameters();
+  for (auto& p : to.named_parameters()) p.value().copy_(src_p[p.key()]);
+  auto src_b = from.named_buffers();
+  for (auto& b : to.named_buffers()) b.value().copy_(src_b[b.key()]);
+}
+
+void require_same_state(const torch::nn::Module& compiled, const torch::nn::Module& eager) {
+  auto pe = eager.named_parameters();
+  for (const auto& p : compiled.named_parameters()) {
+    INFO("parameter " << p.key());
+    REQUIRE_CLOSE(p.value().detach(), pe[p.key()].detach(), kRtol, kAtol);
+  }
+  auto be = eager.named_buffers();
+  for (const auto& b : compiled.named_buffers()) {
+    INFO("buffer " << b.key());
+    REQUIRE_CLOSE(b.value(), be[b.key()], kRtol, kAtol);
+  }
+}
+
+// Trains a compiled and an eager copy of make()'s module `steps` steps; the
+// parameters must move (agreement of two untouched copies proves nothing).
+// `compilations`: how many distinct batch shapes `batches` gives.
+void train_and_compare(const MakeModule& make, const MakeOptimizer& make_opt, const LossFn& loss_fn,
+                       const BatchFn& batches, int64_t steps, const Builder& builder, size_t compilations = 1) {
+  torch::manual_seed(0);
+  std::shared_ptr<torch::nn::Module> compiled = make(), eager = make();
+  compiled->to(at::kDouble);
+  eager->to(at::kDouble);
+  copy_all(*compiled, *eager);
+  std::vector<at::Tensor> initial;
+  for (const auto& p : compiled->parameters()) initial.push_back(p.detach().clone());
+  std::unique_ptr<torch::optim::Optimizer> compiled_opt = make_opt(*compiled), eager_opt = make_opt(*eager);
+  TrainStep step = builder.compile_train_step(compiled, *compiled_opt, loss_fn);
+  for (int64_t i = 0; i < steps; ++i) {
+    const Batch b = batches(i);
+    // The same random draws on both sides: the compiled step replays the
+    // generator's stream as eager draws it (Philox offsets in the graph).
+    torch::manual_seed(100 + i);
+    const at::Tensor compiled_loss = step(b);
+    torch::manual_seed(100 + i);
+    eager_opt->zero_grad();
+    const at::Tensor eager_loss = loss_fn(*eager, b);
+    eager_loss.backward();
+    eager_opt->step();
+    INFO("step " << i);
+    REQUIRE_CLOSE(compiled_loss, eager_loss.detach(), kRtol, kAtol);
+  }
+  CHECK(step.num_compilations() == compilations);
+  require_same_state(*compiled, *eager);
+  double moved = 0;
+  auto final = compiled->parameters();
+  for (size_t i = 0; i < final.size(); ++i)
+    moved = std::max(moved, (final[i].detach() - initial[i]).abs().max().item<double>());
+  REQUIRE(moved > 1e-4);
+}
+
+std::vector<std::pair<std::string, Builder>> builders() {
+  std::vector<std::pair<std::string, Builder>> out;
+  out.emplace_back("interpreter", Builder());
+  out.emplace_back(
+      "inductor",
+      std::move(Builder().decompositions(crucible::tracer::core_aten_decompositions()).backend("inductor")));
+  return out;
+}
+
+void for_each_backend(const std::function<void(const Builder&)>& body) {
+  for (const auto& [name, builder] : builders()) {
+    SECTION(name) { body(builder); }
+  }
+}
+
+MakeOptimizer adam(double lr) {
+  return [lr](torch::nn::Module& m) { return std::make_unique<torch::optim::Adam>(m.parameters(), lr); };
+}
+MakeOptimizer sgd(double lr, double momentum = 0.0) {
+  return [lr, momentum](torch::nn::Module& m) {
+    return std::make_unique<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(lr).momentum(momentum));
+  };
+}
+
+at::Tensor f64_randn(at::IntArrayRef sizes, int64_t seed) {
+  at::manual_seed(seed);
+  return at::randn(sizes, at::kDouble);
+}
+
+}  // namespace
+
+TEST_CASE("programs: a Sequential autoencoder (Tanh, Sigmoid) with an MSE loss and Adam", "[pipeline][programs]") {
+  for_each_backend([](const Builder& b) {
+    auto make = [] {
+      return torch::nn::Sequential(torch::nn::Linear(12, 6), torch::nn::Tanh(), torch::nn::Linear(6, 12),
+                                   torch::nn::Sigmoid())
+          .ptr();
+    };
+    LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
+      auto& seq = dynamic_cast<torch::nn::SequentialImpl&>(m);
+      return torch::nn::functional::mse_loss(seq.forward(batch[0]), at::sigmoid(batch[0]));
+    };
+    train_and_compare(
+        make, adam(1e-2), loss,
+        [](int64_t i) {
+          return Batch{f64_randn({16, 12}, i)};
+        },
+        5, b);
+  });
+}
+
+namespace {
+
+// An LSTM over a sequence, its last hidden state classified.
+struct LstmClassifierImpl : torch::nn::Module {
+  LstmClassifierImpl()
+      : lstm(register_module("lstm", torch::nn::LSTM(torch::nn::LSTMOptions(5, 8).batch_first(true)))),
+        head(register_module("head", torch::nn::Linear(8, 3))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    auto [out, state] = lstm->forward(x);
+    return head->forward(out.select(1, -1));
+  }
+  torch::nn::LSTM lstm;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(LstmClassifier);
+
+// A DCGAN-style generator block: ConvTranspose2d, BatchNorm2d, LeakyReLU,
+// then a convolution to one channel and Tanh.
+struct GeneratorImpl : torch::nn::Module {
+  GeneratorImpl()
+      : up(register_module("up", torch::nn::ConvTranspose2d(
+                                     torch::nn::ConvTranspose2dOptions(4, 6, 4).stride(2).padding(1).bias(false)))),
+        bn(register_module("bn", torch::nn::BatchNorm2d(6))),
+        out(register_module("out", torch::nn::Conv2d(torch::nn::Conv2dOptions(6, 1, 3).padding(1)))) {}
+  at::Tensor forward(const at::Tensor& z) {
+    return at::tanh(out->forward(torch::nn::functional::leaky_relu(
+        bn->forward(up->forward(z)), torch::nn::functional::LeakyReLUFuncOptions().negative_slope(0.2))));
+  }
+  torch::nn::ConvTranspose2d up;
+  torch::nn::BatchNorm2d bn;
+  torch::nn::Conv2d out;
+};
+TORCH_MODULE(Generator);
+
+// Embeddings, mean-pooled over the sequence, LayerNorm, tanh GELU; a frozen
+// positional table (requires_grad false) and a counter buffer the module
+// increments itself in its forward.
+struct BagOfTokensImpl : torch::nn::Module {
+  BagOfTokensImpl()
+      : emb(register_module("emb", torch::nn::Embedding(20, 8))),
+        norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({8})))),
+        head(register_module("head", torch::nn::Linear(8, 4))) {
+    pos = register_parameter("pos", torch::randn({6, 8}), /*requires_grad=*/false);
+    calls = register_buffer("calls", torch::zeros({}, at::kLong));
+  }
+  at::Tensor forward(const at::Tensor& tokens) {
+    calls.add_(1);
+    at::Tensor h = emb->forward(tokens) + pos;
+    return head->forward(at::gelu(norm->forward(h.mean(1)), "tanh"));
+  }
+  torch::nn::Embedding emb;
+  torch::nn::LayerNorm norm;
+  torch::nn::Linear head;
+  at::Tensor pos, calls;
+};
+TORCH_MODULE(BagOfTokens);
+
+// In-place ops in the forward: on intermediates, through a view, clamp_ and
+// masked_fill_; one weight matrix used twice, and a parameter the loss never
+// reaches (no gradient: the optimizer leaves it alone).
+struct InPlaceNetImpl : torch::nn::Module {
+  InPlaceNetImpl()
+      : a(register_module("a", torch::nn::Linear(10, 10))), b(register_module("b", torch::nn::Linear(10, 10))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = a->forward(x).mul(1.5);  // mul by a scalar saves nothing autograd could see changed
+    h.sub_(0.25);
+    at::Tensor half = h.narrow(1, 0, 5);
+    half.mul_(2).add_(0.5);  // writes through a view of h
+    h.clamp_(-3, 3);
+    at::Tensor g = at::linear(h, a->weight, b->bias);  // a's weight twice; b's unused (no gradient)
+    g.masked_fill_(g < -1, -1);
+    return g;
+  }
+  torch::nn::Linear a, b;
+};
+TORCH_MODULE(InPlaceNet);
+
+// Pooling, GroupNorm, Dropout and assorted tensor ops: cat, chunk, permute,
+// einsum, cumsum, softplus, logsumexp.
+struct OpsNetImpl : torch::nn::Module {
+  OpsNetImpl()
+      : conv(register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(2, 8, 3).padding(1)))),
+        gn(register_module("gn", torch::nn::GroupNorm(2, 8))),
+        drop(register_module("drop", torch::nn::Dropout(0.25))),
+        head(register_module("head", torch::nn::Linear(16, 3))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = at::silu(gn->forward(conv->forward(x)));
+    at::Tensor p = at::cat({at::max_pool2d(h, 2), at::avg_pool2d(h, 2)}, 1);  // [N, 16, 4, 4]
+    at::Tensor v = at::adaptive_avg_pool2d(p, {1, 1}).flatten(1);             // [N, 16]
+    auto parts = v.chunk(2, 1);
+    at::Tensor mixed = at::einsum("ni,nj->nij", {parts[0], parts[1]}).sum(-1);  // [N, 8]
+    at::Tensor feats = at::cat({at::softplus(mixed), at::cumsum(parts[1], 1)}, 1);
+    at::Tensor logits = head->forward(drop->forward(feats));
+    return logits - at::logsumexp(logits, 1, true);
+  }
+  torch::nn::Conv2d conv;
+  torch::nn::GroupNorm gn;
+  torch::nn::Dropout drop;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(OpsNet);
+
+}  // namespace
+
+TEST_CASE("programs: an LSTM classifier with cross-entropy and SGD with momentum", "[pipeline][programs]") {
+  for_each_backend([](const Builder& b) {
+    LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
+      return torch::nn::functional::cross_entropy(dynamic_cast<LstmClassifierImpl&>(m).forward(batch[0]), batch[1]);
+    };
+    auto batches = [](int64_t i) { return Batch{f64_randn({4, 7, 5}, i), at::randint(0, 3, {4}, at::kLong)}; };
+    train_and_compare([] { return LstmClassifier().ptr(); }, sgd(0.1, 0.9), loss, batches, 4, b);
+  });
+}
+
+TEST_CASE("programs: a DCGAN-style generator (ConvTranspose2d, BatchNorm2d, LeakyReLU) with BCE on logits",
+          "[pipeline][programs]") {
+  for_each_backend([](const Builder& b) {
+    LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
+      at::Tensor img = dynamic_cast<GeneratorImpl&>(m).forward(batch[0]);
+      return torch::nn::functional::binary_cross_entropy_with_logits(img.flatten(1).sum(1), batch[1]);
+    };
+    auto batches = [](int64_t i) {
+      return Batch{f64_randn({3, 4, 4, 4}, i), at::bernoulli(at::full({3}, 0.5, at::kDouble))};
+    };
+    train_and_compare([] { return Generator().ptr(); }, adam(1e-2), loss, batches, 4, b);
+  });
+}
+
+TEST_CASE("programs: embeddings, a frozen table, LayerNorm, a buffer the forward increments, label smoothing",
+          "[pipeline][programs]") {
+  for_each_backend([](const Builder& b) {
+    LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
+      return torch::nn::functional::cross_entropy(
+          dynamic_cast<BagOfTokensImpl&>(m).forward(batch[0]), batch[1],
+          torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(0.1));
+    };
+    auto batches = [](int64_t i) {
+      at::manual_seed(i);
+      return Batch{at::randint(0, 20, {5, 6}, at::kLong), at::randint(0, 4, {5}, at::kLong)};
+    };
+    train_and_compare([] { return BagOfTokens().ptr(); }, adam(1e-2), loss, batches, 4, b);
+  });
+}
+
+TEST_CASE("programs: in-place ops on intermediates and through views, a weight used twice, an unused parameter",
+          "[pipeline][programs]") {
+  for_each_backend([](const Builder& b) {
+    LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
+      return dynamic_cast<InPlaceNetImpl&>(m).forward(batch[0]).pow(2).mean();
+    };
+    train_and_compare([] { return InPlaceNet().ptr(); }, sgd(0.05), loss,
+                      [](int64_t i) {
+                        return Batch{f64_randn({6, 10}, i)};
+                      },
+                      4, b);
+  });
+}
+
+TEST_CASE("programs: pooling, GroupNorm, dropout, einsum, cumsum and logsumexp with a class-weighted NLL loss",
+          "[pipeline][programs]") {
+  for_each_backend([](const Builder& b) {
+    // Read from outside the module at every call (a lifted tensor): a change
+    // between steps must reach the compiled step.
+    auto weights = std::make_shared<at::Tensor>(at::tensor({1.0, 2.0, 0.5}, at::kDouble));
+    LossFn loss = [weights](torch::nn::Module& m, const Batch& batch) {
+      return torch::nn::functional::nll_loss(dynamic_cast<OpsNetImpl&>(m).forward(batch[0]), batch[1],
+                                             torch::nn::functional::NLLLossFuncOptions().weight(*weights));
+    };
+    auto batches = [weights](int64_t i) {
+      weights->mul_(1.1);  // in place: the lifted alias sees it
+      at::manual_seed(50 + i);
+      return Batch{at::randn({4, 2, 8, 8}, at::kDouble), at::randint(0, 3, {4}, at::kLong)};
+    };
+    train_and_compare([] { return OpsNet().ptr(); }, adam(1e-2), loss, batches, 4, b);
+  });
+}
+
+namespace {
+
+// One Linear registered under two names: parameters() lists its tensors
+// twice, and torch::optim would update them twice a step.
+struct TwiceImpl : torch::nn::Module {
+  TwiceImpl() : shared(torch::nn::Linear(6, 6)) {
+    register_module("first", shared);
+    register_module("second", shared);
+  }
+  at::Tensor forward(const at::Tensor& x) { return shared->forward(at::tanh(shared->forward(x))); }
+  torch::nn::Linear shared;
+};
+TORCH_MODULE(Twice);
+
+}  // namespace
+
+TEST_CASE("programs: a submodule registered twice trains once its parameters are given once", "[pipeline][programs]") {
+  LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
+    return dynamic_cast<TwiceImpl&>(m).forward(batch[0]).pow(2).mean();
+  };
+  SECTION("listed twice: refused by name, as the compiled step would update once") {
+    auto m = Twice().ptr();
+    torch::optim::Adam opt(m->parameters(), 1e-2);
+    REQUIRE(m->parameters().size() == 4);
+    REQUIRE_THROWS_WITH(compile_train_step(m, opt, loss),
+                        CRUCIBLE_HAS_SUBSTR("'first.weight'") && CRUCIBLE_HAS_SUBSTR("more than once"));
+  }
+  SECTION("listed once") {
+    MakeOptimizer distinct = [](torch::nn::Module& m) {
+      return std::make_unique<torch::optim::Adam>(dynamic_cast<TwiceImpl&>(m).shared->parameters(), 1e-2);
+    };
+    for_each_backend([&](const Builder& b) {
+      train_and_compare([] { return Twice().ptr(); }, distinct, loss,
+                        [](int64_t i) {
+                          return Batch{f64_randn({6, 6}, i)};
+                        },
+                        4, b);
+    });
+  }
+}
+
+namespace {
+
+// A text classifier: embeddings with a padding index, Conv1d, BatchNorm1d,
+// MaxPool1d, a GRU over the pooled sequence. The convolution has no bias:
+// BatchNorm would take its gradient to rounding noise, which Adam scales to
+// steps of the learning rate's size, in any direction.
+struct TextCnnImpl : torch::nn::Module {
+  TextCnnImpl()
+      : emb(register_module("emb", torch::nn::Embedding(torch::nn::EmbeddingOptions(16, 6).padding_idx(0)))),
+        conv(register_module("conv", torch::nn::Conv1d(torch::nn::Conv1dOptions(6, 8, 3).padding(1).bias(false)))),
+        bn(register_module("bn", torch::nn::BatchNorm1d(8))),
+        gru(register_module("gru", torch::nn::GRU(torch::nn::GRUOptions(8, 5).batch_first(true)))),
+        head(register_module("head", torch::nn::Linear(5, 4))) {}
+  at::Tensor forward(const at::Tensor& tokens) {
+    at::Tensor h = emb->forward(tokens).transpose(1, 2);             // [N, 6, T]
+    h = at::max_pool1d(at::relu(bn->forward(conv->forward(h))), 2);  // [N, 8, T/2]
+    auto [out, last] = gru->forward(h.transpose(1, 2));              // [N, T/2, 5]
+    return head->forward(last.squeeze(0));
+  }
+  torch::nn::Embedding emb;
+  torch::nn::Conv1d conv;
+  torch::nn::BatchNorm1d bn;
+  torch::nn::GRU gru;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(TextCnn);
+
+// Upsampling: nearest and bilinear interpolation, PixelShuffle.
+struct UpsamplerImpl : torch::nn::Module {
+  UpsamplerImpl()
+      : conv(register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 12, 3).padding(1)))),
+        shuffle(register_module("shuffle", torch::nn::PixelShuffle(2))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    namespace F = torch::nn::functional;
+    at::Tensor a =
+        F::interpolate(x, F::InterpolateFuncOptions().scale_factor(std::vector<double>{2, 2}).mode(torch::kNearest));
+    at::Tensor b = F::interpolate(
+        x, F::InterpolateFuncOptions().size(std::vector<int64_t>{8, 8}).mode(torch::kBilinear).align_corners(false));
+    at::Tensor c = shuffle->forward(conv->forward(x));  // [N, 3, 8, 8]
+    return at::sigmoid(a + b) * c;
+  }
+  torch::nn::Conv2d conv;
+  torch::nn::PixelShuffle shuffle;
+};
+TORCH_MODULE(Upsampler);
+
+// A Transformer encoder layer (multi-head attention, dropout, layer norms).
+struct EncoderImpl : torch::nn::Module {
+  EncoderImpl()
+      : layer(register_module("layer", torch::nn::TransformerEncoderLayer(
+                                           torch::nn::TransformerEncoderLayerOptions(8, 2).dim_feedforward(16)))),
+        head(register_module("head", torch::nn::Linear(8, 3))) {}
+  at::Tensor forward(const at::Tensor& x) { return head->forward(layer->forward(x).mean(0)); }
+  torch::nn::TransformerEncoderLayer layer;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(Encoder);
+
+}  // namespace
+
+TEST_CASE("programs: a text CNN with a GRU, padding index and ignore_index", "[pipeline][programs]") {
+  for_each_backend([](const Builder& b) {
+    LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
+      return torch::nn::functional::cross_entropy(dynamic_cast<TextCnnImpl&>(m).forward(batch[0]), batch[1],
+                                                  torch::nn::functional::CrossEntropyFuncOptions().ignore_index(3));
+    };
+    auto batches = [](int64_t i) {
+      at::manual_seed(i);
+      return Batch{at::randint(0, 16, {6, 10}, at::kLong), at::randint(0, 4, {6}, at::kLong)};
+    };
+    train_and_compare([] { return TextCnn().ptr(); }, adam(1e-2), loss, batches, 4, b);
+  });
+}
+
+TEST_CASE("programs: interpolation and PixelShuffle with a smooth L1 loss and AdamW with amsgrad",
+          "[pipeline][programs]") {
+  for_each_backend([](const Builder& b) {
+    LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
+      return torch::nn::functional::smooth_l1_loss(dynamic_cast<UpsamplerImpl&>(m).forward(batch[0]), batch[1]);
+    };
+    auto batches = [](int64_t i) { return Batch{f64_randn({2, 3, 4, 4}, i), f64_randn({2, 3, 8, 8}, 100 + i)}; };
+    MakeOptimizer adamw = [](torch::nn::Module& m) {
+      return std::make_unique<torch::optim::AdamW>(m.parameters(),
+                                                   torch::optim::AdamWOptions(1e-2).amsgrad(true).weight_decay(0.1));
+    };
+    train_and_compare([] { return Upsampler().ptr(); }, adamw, loss, batches, 4, b);
+  });
+}
+
+TEST_CASE("programs: a Transformer encoder layer with dropout, a KL-divergence loss, batches of two sizes",
+          "[pipeline][programs]") {
+  for_each_backend([](const Builder& b) {
+    LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
+      namespace F = torch::nn::functional;
+      return F::kl_div(at::log_softmax(dynamic_cast<EncoderImpl&>(m).forward(batch[0]), 1), batch[1],
+                       F::KLDivFuncOptions().reduction(torch::kBatchMean));
+    };
+    // [T, N, E] batches, the last one shorter (a data set's remainder): the
+    // step compiles again for it, and the input is a transposed view.
+    auto batches = [](int64_t i) {
+      const int64_t n = i < 3 ? 4 : 3;
+      return Batch{f64_randn({n, 5, 8}, i).transpose(0, 1), at::softmax(f64_randn({n, 3}, 50 + i), 1)};
+    };
+    train_and_compare([] { return Encoder().ptr(); }, adam(1e-2), loss, batches, 4, b, 2);
+  });
+}
