@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/types.h>
 
 #include <cmath>
 
@@ -171,6 +172,12 @@ TEST_CASE("make_fx rejects data-dependent ops, naming them", "[tracer]") {
   REQUIRE_THROWS_WITH(make_fx([](const at::Tensor& t) { return at::equal(t, t.abs()) ? t : -t; }, x),
                       CRUCIBLE_HAS_SUBSTR("aten::equal") && CRUCIBLE_HAS_SUBSTR("data-dependent"));
   REQUIRE_THROWS_AS(make_fx([](const at::Tensor& t) { return t.masked_select(t > 0); }, x), TraceError);
+  // aten::index.Tensor: a boolean mask's result has a data-dependent shape;
+  // integer indices give a static one.
+  REQUIRE_THROWS_WITH(make_fx([](const at::Tensor& t) { return t.index({t > 0}); }, x),
+                      CRUCIBLE_HAS_SUBSTR("aten::index.Tensor"));
+  auto rows = [](const at::Tensor& t) { return t.index({at::arange(3).flip(0)}) * 2; };
+  REQUIRE_EQUAL_TENSORS(run_traced(make_fx(rows, x), {x})[0], rows(x));
 }
 
 TEST_CASE("make_fx: at::equal of a tensor and itself is the identity test multi-head attention means", "[tracer]") {
@@ -230,4 +237,48 @@ TEST_CASE("make_fx: a joint trace of torch::autograd::grad tags the backward ops
   auto actual = run_traced(r, {inputs[0], inputs[1].detach()});
   REQUIRE_EQUAL_TENSORS(actual[0], expected[0]);
   REQUIRE_EQUAL_TENSORS(actual[1], expected[1]);
+}
+TEST_CASE("make_fx: tensors the function makes itself, real or fake, functionalized or not", "[tracer]") {
+  // Note [Memory written outside the dispatcher]: what a traced op writes
+  // (torch::tensor's element fills, fill_, normal_, an out= op) is in the
+  // graph; at::tensor's copy through data_ptr() is not, and is refused by name.
+  const std::vector<std::function<at::Tensor(const at::Tensor&)>> traced = {
+      [](const at::Tensor& t) {
+        return t * torch::tensor({5.0, 6.0, 7.0, 8.0}).to(t.dtype());
+      },
+      [](const at::Tensor& t) { return t * at::empty({4}).fill_(2) + at::arange(4); },
+      [](const at::Tensor& t) { return t * at::empty({4}).normal_(); },
+      [](const at::Tensor& t) {
+        at::Tensor b = at::empty({4});
+        at::mul_out(b, t, t);
+        return b + 1;
+      },
+  };
+  const std::vector<std::function<at::Tensor(const at::Tensor&)>> refused = {
+      [](const at::Tensor& t) {
+        return t * at::tensor(std::vector<double>{1, 2, 3, 4}).to(t.dtype());
+      },
+      [](const at::Tensor& t) {
+        return t * at::tensor(std::vector<float>{1, 2, 3, 4}).add_(1);
+      },
+  };
+  const at::Tensor x = at::randn({4});
+  for (auto mode : {crucible::tracer::TraceMode::Real, crucible::tracer::TraceMode::Fake}) {
+    for (bool functionalize : {false, true}) {
+      crucible::tracer::TraceOptions o;
+      o.mode = mode;
+      o.functionalize = functionalize;
+      INFO("fake " << (mode == crucible::tracer::TraceMode::Fake) << ", functionalize " << functionalize);
+      for (size_t f = 0; f < traced.size(); ++f) {
+        INFO("function " << f);
+        auto r = make_fx(traced[f], x, o);
+        const at::Tensor y = at::randn({4});
+        at::manual_seed(1);
+        const at::Tensor actual = run_traced(r, {y})[0];
+        at::manual_seed(1);
+        REQUIRE_EQUAL_TENSORS(actual, traced[f](y));
+      }
+      for (const auto& fn : refused) REQUIRE_THROWS_WITH(make_fx(fn, x, o), CRUCIBLE_HAS_SUBSTR("at::tensor"));
+    }
+  }
 }

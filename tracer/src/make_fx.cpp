@@ -6,10 +6,12 @@
 #include <ATen/ATen.h>
 #include <ATen/FunctionalTensorWrapper.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
 #include <torch/library.h>
 
 #include <atomic>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
 namespace crucible::tracer {
@@ -254,7 +256,22 @@ TraceResult trace(const std::vector<TraceInput>& inputs, const TraceHooks& hooks
             c10::DispatchKey::DeferredInit);  // Note [Writes into reached tensors under functionalization]
       }
 
-      outputs = hooks.body(traced);
+      try {
+        outputs = hooks.body(traced);
+      } catch (const c10::Error& e) {
+        // See Note [Memory written outside the dispatcher] in trace_session.cpp.
+        const std::string what = e.what_without_backtrace();
+        if (what.find("data is not allocated yet") == std::string::npos &&
+            what.find("doesn't have storage") == std::string::npos)
+          throw;
+        throw TraceError(
+            "the traced function reached a tensor's memory directly (data_ptr(), an accessor, or at::tensor "
+            "from C++ values, which fills a new tensor through data_ptr()), and tensors traced with "
+            "functionalization or in fake mode have no memory (" +
+            what.substr(0, what.find('\n')) +
+            "); make that tensor outside the traced function (it is then read at every call) or build it with "
+            "torch::tensor, whose writes are traced");
+      }
       for (TraceOutput& g : session.gradients(hooks.parameter_gradients)) outputs.push_back(std::move(g));
 
       result.input_mutations.resize(inputs.size());

@@ -14,6 +14,8 @@
 #include <functional>
 #include <optional>
 #include <sstream>
+#include <string>
+#include <unordered_set>
 #include <utility>
 
 namespace crucible::tracer::detail {
@@ -55,6 +57,17 @@ const char* data_dependent_reason(const c10::OperatorHandle& op) {
                : "reads tensor values into a C++ value (a bool, a number)";
   if (op.hasTag(at::Tag::dynamic_output_shape)) return "returns a tensor whose shape depends on tensor values";
   return nullptr;
+}
+
+// aten::index.Tensor is tagged dynamic_output_shape for its boolean masks
+// (x[mask]); with integer indices (x[idx], an embedding by hand, a gather
+// of rows) its shape follows from the indices' shapes.
+bool has_static_shape(const std::string& op, const torch::jit::Stack& stack, size_t base) {
+  if (op != "aten::index.Tensor") return false;
+  for (const std::optional<at::Tensor>& index : stack[base + 1].toOptionalTensorList().vec())
+    if (index && index->defined() && (index->scalar_type() == at::kBool || index->scalar_type() == at::kByte))
+      return false;
+  return true;
 }
 
 }  // namespace
@@ -398,7 +411,7 @@ void TraceSession::to_constant(const Reached& r, size_t index, std::vector<Input
   if (!r.pristine.defined())
     throw TraceError("the traced function made a tensor " + std::string(c10::toString(v->meta().dtype)) +
                      c10::str(c10::IntArrayRef(v->meta().sizes)) +
-                     " outside the dispatcher (at::from_blob, or at::tensor / torch::tensor from C++ values) "
+                     " outside the dispatcher (at::from_blob) "
                      "that is larger than TraceOptions::max_constant_bytes (" +
                      std::to_string(options_.max_constant_bytes) +
                      ") or a meta tensor, so it cannot become a constant of the graph; make it outside the "
@@ -489,6 +502,19 @@ void TraceSession::run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, to
     op.redispatchBoxed(after, &stack);
     return;
   }
+  // A factory (no tensor argument: at::zeros({n}), torch::arange(t)) given no
+  // device or a real one makes a meta tensor here; Note [Devices in fake
+  // mode] records the device it stands for.
+  const auto& formals = op.schema().arguments();
+  bool factory = true;
+  std::optional<size_t> device;
+  for (size_t a = 0; a < formals.size(); ++a) {
+    const c10::IValue& iv = stack[base + a];
+    factory &= !iv.isTensor() && !iv.isTensorList() && !iv.isOptionalTensorList();
+    if (formals[a].name() == "device" && (iv.isNone() || (iv.isDevice() && iv.toDevice().type() != c10::kMeta)))
+      device = a;
+  }
+  if (factory && device) stack[base + *device] = c10::Device(c10::kMeta);
   run_on_meta(op, after, stack, base);
 }
 
@@ -529,6 +555,58 @@ bool TraceSession::is_shape_check(const torch::jit::Stack& stack, size_t base) {
   return false;
 }
 
+// Note [Memory written outside the dispatcher]
+// at::tensor(values) (and torch::tensor of a std::vector) fills a new
+// aten::empty tensor through data_ptr(), a write no dispatcher key sees: a graph replaying the recorded empty would
+// compute with uninitialized memory. (torch::tensor fills each element
+// with fill_, which is traced.) Under functionalization, or on meta tensors,
+// that tensor has no memory and data_ptr() throws (see trace() in
+// make_fx.cpp); a real-mode trace without functionalization has the memory, so
+// the tracer remembers each empty's storage until a traced op writes it (a
+// fill_, an out= op, a copy_ into it, through any view): an op that reads
+// it before then reads values the graph does not have, and the trace stops
+// with an error instead of recording a wrong graph.
+namespace {
+
+// Whether `op` writes its argument `a` without reading it: an out= argument,
+// or the self of an op that fills it (torch::tensor fills element by element).
+bool overwrites(const c10::OperatorHandle& op, size_t a) {
+  const c10::FunctionSchema& schema = op.schema();
+  if (schema.arguments()[a].is_out()) return true;
+  static const std::unordered_set<std::string> fills = {"aten::fill_",       "aten::zero_",        "aten::copy_",
+                                                        "aten::normal_",     "aten::uniform_",     "aten::random_",
+                                                        "aten::bernoulli_",  "aten::exponential_", "aten::geometric_",
+                                                        "aten::log_normal_", "aten::cauchy_"};
+  return a == 0 && fills.count(schema.name());
+}
+
+}  // namespace
+
+void TraceSession::check_uninitialized_reads(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                                             size_t base) {
+  const auto& formals = op.schema().arguments();
+  for (size_t a = 0; a < formals.size(); ++a) {
+    const c10::IValue& iv = stack[base + a];
+    if (!iv.isTensor() || !iv.toTensor().defined() || !iv.toTensor().has_storage()) continue;
+    auto it = uninitialized_.find(iv.toTensor().storage().unsafeGetStorageImpl());
+    if (it == uninitialized_.end()) continue;
+    if (it->second.storage.expired()) {  // freed; the address is another storage's now
+      uninitialized_.erase(it);
+      continue;
+    }
+    const c10::AliasInfo* alias = formals[a].alias_info();
+    if (alias && alias->isWrite() && overwrites(op, a)) {
+      uninitialized_.erase(it);  // a traced op defines it
+    } else if (!alias || alias->isWrite()) {
+      throw TraceError(ir::operator_name(op) + " reads %" + it->second.node->result()->name() +
+                       ", a tensor made by aten::empty that no traced op has written: its values were written "
+                       "outside the dispatcher (at::tensor from C++ values, a write through data_ptr()) or are "
+                       "uninitialized, and a graph cannot hold them; make the tensor outside the traced function "
+                       "(it is then read at every call) or build it with torch::tensor, whose writes are traced");
+    }  // else a view of it: still unwritten
+  }
+}
+
 // Note [equal of one tensor]
 // LibTorch's multi_head_attention_forward (nn::MultiheadAttention, so every
 // nn::Transformer layer) tells self-attention apart by
@@ -556,7 +634,7 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
     stack.emplace_back(true);
     return;
   }
-  if (i.data_dependent)
+  if (i.data_dependent && !has_static_shape(i.name, stack, base))
     throw TraceError(i.name + " " + i.data_dependent +
                      ": data-dependent control flow and shapes cannot be captured in a graph. Compute the value "
                      "outside the traced function and pass it in, or keep the decision in tensors "
@@ -603,6 +681,7 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
   std::vector<ir::Argument> args;
   args.reserve(nargs);
   for (size_t a = 0; a < nargs; ++a) args.push_back(argument(stack[base + a], schema.arguments()[a], i.name));
+  if (!uninitialized_.empty()) check_uninitialized_reads(op, stack, base);
 
   run(op, ks, stack, base);
   if (options_.mode == TraceMode::Fake) {
@@ -629,6 +708,11 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
     list_size = n;
   }
   ir::Node* node = graph_.add_call(op, std::move(args), list_size);
+  // See Note [Memory written outside the dispatcher].
+  if (options_.mode == TraceMode::Real && !options_.functionalize &&
+      (i.name == "aten::empty.memory_format" || i.name == "aten::empty_strided") && stack[base].isTensor())
+    uninitialized_.insert_or_assign(stack[base].toTensor().storage().unsafeGetStorageImpl(),
+                                    Uninitialized{stack[base].toTensor().storage().getWeakStorageImpl(), node});
   // The autograd engine sets its graph task while it runs backward nodes.
   if (torch::autograd::get_current_graph_task_id() != -1) node->add_tag("backward");
   size_t k = 0;

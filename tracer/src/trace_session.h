@@ -164,6 +164,7 @@ class TraceSession {
   ir::Argument argument(const c10::IValue& iv, const c10::Argument& formal, const std::string& user);
   bool is_shape_check(const torch::jit::Stack& stack, size_t base);
   bool is_equal_of_one_tensor(const torch::jit::Stack& stack, size_t base);
+  void check_uninitialized_reads(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t base);
   void run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack, size_t base);
   // Runs `op` on meta tensors below the tracer's key (`after`), through a
   // meta function or CPU stand-ins where it has no Meta kernel (Note [Fake
@@ -180,6 +181,13 @@ class TraceSession {
   std::vector<Reached> reached_;
   bool restored_ = false;
   std::vector<std::string> stand_ins_;
+  // Storages of aten::empty results no traced op has written yet, with their
+  // node (Note [Memory written outside the dispatcher]).
+  struct Uninitialized {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    ir::Node* node;
+  };
+  std::unordered_map<const c10::StorageImpl*, Uninitialized> uninitialized_;
   // Fake mode: the device a factory op's meta result stands for (the first
   // input not on the CPU, else the CPU). See Note [Devices in fake mode].
   std::optional<c10::Device> default_device_;

@@ -56,11 +56,15 @@ struct NamedTensor {
 // when the function first read it:
 //  * every tensor read from outside when TraceOptions::freeze is set
 //    (freezing: for inference, when those tensors will not change);
-//  * a tensor the function made itself outside the dispatcher (at::tensor
-//    and torch::tensor from C++ values, at::from_blob over a local array):
-//    the tracer cannot see such a tensor being created, so it is lifted
-//    first, and turned into a constant when the trace ends and nothing
-//    outside the function holds it any more (the function's own temporary).
+//  * a tensor the function made itself outside the dispatcher (at::from_blob
+//    over a local array): the tracer cannot see such a tensor being created,
+//    so it is lifted first, and turned into a constant when the trace ends
+//    and nothing outside the function holds it any more (the function's own
+//    temporary).
+// (torch::tensor from an initializer list fills its elements with traced
+// ops; at::tensor, and torch::tensor from a std::vector, copy the values
+// through data_ptr() into a traced aten::empty, which the trace refuses by
+// name: Note [Memory written outside the dispatcher] in trace_session.cpp.)
 // Constants larger than max_constant_bytes raise TraceError: a large tensor
 // made outside the dispatcher, or a frozen weight over the limit.
 
