@@ -472,3 +472,101 @@ TEST_CASE("programs: a Transformer encoder layer with dropout, a KL-divergence l
     train_and_compare([] { return Encoder().ptr(); }, adam(1e-2), loss, batches, 4, b, 2);
   });
 }
+
+namespace {
+
+// ModuleList, Bilinear (no bias: the instance norm after it would take the
+// bias's gradient to rounding noise), InstanceNorm1d, EmbeddingBag.
+struct ModulesNetImpl : torch::nn::Module {
+  ModulesNetImpl()
+      : layers(register_module("layers", torch::nn::ModuleList(torch::nn::Linear(6, 6), torch::nn::Linear(6, 6)))),
+        bil(register_module("bil", torch::nn::Bilinear(torch::nn::BilinearOptions(6, 6, 4).bias(false)))),
+        inorm(register_module("inorm", torch::nn::InstanceNorm1d(torch::nn::InstanceNorm1dOptions(4).affine(true)))),
+        bag(register_module("bag", torch::nn::EmbeddingBag(torch::nn::EmbeddingBagOptions(10, 6).mode(torch::kMean)))) {
+  }
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& tokens) {
+    at::Tensor h = x + bag->forward(tokens);
+    for (const auto& l : *layers) h = at::elu(l->as<torch::nn::Linear>()->forward(h));
+    at::Tensor b = bil->forward(h, x);  // [N, 4]
+    return inorm->forward(b.unsqueeze(0).transpose(1, 2)).transpose(1, 2).squeeze(0);
+  }
+  torch::nn::ModuleList layers;
+  torch::nn::Bilinear bil;
+  torch::nn::InstanceNorm1d inorm;
+  torch::nn::EmbeddingBag bag;
+};
+TORCH_MODULE(ModulesNet);
+}  // namespace
+
+TEST_CASE(
+    "programs: ModuleList, Bilinear, InstanceNorm1d, EmbeddingBag; Huber, soft-label cross-entropy, "
+    "multilabel soft margin and cosine embedding losses",
+    "[pipeline][programs]") {
+  for_each_backend([](const Builder& b) {
+    LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
+      namespace F = torch::nn::functional;
+      at::Tensor out = dynamic_cast<ModulesNetImpl&>(m).forward(batch[0], batch[1]);
+      return F::huber_loss(out, batch[2]) + F::cross_entropy(out, at::softmax(batch[2], 1)) +
+             F::multilabel_soft_margin_loss(out, (batch[2] > 0).to(out.dtype())) +
+             F::cosine_embedding_loss(out, batch[2], at::ones({out.size(0)}, out.options()));
+    };
+    auto batches = [](int64_t i) {
+      at::manual_seed(i);
+      return Batch{at::randn({5, 6}, at::kDouble), at::randint(0, 10, {5, 3}, at::kLong),
+                   at::randn({5, 4}, at::kDouble)};
+    };
+    train_and_compare([] { return ModulesNet().ptr(); }, adam(1e-2), loss, batches, 3, b);
+  });
+}
+
+namespace {
+
+// An Embedding with max_norm (it renormalizes rows of its weight in place in
+// the forward), Unfold and Fold, LocalResponseNorm, a convolution with
+// reflect padding, AlphaDropout, PReLU.
+struct RenormNetImpl : torch::nn::Module {
+  RenormNetImpl()
+      : emb(register_module("emb", torch::nn::Embedding(torch::nn::EmbeddingOptions(10, 4).max_norm(1.0)))),
+        unfold(register_module("unfold", torch::nn::Unfold(torch::nn::UnfoldOptions({2, 2})))),
+        fold(register_module("fold", torch::nn::Fold(torch::nn::FoldOptions({4, 4}, {2, 2})))),
+        lrn(register_module("lrn", torch::nn::LocalResponseNorm(2))),
+        conv(register_module(
+            "conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 2, 3).padding(1).padding_mode(torch::kReflect)))),
+        ad(register_module("ad", torch::nn::AlphaDropout(0.2))),
+        prelu(register_module("prelu", torch::nn::PReLU())) {}
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& tokens) {
+    at::Tensor e = emb->forward(tokens).sum(1);             // [N, 4]
+    at::Tensor img = lrn->forward(conv->forward(x));        // [N, 2, 4, 4]
+    at::Tensor cols = unfold->forward(img);                 // [N, 8, 9]
+    at::Tensor back = fold->forward(cols.narrow(1, 0, 4));  // [N, 1, 4, 4]
+    return prelu->forward(ad->forward(back.flatten(1).narrow(1, 0, 4) + e));
+  }
+  torch::nn::Embedding emb;
+  torch::nn::Unfold unfold;
+  torch::nn::Fold fold;
+  torch::nn::LocalResponseNorm lrn;
+  torch::nn::Conv2d conv;
+  torch::nn::AlphaDropout ad;
+  torch::nn::PReLU prelu;
+};
+TORCH_MODULE(RenormNet);
+}  // namespace
+
+TEST_CASE(
+    "programs: Embedding with max_norm, Unfold and Fold, LocalResponseNorm, reflect padding, AlphaDropout, "
+    "PReLU; Poisson NLL and triplet margin losses",
+    "[pipeline][programs]") {
+  for_each_backend([](const Builder& b) {
+    LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
+      namespace F = torch::nn::functional;
+      at::Tensor out = dynamic_cast<RenormNetImpl&>(m).forward(batch[0], batch[1]);
+      return F::poisson_nll_loss(out, batch[2].abs()) + F::triplet_margin_loss(out, out.flip(0), batch[2]);
+    };
+    auto batches = [](int64_t i) {
+      at::manual_seed(i);
+      return Batch{at::randn({3, 1, 4, 4}, at::kDouble), at::randint(0, 10, {3, 2}, at::kLong),
+                   at::randn({3, 4}, at::kDouble)};
+    };
+    train_and_compare([] { return RenormNet().ptr(); }, sgd(1e-2, 0.5), loss, batches, 3, b);
+  });
+}
