@@ -7,6 +7,10 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <string>
+#include <tuple>
+#include <vector>
+
 namespace crucible::pipeline {
 namespace {
 
@@ -26,38 +30,66 @@ const TorchOptions& shared_options(const torch::optim::Optimizer& optimizer, con
 
 }  // namespace
 
-OptimizerOptions optimizer_options_from(const torch::optim::Optimizer& optimizer) {
+namespace {
+
+// A param group's options, as OptimizerOptions.
+OptimizerOptions convert(const torch::optim::SGDOptions& t) {
   OptimizerOptions o;
-  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) {
-    const auto& t = shared_options<torch::optim::SGDOptions>(optimizer, "SGD");
-    o.kind = OptimizerKind::SGD;
-    o.lr = t.lr();
-    o.momentum = t.momentum();
-    o.dampening = t.dampening();
-    o.nesterov = t.nesterov();
-    o.weight_decay = t.weight_decay();
-  } else if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) {
-    const auto& t = shared_options<torch::optim::AdamOptions>(optimizer, "Adam");
-    o.kind = OptimizerKind::Adam;
-    o.lr = t.lr();
-    std::tie(o.beta1, o.beta2) = t.betas();
-    o.eps = t.eps();
-    o.weight_decay = t.weight_decay();
-    o.amsgrad = t.amsgrad();
-  } else if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) {
-    const auto& t = shared_options<torch::optim::AdamWOptions>(optimizer, "AdamW");
-    o.kind = OptimizerKind::AdamW;
-    o.lr = t.lr();
-    std::tie(o.beta1, o.beta2) = t.betas();
-    o.eps = t.eps();
-    o.weight_decay = t.weight_decay();
-    o.amsgrad = t.amsgrad();
-  } else {
-    throw PipelineError(
-        "optimizer_options_from: only torch::optim::SGD, Adam and AdamW have traceable updates "
-        "(see crucible/pipeline/optim.h); this optimizer is none of them");
-  }
+  o.kind = OptimizerKind::SGD;
+  o.lr = t.lr();
+  o.momentum = t.momentum();
+  o.dampening = t.dampening();
+  o.nesterov = t.nesterov();
+  o.weight_decay = t.weight_decay();
   return o;
+}
+
+template <typename AdamOptions>
+OptimizerOptions convert_adam(const AdamOptions& t, OptimizerKind kind) {
+  OptimizerOptions o;
+  o.kind = kind;
+  o.lr = t.lr();
+  std::tie(o.beta1, o.beta2) = t.betas();
+  o.eps = t.eps();
+  o.weight_decay = t.weight_decay();
+  o.amsgrad = t.amsgrad();
+  return o;
+}
+
+OptimizerOptions convert(const torch::optim::AdamOptions& t) { return convert_adam(t, OptimizerKind::Adam); }
+OptimizerOptions convert(const torch::optim::AdamWOptions& t) { return convert_adam(t, OptimizerKind::AdamW); }
+
+template <typename TorchOptions>
+std::vector<OptimizerOptions> convert_groups(const torch::optim::Optimizer& optimizer, const char* name) {
+  if (optimizer.param_groups().empty())
+    throw PipelineError(std::string("optimizer_group_options: the ") + name + " has no parameter groups");
+  std::vector<OptimizerOptions> out;
+  for (const auto& g : optimizer.param_groups()) out.push_back(convert(static_cast<const TorchOptions&>(g.options())));
+  return out;
+}
+
+}  // namespace
+
+std::vector<OptimizerOptions> optimizer_group_options(const torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<const torch::optim::SGD*>(&optimizer))
+    return convert_groups<torch::optim::SGDOptions>(optimizer, "SGD");
+  if (dynamic_cast<const torch::optim::Adam*>(&optimizer))
+    return convert_groups<torch::optim::AdamOptions>(optimizer, "Adam");
+  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer))
+    return convert_groups<torch::optim::AdamWOptions>(optimizer, "AdamW");
+  throw PipelineError(
+      "optimizer_options_from: only torch::optim::SGD, Adam and AdamW have traceable updates "
+      "(see crucible/pipeline/optim.h); this optimizer is none of them");
+}
+
+OptimizerOptions optimizer_options_from(const torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<const torch::optim::SGD*>(&optimizer))
+    return convert(shared_options<torch::optim::SGDOptions>(optimizer, "SGD"));
+  if (dynamic_cast<const torch::optim::Adam*>(&optimizer))
+    return convert(shared_options<torch::optim::AdamOptions>(optimizer, "Adam"));
+  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer))
+    return convert(shared_options<torch::optim::AdamWOptions>(optimizer, "AdamW"));
+  return optimizer_group_options(optimizer).front();  // throws: not a traceable optimizer
 }
 
 namespace {

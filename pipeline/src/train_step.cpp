@@ -26,53 +26,61 @@ struct LatestGraph {
   std::vector<at::Tensor> lifted_examples;               // the lifted tensors the latest was given (aliases)
 };
 
+// One param group of the optimizer: its options (Note [Train step graph])
+// and its learning rate as the graph reads it.
+struct StepGroup {
+  OptimizerOptions options;
+  size_t num_params = 0;  // its parameters follow the previous groups' in TrainStepState::params
+  at::Tensor lr;          // float64 0-dim, on the CPU unless capturable (lr_tensor)
+  double lr_value = 0;
+};
+
 struct TrainStepState {
   std::shared_ptr<torch::nn::Module> module;
   torch::optim::Optimizer* optimizer = nullptr;
-  OptimizerOptions options;
+  std::vector<StepGroup> groups;
   std::vector<at::Tensor> params;  // the optimizer's parameters, in its order
   OptimizerState optimizer_state;
   std::vector<at::Tensor> flat_state;
-  at::Tensor lr;  // float64 0-dim, on the CPU unless capturable (lr_tensor)
-  double lr_value = 0;
   std::shared_ptr<LatestGraph> latest = std::make_shared<LatestGraph>();
   std::optional<autograd::AotModule> aot;  // the step, compiled by AOTAutograd (Note [Train step graph])
 
-  // The AOT arguments after the module's state: flat state, rate, batch.
+  // The AOT arguments after the module's state: flat state, rates, batch.
   std::vector<at::Tensor> arguments(const std::vector<at::Tensor>& batch) const {
     std::vector<at::Tensor> in = flat_state;
-    in.push_back(lr);
+    for (const StepGroup& g : groups) in.push_back(g.lr);
     in.insert(in.end(), batch.begin(), batch.end());
     return in;
   }
 
   void update_lr() {
-    const auto& groups = optimizer->param_groups();
-    const double lr0 = groups.front().options().get_lr();
-    for (const auto& g : groups)
-      if (g.options().get_lr() != lr0)
-        throw PipelineError("TrainStep: the optimizer's parameter groups have different learning rates (" +
-                            std::to_string(lr0) + " and " + std::to_string(g.options().get_lr()) +
-                            "); a compiled step updates every parameter with one rate: give the groups one rate, "
-                            "or use one optimizer per group");
-    if (lr0 != lr_value) {
-      lr.fill_(lr0);
-      lr_value = lr0;
+    const auto& torch_groups = optimizer->param_groups();
+    if (torch_groups.size() != groups.size())
+      throw PipelineError("TrainStep: the optimizer has " + std::to_string(torch_groups.size()) +
+                          " parameter groups; the step was compiled for " + std::to_string(groups.size()) +
+                          " and updates those only: compile a new step for the new groups");
+    for (size_t i = 0; i < groups.size(); ++i) {
+      const double lr = torch_groups[i].options().get_lr();
+      if (lr != groups[i].lr_value) {
+        groups[i].lr.fill_(lr);
+        groups[i].lr_value = lr;
+      }
     }
   }
 };
 
 // The step as AOTAutograd traces it, over the module and (flat state, rate,
 // batch...): Note [Train step graph].
-tracer::ModuleFn step_function(OptimizerOptions options, std::vector<at::Tensor> params, size_t num_flat,
-                               LossFn loss_fn, GradientHook gradient_hook) {
-  return [options = std::move(options), params = std::move(params), num_flat, loss_fn = std::move(loss_fn),
+tracer::ModuleFn step_function(std::vector<OptimizerOptions> group_options, std::vector<size_t> group_sizes,
+                               std::vector<at::Tensor> params, size_t num_flat, LossFn loss_fn,
+                               GradientHook gradient_hook) {
+  return [group_options = std::move(group_options), group_sizes = std::move(group_sizes), params = std::move(params),
+          num_flat, loss_fn = std::move(loss_fn),
           gradient_hook = std::move(gradient_hook)](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
     // The compiled call runs under no_grad; the step differentiates itself.
     at::AutoGradMode grad_on(true);
-    const std::vector<at::Tensor> flat(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(num_flat));
-    OptimizerState state = OptimizerState::from_flat(options, params.size(), flat);
-    const std::vector<at::Tensor> batch(in.begin() + static_cast<std::ptrdiff_t>(num_flat) + 1, in.end());
+    const size_t num_groups = group_options.size();
+    const std::vector<at::Tensor> batch(in.begin() + static_cast<std::ptrdiff_t>(num_flat + num_groups), in.end());
     at::Tensor loss = loss_fn(m, batch);
     if (!loss.defined() || loss.dim() != 0)
       throw PipelineError("compile_train_step: the loss function must return a 0-dim tensor; it returned " +
@@ -87,7 +95,21 @@ tracer::ModuleFn step_function(OptimizerOptions options, std::vector<at::Tensor>
         throw PipelineError("compile_train_step: the gradient hook returned " + std::to_string(grads.size()) +
                             " gradients for " + std::to_string(n) + " parameters; return one per parameter");
     }
-    optimizer_step(options, params, grads, state, in[num_flat]);
+    // Each group's update with its options, state and rate.
+    size_t first = 0, flat_first = 0;
+    for (size_t g = 0; g < num_groups; ++g) {
+      const size_t n = group_sizes[g];
+      const size_t flat_n = n * OptimizerState::field_names(group_options[g]).size();
+      auto flat_begin = in.begin() + static_cast<std::ptrdiff_t>(flat_first);
+      OptimizerState state = OptimizerState::from_flat(
+          group_options[g], n, std::vector<at::Tensor>(flat_begin, flat_begin + static_cast<std::ptrdiff_t>(flat_n)));
+      const auto at_first = static_cast<std::ptrdiff_t>(first), at_end = static_cast<std::ptrdiff_t>(first + n);
+      optimizer_step(group_options[g], std::vector<at::Tensor>(params.begin() + at_first, params.begin() + at_end),
+                     std::vector<at::Tensor>(grads.begin() + at_first, grads.begin() + at_end), state,
+                     in[num_flat + g]);
+      first += n;
+      flat_first += flat_n;
+    }
     // The gradients stay inside the graph: the parameters end as after zero_grad().
     for (const at::Tensor& p : params) p.mutable_grad().reset();
     return std::vector<at::Tensor>{loss.detach()};
@@ -97,18 +119,21 @@ tracer::ModuleFn step_function(OptimizerOptions options, std::vector<at::Tensor>
 // Names the graph's inputs and output as Note [Train step graph] says
 // (functional_call names its arguments arg0, arg1, ...).
 void name_train_step(ir::Graph& g, size_t num_module_tensors, const std::vector<std::string>& param_names,
-                     const OptimizerOptions& options) {
+                     const std::vector<StepGroup>& groups) {
   const std::vector<ir::Value*> ph = g.placeholders();
-  const std::vector<std::string> per_param = OptimizerState::field_names(options);
   size_t i = num_module_tensors;
   auto mark = [&](const std::string& target) {
     g.signature().inputs.at(i) = ir::InputSpec{ir::InputKind::State, target, std::nullopt};
     g.rename(ph.at(i), g.unique_name(target));
     ++i;
   };
-  for (const std::string& param : param_names)
-    for (const std::string& s : per_param) mark(param + "." + s);
-  mark("lr");
+  size_t param = 0;
+  for (const StepGroup& group : groups) {
+    const std::vector<std::string> per_param = OptimizerState::field_names(group.options);
+    for (size_t p = 0; p < group.num_params; ++p, ++param)
+      for (const std::string& s : per_param) mark(param_names.at(param) + "." + s);
+  }
+  for (size_t k = 0; k < groups.size(); ++k) mark(groups.size() == 1 ? "lr" : "lr." + std::to_string(k));
   for (size_t b = 0; i < ph.size() && g.signature().inputs[i].kind == ir::InputKind::UserInput; ++b, ++i)
     g.rename(ph[i], g.unique_name("batch" + std::to_string(b)));
   g.signature().outputs.at(0) = ir::OutputSpec{ir::OutputKind::Loss, std::nullopt};
@@ -146,7 +171,7 @@ std::vector<at::Tensor> TrainStep::graph_inputs(const std::vector<at::Tensor>& b
   return inputs;
 }
 
-const OptimizerOptions& TrainStep::optimizer_options() const { return state_->options; }
+const OptimizerOptions& TrainStep::optimizer_options() const { return state_->groups.front().options; }
 const OptimizerState& TrainStep::optimizer_state() const { return state_->optimizer_state; }
 
 TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimizer& optimizer,
@@ -154,15 +179,18 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
   if (!module) throw PipelineError("compile_train_step: the module is null");
   if (!loss_fn) throw PipelineError("compile_train_step: the loss function is empty");
   auto s = std::make_shared<detail::TrainStepState>();
-  s->options = optimizer_options_from(optimizer);
-  s->options.capturable = step_options.capturable.value_or(builder.backend_cuda_graphs());
+  const std::vector<OptimizerOptions> group_options = optimizer_group_options(optimizer);
+  const bool capturable = step_options.capturable.value_or(builder.backend_cuda_graphs());
   std::vector<std::string> param_names;
   std::unordered_map<const c10::TensorImpl*, std::string> module_params;
   for (const auto& p : module->named_parameters(/*recurse=*/true))
     module_params.emplace(p.value().unsafeGetTensorImpl(), p.key());
   std::unordered_set<const c10::TensorImpl*> seen;
-  for (const auto& group : optimizer.param_groups())
-    for (const at::Tensor& p : group.params()) {
+  for (size_t gi = 0; gi < group_options.size(); ++gi) {
+    detail::StepGroup group;
+    group.options = group_options[gi];
+    group.options.capturable = capturable;
+    for (const at::Tensor& p : optimizer.param_groups()[gi].params()) {
       auto it = module_params.find(p.unsafeGetTensorImpl());
       if (it == module_params.end())
         throw PipelineError("compile_train_step: the optimizer updates a tensor of sizes " + c10::str(p.sizes()) +
@@ -178,17 +206,29 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
                             "optimizer each parameter once");
       s->params.push_back(p);
       param_names.push_back(it->second);
+      ++group.num_params;
     }
+    const std::vector<at::Tensor> group_params(s->params.end() - static_cast<std::ptrdiff_t>(group.num_params),
+                                               s->params.end());
+    for (ParamState& ps : optimizer_state_from(optimizer, group.options, group_params).params)
+      s->optimizer_state.params.push_back(std::move(ps));
+    // Where the step counts are: Note [Traceable optimizer state].
+    group.lr = lr_tensor(group.options.lr,
+                         capturable && !group_params.empty() ? group_params.front().device() : c10::Device(c10::kCPU));
+    group.lr_value = group.options.lr;
+    s->groups.push_back(std::move(group));
+  }
   if (s->params.empty()) throw PipelineError("compile_train_step: the optimizer has no parameters");
   s->optimizer = &optimizer;
-  s->optimizer_state = optimizer_state_from(optimizer, s->options, s->params);
   s->flat_state = s->optimizer_state.flat();
-  // Where the step counts are: Note [Traceable optimizer state].
-  s->lr = lr_tensor(s->options.lr, s->options.capturable ? s->params.front().device() : c10::Device(c10::kCPU));
-  s->lr_value = s->options.lr;
   // The update rounds as on the parameters' device, also when traced on meta tensors.
-  OptimizerOptions traced_options = s->options;
-  traced_options.device_type = s->params.front().device().type();
+  std::vector<OptimizerOptions> traced_options;
+  std::vector<size_t> group_sizes;
+  for (const detail::StepGroup& g : s->groups) {
+    traced_options.push_back(g.options);
+    traced_options.back().device_type = s->params.front().device().type();
+    group_sizes.push_back(g.num_params);
+  }
 
   // See Note [Train step graph].
   autograd::AotConfig config = builder.aot_config();
@@ -197,13 +237,12 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
   config.inference_graph_name = "train_step";
   const size_t num_module_tensors = autograd::module_state(*module).size();
   config.inference_compiler = [builder, latest = s->latest, num_module_tensors, param_names = std::move(param_names),
-                               options = s->options](const ir::Graph& graph, const std::vector<at::Tensor>& examples) {
+                               groups = s->groups](const ir::Graph& graph, const std::vector<at::Tensor>& examples) {
     auto g = std::make_unique<ir::Graph>(graph.clone());
     // Naming the optimizer state and the batch is the first pass, so that
     // instruments (a dump) see the names.
-    const ir::Pass name_state{"name_state", [&](ir::Graph& step) {
-                                detail::name_train_step(step, num_module_tensors, param_names, options);
-                              }};
+    const ir::Pass name_state{
+        "name_state", [&](ir::Graph& step) { detail::name_train_step(step, num_module_tensors, param_names, groups); }};
     // The step's graph holds forward, backward and update: the joint passes, then the post-grad ones.
     std::vector<ir::Pass> joint = {name_state};
     joint.insert(joint.end(), builder.joint_passes().begin(), builder.joint_passes().end());
@@ -218,10 +257,11 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
     latest->lifted_examples = std::move(lifted);
     return fn;
   };
-  s->aot.emplace(autograd::aot_module(module,
-                                      detail::step_function(traced_options, s->params, s->flat_state.size(),
-                                                            std::move(loss_fn), std::move(step_options.gradient_hook)),
-                                      config));
+  s->aot.emplace(autograd::aot_module(
+      module,
+      detail::step_function(std::move(traced_options), std::move(group_sizes), s->params, s->flat_state.size(),
+                            std::move(loss_fn), std::move(step_options.gradient_hook)),
+      config));
   s->module = std::move(module);
   TrainStep step;
   step.state_ = std::move(s);

@@ -210,6 +210,21 @@ TEST_CASE("optimizer options and state convert both ways", "[pipeline][optim]") 
 
   torch::optim::Adagrad adagrad(ps, torch::optim::AdagradOptions(0.1));
   REQUIRE_THROWS_AS(optimizer_options_from(adagrad), PipelineError);
+  REQUIRE_THROWS_AS(optimizer_group_options(adagrad), PipelineError);
+
+  // Param groups with their own options: one set each, in order;
+  // optimizer_options_from insists on one set.
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<at::Tensor>{ps[0]},
+                      std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(0.1).weight_decay(0.5)));
+  groups.emplace_back(std::vector<at::Tensor>{ps[1]},
+                      std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(0.2).momentum(0.9)));
+  torch::optim::SGD grouped(std::move(groups), torch::optim::SGDOptions(0.1));
+  const std::vector<OptimizerOptions> per_group = optimizer_group_options(grouped);
+  REQUIRE(per_group.size() == 2);
+  REQUIRE((per_group[0].lr == 0.1 && per_group[0].weight_decay == 0.5 && per_group[0].momentum == 0));
+  REQUIRE((per_group[1].lr == 0.2 && per_group[1].weight_decay == 0 && per_group[1].momentum == 0.9));
+  REQUIRE_THROWS_WITH(optimizer_options_from(grouped), CRUCIBLE_HAS_SUBSTR("different options"));
   REQUIRE_THROWS_WITH(sgd_step(w, ps, ps, state, lr_tensor(0.1)), CRUCIBLE_HAS_SUBSTR("AdamW"));
   REQUIRE_THROWS_WITH(adam_step(w, ps, {}, state, lr_tensor(0.1)), CRUCIBLE_HAS_SUBSTR("0 gradients"));
   REQUIRE_THROWS_WITH(adam_step(w, ps, ps, state, at::ones({1})), CRUCIBLE_HAS_SUBSTR("0-dim float64"));

@@ -62,9 +62,12 @@ void require_same_state(const torch::nn::Module& compiled, const torch::nn::Modu
 
 // Trains a compiled and an eager copy of make()'s module `steps` steps; the
 // parameters must move (agreement of two untouched copies proves nothing).
-// `compilations`: how many distinct batch shapes `batches` gives.
+// `compilations`: how many distinct batch shapes `batches` gives;
+// `schedule`, where set, changes each optimizer before each step (a
+// learning-rate scheduler).
 void train_and_compare(const MakeModule& make, const MakeOptimizer& make_opt, const LossFn& loss_fn,
-                       const BatchFn& batches, int64_t steps, const Builder& builder, size_t compilations = 1) {
+                       const BatchFn& batches, int64_t steps, const Builder& builder, size_t compilations = 1,
+                       const std::function<void(int64_t step, torch::optim::Optimizer&)>& schedule = {}) {
   torch::manual_seed(0);
   std::shared_ptr<torch::nn::Module> compiled = make(), eager = make();
   compiled->to(at::kDouble);
@@ -76,6 +79,10 @@ void train_and_compare(const MakeModule& make, const MakeOptimizer& make_opt, co
   TrainStep step = builder.compile_train_step(compiled, *compiled_opt, loss_fn);
   for (int64_t i = 0; i < steps; ++i) {
     const Batch b = batches(i);
+    if (schedule) {
+      schedule(i, *compiled_opt);
+      schedule(i, *eager_opt);
+    }
     // The same random draws on both sides: the compiled step replays the
     // generator's stream as eager draws it (Philox offsets in the graph).
     torch::manual_seed(100 + i);
@@ -568,5 +575,35 @@ TEST_CASE(
                    at::randn({3, 4}, at::kDouble)};
     };
     train_and_compare([] { return RenormNet().ptr(); }, sgd(1e-2, 0.5), loss, batches, 3, b);
+  });
+}
+
+TEST_CASE(
+    "programs: AdamW with param groups (no weight decay for biases and norms, a rate per group) and a "
+    "scheduler that changes one group's rate",
+    "[pipeline][programs]") {
+  // As GPT training scripts set AdamW up.
+  MakeOptimizer grouped = [](torch::nn::Module& m) {
+    std::vector<at::Tensor> decay, no_decay;
+    for (const auto& p : m.named_parameters()) (p.value().dim() >= 2 ? decay : no_decay).push_back(p.value());
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(
+        decay, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(1e-2).weight_decay(0.1)));
+    groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
+                                      torch::optim::AdamWOptions(3e-2).weight_decay(0).amsgrad(true)));
+    return std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(1e-2));
+  };
+  auto halve_second = [](int64_t step, torch::optim::Optimizer& opt) {
+    if (step == 2) opt.param_groups()[1].options().set_lr(opt.param_groups()[1].options().get_lr() / 2);
+  };
+  for_each_backend([&](const Builder& b) {
+    LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
+      return torch::nn::functional::cross_entropy(dynamic_cast<BagOfTokensImpl&>(m).forward(batch[0]), batch[1]);
+    };
+    auto batches = [](int64_t i) {
+      at::manual_seed(i);
+      return Batch{at::randint(0, 20, {5, 6}, at::kLong), at::randint(0, 4, {5}, at::kLong)};
+    };
+    train_and_compare([] { return BagOfTokens().ptr(); }, grouped, loss, batches, 5, b, 1, halve_second);
   });
 }

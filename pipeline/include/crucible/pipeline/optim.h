@@ -157,6 +157,12 @@ void optimizer_step(const OptimizerOptions& options, at::TensorList params, at::
 /// groups with different options.
 OptimizerOptions optimizer_options_from(const torch::optim::Optimizer& optimizer);
 
+/// The options of each param group of a torch::optim::SGD, Adam or AdamW, in
+/// the optimizer's order; groups may differ in any option (a learning rate
+/// per group, no weight decay for biases and norms). Throws PipelineError for
+/// other optimizers or an optimizer with no param groups.
+std::vector<OptimizerOptions> optimizer_group_options(const torch::optim::Optimizer& optimizer);
+
 /// The state `optimizer` (a torch::optim::SGD, Adam or AdamW described by
 /// `options`) holds for `params`, copied into an OptimizerState, so a
 /// compiled step resumes where eager steps (or a loaded checkpoint) left off.

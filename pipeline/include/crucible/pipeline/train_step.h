@@ -42,7 +42,8 @@ class Builder;
 // OptimizerState::flat() order (State, targets "<param>.step",
 // "<param>.exp_avg", ...); the learning rate (State, "lr": a float64 0-dim
 // tensor, filled from the optimizer's options at every call, so schedulers
-// that set the rate on the torch::optim optimizer work); the batch
+// that set the rate on the torch::optim optimizer work; one per param group,
+// "lr.0", "lr.1", ..., when the optimizer has several); the batch
 // (UserInput); then the tensors the loss reads from outside the module
 // (Lifted; Note [Lifted tensors] in tracer/make_fx.h), read at every call.
 // The step count is part of the flat state, so nothing that changes from
@@ -59,8 +60,10 @@ class Builder;
 // module's own parameters. Their gradients live inside the graph: the
 // module's .grad fields end as after zero_grad(), and each step starts from
 // no gradient, as the eager step `zero_grad(); loss.backward(); step();
-// zero_grad()` would. Options of the optimizer other than the learning rate
-// are read once, when the step is created. A step compiles again for inputs
+// zero_grad()` would. Each param group is updated with its own options
+// (optimizer_group_options: a rate per group, no weight decay for biases);
+// options other than the learning rate are read once, when the step is
+// created. A step compiles again for inputs
 // of other sizes, dtypes, devices or aliasing, when any submodule's
 // train()/eval() mode changed, or when a lifted tensor was freed (its
 // variable now holds another tensor).
@@ -104,8 +107,9 @@ class TrainStep {
   /// the gradients of lifted tensors to their .grad.
   /// Compiles first when this batch's metadata (sizes, strides, dtype,
   /// device of every input, and the module's train/eval mode) has not been
-  /// seen. Throws PipelineError when the optimizer's param groups have come to
-  /// differ in learning rate; tracing and backend errors propagate.
+  /// seen. Throws PipelineError when the optimizer's count of param groups
+  /// has changed since compile_train_step; tracing and backend errors
+  /// propagate.
   at::Tensor operator()(const std::vector<at::Tensor>& batch) const;
   /// Compiles for `batch`'s metadata without running a step (a no-op when it
   /// is compiled already). The traces run the step on copies: neither the
@@ -132,11 +136,13 @@ class TrainStep {
   /// graph() with another backend and run it); running it updates the
   /// module and the optimizer state through them. Throws nothing.
   std::vector<at::Tensor> graph_inputs(const std::vector<at::Tensor>& batch) const;
-  /// The optimizer's options as compile_train_step read them; their lr is
-  /// the rate then (each call reads the optimizer's current rate).
+  /// The options of the optimizer's first param group as compile_train_step
+  /// read them; their lr is the rate then (each call reads the optimizer's
+  /// current rates).
   const OptimizerOptions& optimizer_options() const;
-  /// The optimizer state the graph updates. The torch::optim optimizer's own
-  /// state is not updated by compiled steps.
+  /// The optimizer state the graph updates, one ParamState per parameter in
+  /// the optimizer's order (its groups' parameters one after the other). The
+  /// torch::optim optimizer's own state is not updated by compiled steps.
   const OptimizerState& optimizer_state() const;
 
  private:
@@ -148,14 +154,14 @@ class TrainStep {
 /// Compiles `loss_fn` over `module` followed by `optimizer`'s update as one
 /// graph with `builder`'s stages (Note [Train step graph]); compilation
 /// happens at the first call or TrainStep::compile. `optimizer` must be a
-/// torch::optim::SGD, Adam or AdamW (optimizer_options_from) over parameters
+/// torch::optim::SGD, Adam or AdamW (optimizer_group_options) over parameters
 /// of `module`, and must outlive the TrainStep (the learning rate is read from
 /// it at every call). Its state, where it has some (it has stepped before), is
 /// copied as the starting state (optimizer_state_from); otherwise the state
 /// starts fresh (init_optimizer_state).
 /// Compiles nothing itself; throws PipelineError when `module` is null,
 /// `loss_fn` is empty, the optimizer is not SGD, Adam or AdamW, has no
-/// param groups or groups with different options, updates a tensor that is
+/// param groups, updates a tensor that is
 /// not one of the module's parameters or lists one more than once (eager
 /// would update it once per listing), has no parameters, or holds state
 /// whose sizes differ from its parameter's. Compile errors come at the first
