@@ -5,7 +5,9 @@
 // trained through compile_train_step (the interpreter, and inductor with the
 // core decompositions) and, from the same initial state, by the eager loop
 // `zero_grad(); loss_fn(...).backward(); step()`; losses, parameters and
-// buffers must agree at every step.
+// buffers must agree at every step. Several also go through
+// inductor::compile_fx (the AOT split) in train and eval mode.
+#include <crucible/inductor/compile_fx_aot.h>
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/train_step.h>
 #include <crucible/tracer/decomposition.h>
@@ -606,4 +608,93 @@ TEST_CASE(
     };
     train_and_compare([] { return BagOfTokens().ptr(); }, grouped, loss, batches, 5, b, 1, halve_second);
   });
+}
+
+// The same modules through inductor::compile_fx: the AOT path (joint graph,
+// min-cut partition, a forward and a backward graph) rather than the train
+// step's one graph. In train mode the loss and every parameter's gradient,
+// in eval mode (no grad: the inference path, BatchNorm's running statistics,
+// dropout off) the output, equal eager's in float64.
+TEST_CASE("programs: LSTM, generator, Transformer encoder, text CNN and in-place modules through compile_fx",
+          "[pipeline][programs]") {
+  struct Case {
+    std::string name;
+    MakeModule make;
+    std::function<at::Tensor(torch::nn::Module&, const std::vector<at::Tensor>&)> fn;
+    std::vector<at::Tensor> inputs;
+  };
+  at::manual_seed(5);
+  std::vector<Case> cases = {
+      {"lstm",
+       [] { return LstmClassifier().ptr(); },
+       [](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+         return dynamic_cast<LstmClassifierImpl&>(m).forward(in[0]).pow(2).sum();
+       },
+       {at::randn({4, 7, 5}, at::kDouble)}},
+      {"gen",
+       [] { return Generator().ptr(); },
+       [](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+         return dynamic_cast<GeneratorImpl&>(m).forward(in[0]).pow(2).sum();
+       },
+       {at::randn({3, 4, 4, 4}, at::kDouble)}},
+      {"encoder",
+       [] { return Encoder().ptr(); },
+       [](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+         return dynamic_cast<EncoderImpl&>(m).forward(in[0]).pow(2).sum();
+       },
+       {at::randn({5, 4, 8}, at::kDouble)}},
+      {"textcnn",
+       [] { return TextCnn().ptr(); },
+       [](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+         return dynamic_cast<TextCnnImpl&>(m).forward(in[0]).pow(2).sum();
+       },
+       {at::randint(0, 16, {6, 10}, at::kLong)}},
+      {"ops",
+       [] { return OpsNet().ptr(); },
+       [](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+         return dynamic_cast<OpsNetImpl&>(m).forward(in[0]).pow(2).sum();
+       },
+       {at::randn({4, 2, 8, 8}, at::kDouble)}},
+      {"inplace",
+       [] { return InPlaceNet().ptr(); },
+       [](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+         return dynamic_cast<InPlaceNetImpl&>(m).forward(in[0]).pow(2).sum();
+       },
+       {at::randn({6, 10}, at::kDouble)}},
+  };
+  for (auto& c : cases) {
+    for (bool train : {true, false}) {
+      torch::manual_seed(0);
+      auto a = c.make(), e = c.make();
+      a->to(at::kDouble);
+      e->to(at::kDouble);
+      copy_all(*a, *e);
+      a->train(train);
+      e->train(train);
+      INFO(c.name << (train ? " in train mode" : " in eval mode"));
+      at::Tensor lc, le;
+      {
+        std::optional<torch::NoGradGuard> no_grad;
+        if (!train) no_grad.emplace();
+        auto fn = c.fn;
+        crucible::tracer::ModuleFn mfn = [fn](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+          return std::vector<at::Tensor>{fn(m, in)};
+        };
+        auto compiled = crucible::inductor::compile_fx(a, mfn, c.inputs);
+        torch::manual_seed(9);  // the same dropout masks
+        lc = compiled(c.inputs)[0];
+        torch::manual_seed(9);
+        le = c.fn(*e, c.inputs);
+      }
+      REQUIRE_CLOSE(lc.detach(), le.detach(), kRtol, kAtol);
+      if (!train) continue;
+      lc.backward();
+      le.backward();
+      auto pe = e->named_parameters();
+      for (auto& p : a->named_parameters()) {
+        INFO("gradient of " << p.key());
+        REQUIRE_CLOSE(p.value().grad(), pe[p.key()].grad(), kRtol, kAtol);
+      }
+    }
+  }
 }
