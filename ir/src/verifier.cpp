@@ -120,13 +120,18 @@ void check_signature(const Graph& g, size_t num_placeholders, size_t num_outputs
     if (auto d = sig.inputs[i].duplicate_of; d && *d >= i)
       throw IrError("verify: input " + std::to_string(i) + " is marked duplicate_of " + std::to_string(*d) +
                     ", which is not an earlier placeholder");
+  // A backward graph (its inputs all saved values and tangents) names in a
+  // Gradient output the primal's index in the forward graph (OutputSpec).
+  const bool backward = std::all_of(sig.inputs.begin(), sig.inputs.end(), [](const InputSpec& in) {
+    return in.kind == InputKind::SavedValue || in.kind == InputKind::Tangent;
+  });
   for (size_t i = 0; i < sig.outputs.size(); ++i) {
     const OutputSpec& o = sig.outputs[i];
     const bool needs_input = o.kind == OutputKind::Gradient || o.kind == OutputKind::MutatedInput ||
                              o.kind == OutputKind::MutatedInputMetadata;
     const std::string what = "verify: output " + std::to_string(i) + " (" + std::string(to_string(o.kind)) + ")";
     if (needs_input && !o.input_index) throw IrError(what + " has no input_index; say which placeholder it belongs to");
-    if (o.input_index && *o.input_index >= num_placeholders)
+    if (o.input_index && *o.input_index >= num_placeholders && !(backward && o.kind == OutputKind::Gradient))
       throw IrError(what + " refers to input " + std::to_string(*o.input_index) + ", but the graph has " +
                     std::to_string(num_placeholders) + " placeholders");
   }

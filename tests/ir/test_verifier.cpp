@@ -166,6 +166,17 @@ TEST_CASE("verify: output node and signature", "[ir][verifier]") {
     s.g.signature().outputs[0] = OutputSpec{OutputKind::MutatedInput, std::nullopt};
     REQUIRE_THROWS_WITH(verify(s.g), CRUCIBLE_HAS_SUBSTR("output 0 (mutated_input) has no input_index"));
   }
+  SECTION("a backward graph's gradients name the forward's inputs") {
+    // Its placeholders a saved value and a tangent; the gradient is of the
+    // forward's input 5.
+    Small s;
+    s.g.signature().inputs[0] = InputSpec{InputKind::SavedValue, "x", std::nullopt};
+    s.g.signature().inputs[1] = InputSpec{InputKind::Tangent, "", std::nullopt};
+    s.g.signature().outputs[0] = OutputSpec{OutputKind::Gradient, 5};
+    verify(s.g);
+    s.g.signature().outputs[0] = OutputSpec{OutputKind::MutatedInput, 5};
+    REQUIRE_THROWS_WITH(verify(s.g), CRUCIBLE_HAS_SUBSTR("refers to input 5"));
+  }
   SECTION("duplicate_of must name an earlier placeholder") {
     Small s;
     s.g.signature().inputs[0].duplicate_of = 1;

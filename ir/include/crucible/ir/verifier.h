@@ -25,7 +25,8 @@ namespace crucible::ir {
 ///    not to compute, e.g. by convolution_backward's output_mask, which the
 ///    tracer leaves without metadata and the text form prints as `Tensor`);
 ///  * signature: one InputSpec per placeholder and one OutputSpec per output;
-///    input_index present for gradients and mutated inputs and in range;
+///    input_index present for gradients and mutated inputs and in range
+///    (a backward graph's gradients name the forward's inputs: OutputSpec);
 ///    duplicate_of names an earlier placeholder;
 ///  * names: Value names are unique and Graph::find_value finds each Value.
 void verify(const Graph& graph);
