@@ -13,6 +13,7 @@
 #include <crucible/tracer/decomposition.h>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/nn.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -361,6 +362,23 @@ TEST_CASE("programs: a submodule registered twice trains once its parameters are
     REQUIRE_THROWS_WITH(compile_train_step(m, opt, loss),
                         CRUCIBLE_HAS_SUBSTR("'first.weight'") && CRUCIBLE_HAS_SUBSTR("more than once"));
   }
+  SECTION("through compile_fx: one gradient for the tensor both names hold") {
+    torch::manual_seed(0);
+    auto a = Twice().ptr(), e = Twice().ptr();
+    a->to(at::kDouble);
+    e->to(at::kDouble);
+    copy_all(*a, *e);
+    crucible::tracer::ModuleFn fn = [loss](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+      return std::vector<at::Tensor>{loss(m, in)};
+    };
+    const at::Tensor x = f64_randn({6, 6}, 3);
+    const at::Tensor lc = crucible::inductor::compile_fx(a, fn, {x})({x})[0], le = fn(*e, {x})[0];
+    lc.backward();
+    le.backward();
+    REQUIRE_CLOSE(lc, le, kRtol, kAtol);
+    REQUIRE_CLOSE(dynamic_cast<TwiceImpl&>(*a).shared->weight.grad(),
+                  dynamic_cast<TwiceImpl&>(*e).shared->weight.grad(), kRtol, kAtol);
+  }
   SECTION("listed once") {
     MakeOptimizer distinct = [](torch::nn::Module& m) {
       return std::make_unique<torch::optim::Adam>(dynamic_cast<TwiceImpl&>(m).shared->parameters(), 1e-2);
@@ -697,4 +715,49 @@ TEST_CASE("programs: LSTM, generator, Transformer encoder, text CNN and in-place
       }
     }
   }
+}
+
+TEST_CASE("programs: a gradient penalty (torch::autograd::grad with create_graph) inside the step",
+          "[pipeline][programs]") {
+  // WGAN-GP's critic loss: the step differentiates a gradient.
+  for_each_backend([](const Builder& b) {
+    LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
+      auto& critic = dynamic_cast<torch::nn::SequentialImpl&>(m);
+      const at::Tensor x = batch[0].detach().requires_grad_(true);
+      const at::Tensor score = critic.forward(x).sum();
+      const at::Tensor g = torch::autograd::grad({score}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+      return score / 10 + (g.norm(2, 1) - 1).pow(2).mean();
+    };
+    auto make = [] {
+      return torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::Tanh(), torch::nn::Linear(8, 1)).ptr();
+    };
+    train_and_compare(
+        make, adam(1e-2), loss,
+        [](int64_t i) {
+          return Batch{f64_randn({5, 4}, i)};
+        },
+        3, b);
+  });
+}
+
+TEST_CASE("programs: an optimizer over the head only, the backbone requiring grad but not optimized",
+          "[pipeline][programs]") {
+  for_each_backend([](const Builder& b) {
+    LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
+      return dynamic_cast<torch::nn::SequentialImpl&>(m).forward(batch[0]).pow(2).mean();
+    };
+    auto make = [] {
+      return torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2)).ptr();
+    };
+    MakeOptimizer head = [](torch::nn::Module& m) {
+      return std::make_unique<torch::optim::SGD>(dynamic_cast<torch::nn::SequentialImpl&>(m)[2]->parameters(),
+                                                 torch::optim::SGDOptions(0.1));
+    };
+    train_and_compare(
+        make, head, loss,
+        [](int64_t i) {
+          return Batch{f64_randn({5, 4}, i)};
+        },
+        3, b);
+  });
 }
