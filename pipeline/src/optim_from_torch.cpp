@@ -14,24 +14,6 @@
 namespace crucible::pipeline {
 namespace {
 
-template <typename TorchOptions>
-const TorchOptions& shared_options(const torch::optim::Optimizer& optimizer, const char* name) {
-  const auto& groups = optimizer.param_groups();
-  if (groups.empty())
-    throw PipelineError(std::string("optimizer_options_from: the ") + name + " has no parameter groups");
-  const auto& first = static_cast<const TorchOptions&>(groups.front().options());
-  for (const auto& g : groups)
-    if (!(static_cast<const TorchOptions&>(g.options()) == first))
-      throw PipelineError(std::string("optimizer_options_from: the ") + name +
-                          "'s parameter groups have different options; a traceable step supports one set "
-                          "(use one group, or one optimizer per group)");
-  return first;
-}
-
-}  // namespace
-
-namespace {
-
 // A param group's options, as OptimizerOptions.
 OptimizerOptions convert(const torch::optim::SGDOptions& t) {
   OptimizerOptions o;
@@ -61,8 +43,7 @@ OptimizerOptions convert(const torch::optim::AdamWOptions& t) { return convert_a
 
 template <typename TorchOptions>
 std::vector<OptimizerOptions> convert_groups(const torch::optim::Optimizer& optimizer, const char* name) {
-  if (optimizer.param_groups().empty())
-    throw PipelineError(std::string("optimizer_group_options: the ") + name + " has no parameter groups");
+  if (optimizer.param_groups().empty()) throw PipelineError(std::string("the ") + name + " has no parameter groups");
   std::vector<OptimizerOptions> out;
   for (const auto& g : optimizer.param_groups()) out.push_back(convert(static_cast<const TorchOptions&>(g.options())));
   return out;
@@ -78,18 +59,18 @@ std::vector<OptimizerOptions> optimizer_group_options(const torch::optim::Optimi
   if (dynamic_cast<const torch::optim::AdamW*>(&optimizer))
     return convert_groups<torch::optim::AdamWOptions>(optimizer, "AdamW");
   throw PipelineError(
-      "optimizer_options_from: only torch::optim::SGD, Adam and AdamW have traceable updates "
-      "(see crucible/pipeline/optim.h); this optimizer is none of them");
+      "only torch::optim::SGD, Adam and AdamW have traceable updates (see crucible/pipeline/optim.h); this "
+      "optimizer is none of them");
 }
 
 OptimizerOptions optimizer_options_from(const torch::optim::Optimizer& optimizer) {
-  if (dynamic_cast<const torch::optim::SGD*>(&optimizer))
-    return convert(shared_options<torch::optim::SGDOptions>(optimizer, "SGD"));
-  if (dynamic_cast<const torch::optim::Adam*>(&optimizer))
-    return convert(shared_options<torch::optim::AdamOptions>(optimizer, "Adam"));
-  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer))
-    return convert(shared_options<torch::optim::AdamWOptions>(optimizer, "AdamW"));
-  return optimizer_group_options(optimizer).front();  // throws: not a traceable optimizer
+  const std::vector<OptimizerOptions> groups = optimizer_group_options(optimizer);
+  for (const OptimizerOptions& g : groups)
+    if (!(g == groups.front()))
+      throw PipelineError(
+          "optimizer_options_from: the optimizer's parameter groups have different options; one set was asked "
+          "for (optimizer_group_options gives each group's)");
+  return groups.front();
 }
 
 namespace {

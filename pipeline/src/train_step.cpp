@@ -71,16 +71,15 @@ struct TrainStepState {
 
 // The step as AOTAutograd traces it, over the module and (flat state, rate,
 // batch...): Note [Train step graph].
-tracer::ModuleFn step_function(std::vector<OptimizerOptions> group_options, std::vector<size_t> group_sizes,
-                               std::vector<at::Tensor> params, size_t num_flat, LossFn loss_fn,
-                               GradientHook gradient_hook) {
-  return [group_options = std::move(group_options), group_sizes = std::move(group_sizes), params = std::move(params),
-          num_flat, loss_fn = std::move(loss_fn),
+// `groups` gives each group's options and parameter count (their rates are
+// inputs).
+tracer::ModuleFn step_function(std::vector<StepGroup> groups, std::vector<at::Tensor> params, size_t num_flat,
+                               LossFn loss_fn, GradientHook gradient_hook) {
+  return [groups = std::move(groups), params = std::move(params), num_flat, loss_fn = std::move(loss_fn),
           gradient_hook = std::move(gradient_hook)](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
     // The compiled call runs under no_grad; the step differentiates itself.
     at::AutoGradMode grad_on(true);
-    const size_t num_groups = group_options.size();
-    const std::vector<at::Tensor> batch(in.begin() + static_cast<std::ptrdiff_t>(num_flat + num_groups), in.end());
+    const std::vector<at::Tensor> batch(in.begin() + static_cast<std::ptrdiff_t>(num_flat + groups.size()), in.end());
     at::Tensor loss = loss_fn(m, batch);
     if (!loss.defined() || loss.dim() != 0)
       throw PipelineError("compile_train_step: the loss function must return a 0-dim tensor; it returned " +
@@ -97,14 +96,15 @@ tracer::ModuleFn step_function(std::vector<OptimizerOptions> group_options, std:
     }
     // Each group's update with its options, state and rate.
     size_t first = 0, flat_first = 0;
-    for (size_t g = 0; g < num_groups; ++g) {
-      const size_t n = group_sizes[g];
-      const size_t flat_n = n * OptimizerState::field_names(group_options[g]).size();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const OptimizerOptions& options = groups[g].options;
+      const size_t n = groups[g].num_params;
+      const size_t flat_n = n * OptimizerState::field_names(options).size();
       auto flat_begin = in.begin() + static_cast<std::ptrdiff_t>(flat_first);
       OptimizerState state = OptimizerState::from_flat(
-          group_options[g], n, std::vector<at::Tensor>(flat_begin, flat_begin + static_cast<std::ptrdiff_t>(flat_n)));
+          options, n, std::vector<at::Tensor>(flat_begin, flat_begin + static_cast<std::ptrdiff_t>(flat_n)));
       const auto at_first = static_cast<std::ptrdiff_t>(first), at_end = static_cast<std::ptrdiff_t>(first + n);
-      optimizer_step(group_options[g], std::vector<at::Tensor>(params.begin() + at_first, params.begin() + at_end),
+      optimizer_step(options, std::vector<at::Tensor>(params.begin() + at_first, params.begin() + at_end),
                      std::vector<at::Tensor>(grads.begin() + at_first, grads.begin() + at_end), state,
                      in[num_flat + g]);
       first += n;
@@ -222,12 +222,10 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
   s->optimizer = &optimizer;
   s->flat_state = s->optimizer_state.flat();
   // The update rounds as on the parameters' device, also when traced on meta tensors.
-  std::vector<OptimizerOptions> traced_options;
-  std::vector<size_t> group_sizes;
-  for (const detail::StepGroup& g : s->groups) {
-    traced_options.push_back(g.options);
-    traced_options.back().device_type = s->params.front().device().type();
-    group_sizes.push_back(g.num_params);
+  std::vector<detail::StepGroup> traced_groups = s->groups;
+  for (detail::StepGroup& g : traced_groups) {
+    g.options.device_type = s->params.front().device().type();
+    g.lr = at::Tensor();  // the traced step reads its rates from its inputs
   }
 
   // See Note [Train step graph].
@@ -257,11 +255,10 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
     latest->lifted_examples = std::move(lifted);
     return fn;
   };
-  s->aot.emplace(autograd::aot_module(
-      module,
-      detail::step_function(std::move(traced_options), std::move(group_sizes), s->params, s->flat_state.size(),
-                            std::move(loss_fn), std::move(step_options.gradient_hook)),
-      config));
+  s->aot.emplace(autograd::aot_module(module,
+                                      detail::step_function(std::move(traced_groups), s->params, s->flat_state.size(),
+                                                            std::move(loss_fn), std::move(step_options.gradient_hook)),
+                                      config));
   s->module = std::move(module);
   TrainStep step;
   step.state_ = std::move(s);

@@ -557,15 +557,16 @@ bool TraceSession::is_shape_check(const torch::jit::Stack& stack, size_t base) {
 
 // Note [Memory written outside the dispatcher]
 // at::tensor(values) (and torch::tensor of a std::vector) fills a new
-// aten::empty tensor through data_ptr(), a write no dispatcher key sees: a graph replaying the recorded empty would
-// compute with uninitialized memory. (torch::tensor fills each element
-// with fill_, which is traced.) Under functionalization, or on meta tensors,
-// that tensor has no memory and data_ptr() throws (see trace() in
-// make_fx.cpp); a real-mode trace without functionalization has the memory, so
-// the tracer remembers each empty's storage until a traced op writes it (a
-// fill_, an out= op, a copy_ into it, through any view): an op that reads
-// it before then reads values the graph does not have, and the trace stops
-// with an error instead of recording a wrong graph.
+// aten::empty tensor through data_ptr(), a write no dispatcher key sees: a
+// graph replaying the recorded empty would compute with uninitialized
+// memory. (torch::tensor of an initializer list fills each element with
+// fill_, which is traced.) Under functionalization, or on meta tensors, that
+// tensor has no memory and data_ptr() throws (see trace() in make_fx.cpp); a
+// real-mode trace without functionalization has the memory, so the tracer
+// remembers each empty's storage until a traced op writes it (a fill_, an
+// out= op, a copy_ into it, through any view): an op that reads it before
+// then reads values the graph does not have, and the trace stops with an
+// error instead of recording a wrong graph.
 namespace {
 
 // Whether `op` writes its argument `a` without reading it: an out= argument,

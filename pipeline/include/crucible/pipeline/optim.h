@@ -79,6 +79,8 @@ struct OptimizerOptions {
   /// [Traceable optimizer state]). Off: both on the CPU, bitwise as
   /// torch::optim.
   bool capturable = false;
+
+  bool operator==(const OptimizerOptions&) const = default;
 };
 
 /// One parameter's optimizer state; a tensor is defined only where the
