@@ -2,8 +2,9 @@
 // torch::nn containers and layers the zoo does not use, in-place ops in the
 // forward, buffers a module updates itself, tensors the loss reads from
 // outside the module, frozen and shared parameters, random draws. Each is
-// trained through compile_train_step (the interpreter, and inductor with the
-// core decompositions) and, from the same initial state, by the eager loop
+// trained through compile_train_step (the interpreter, inductor with the
+// core decompositions, and the interpreter over a graph traced in fake mode,
+// on meta tensors) and, from the same initial state, by the eager loop
 // `zero_grad(); loss_fn(...).backward(); step()`; losses, parameters and
 // buffers must agree at every step. Several also go through
 // inductor::compile_fx (the AOT split) in train and eval mode.
@@ -113,6 +114,9 @@ std::vector<std::pair<std::string, Builder>> builders() {
   out.emplace_back(
       "inductor",
       std::move(Builder().decompositions(crucible::tracer::core_aten_decompositions()).backend("inductor")));
+  crucible::tracer::TraceOptions fake;
+  fake.mode = crucible::tracer::TraceMode::Fake;
+  out.emplace_back("fake", std::move(Builder().trace_options(fake)));
   return out;
 }
 
@@ -759,5 +763,44 @@ TEST_CASE("programs: an optimizer over the head only, the backbone requiring gra
           return Batch{f64_randn({5, 4}, i)};
         },
         3, b);
+  });
+}
+
+namespace {
+
+// Attention through at::scaled_dot_product_attention, as nanoGPT and most
+// LibTorch transformers write it now: causal in the first block, a boolean
+// padding mask in the second.
+struct SdpaNetImpl : torch::nn::Module {
+  SdpaNetImpl()
+      : qkv(register_module("qkv", torch::nn::Linear(8, 24))), proj(register_module("proj", torch::nn::Linear(8, 8))) {}
+  at::Tensor attend(const at::Tensor& x, const std::optional<at::Tensor>& mask, bool causal) {
+    const int64_t n = x.size(0), t = x.size(1);
+    auto parts = qkv->forward(x).view({n, t, 3, 2, 4}).permute({2, 0, 3, 1, 4}).unbind(0);  // 3 x [N, 2, T, 4]
+    at::Tensor y = at::scaled_dot_product_attention(parts[0], parts[1], parts[2], mask, 0.0, causal);
+    return proj->forward(y.transpose(1, 2).reshape({n, t, 8}));
+  }
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& keep) {
+    at::Tensor h = x + attend(x, std::nullopt, /*causal=*/true);
+    return h + attend(h, keep.view({keep.size(0), 1, 1, keep.size(1)}), /*causal=*/false);
+  }
+  torch::nn::Linear qkv, proj;
+};
+TORCH_MODULE(SdpaNet);
+
+}  // namespace
+
+TEST_CASE("programs: attention through scaled_dot_product_attention, causal and with a padding mask",
+          "[pipeline][programs]") {
+  for_each_backend([](const Builder& b) {
+    LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
+      return dynamic_cast<SdpaNetImpl&>(m).forward(batch[0], batch[1]).pow(2).mean();
+    };
+    auto batches = [](int64_t i) {
+      at::Tensor keep = at::ones({3, 5}, at::kBool);
+      keep.index_put_({1, at::indexing::Slice(3)}, false);  // the second sequence is 3 long
+      return Batch{f64_randn({3, 5, 8}, i), keep};
+    };
+    train_and_compare([] { return SdpaNet().ptr(); }, adam(1e-2), loss, batches, 3, b);
   });
 }
