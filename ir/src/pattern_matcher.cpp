@@ -7,6 +7,7 @@
 #include "constant_key.h"
 
 #include <algorithm>
+#include <iterator>
 #include <optional>
 #include <set>
 #include <unordered_map>
@@ -27,8 +28,10 @@ namespace crucible::ir {
 //  * A write between the first matched call and the root: the replacement
 //    reads the bound inputs at the root's position, the matched calls read
 //    them at theirs; a write in between (an optimizer's in-place update of a
-//    weight) would make them read different values. Any mutating call in
-//    that stretch refuses the match; functional graphs have none.
+//    weight) would make them read different values. A mutating call in
+//    that stretch refuses the match when it writes storage an input of the
+//    match lives on (through views; a placeholder's storage counts as any
+//    input's, since inputs may alias); functional graphs have none.
 //  * A replacement whose result differs from the root's in metadata: a
 //    reader that saw a contiguous [B, T, N] float tensor must see exactly
 //    that. The new calls' metadata is derived from their inputs (infer_meta)
@@ -74,6 +77,13 @@ Pattern Pattern::call(std::string_view op, std::vector<Pattern> args) {
                   " arguments, its schema takes " + std::to_string(schema.arguments().size()) + " (" +
                   toString(schema) + ")");
   p.args_ = std::move(args);
+  return p;
+}
+
+Pattern Pattern::any_of(std::vector<Pattern> alternatives) {
+  if (alternatives.size() < 2) throw IrError("pattern: any_of takes two alternatives or more");
+  Pattern p(Kind::AnyOf);
+  p.args_ = std::move(alternatives);
   return p;
 }
 
@@ -159,6 +169,16 @@ class Matcher {
         return a.is_constant() && detail::same_constant(a.constant(), p.constant_value());
       case Pattern::Kind::Call:
         return a.is_value() && call(p, a.value()->node());
+      case Pattern::Kind::AnyOf:
+        for (const Pattern& alternative : p.args()) {
+          // A failed alternative leaves nothing behind: what it matched and bound is undone.
+          const size_t num_nodes = m_.nodes_.size();
+          const auto bindings = m_.bindings_;
+          if (match(alternative, a)) return true;
+          m_.nodes_.resize(num_nodes);
+          m_.bindings_ = bindings;
+        }
+        return false;
     }
     return false;
   }
@@ -173,8 +193,26 @@ class Matcher {
 
 namespace {
 
-// Names a pattern binds (Bind names and named calls).
+// Names a pattern binds wherever it matches (Bind names and named calls;
+// of an AnyOf, the names all its alternatives bind).
 void bound_names(const Pattern& p, std::set<std::string>& names) {
+  if (p.kind() == Pattern::Kind::AnyOf) {
+    std::optional<std::set<std::string>> common;
+    for (const Pattern& a : p.args()) {
+      std::set<std::string> these;
+      bound_names(a, these);
+      if (!common) {
+        common = std::move(these);
+        continue;
+      }
+      std::set<std::string> both;
+      std::set_intersection(common->begin(), common->end(), these.begin(), these.end(),
+                            std::inserter(both, both.begin()));
+      common = std::move(both);
+    }
+    names.insert(common->begin(), common->end());
+    return;
+  }
   if (p.kind() == Pattern::Kind::Bind || (p.kind() == Pattern::Kind::Call && !p.name().empty())) names.insert(p.name());
   for (const Pattern& a : p.args()) bound_names(a, names);
 }
@@ -182,6 +220,8 @@ void bound_names(const Pattern& p, std::set<std::string>& names) {
 void check_replacement(const Rewrite& r, const Pattern& p, const std::set<std::string>& names) {
   if (p.kind() == Pattern::Kind::Ignored)
     throw IrError("rewrite '" + r.name + "': the replacement holds an Ignored, which stands for nothing to build");
+  if (p.kind() == Pattern::Kind::AnyOf)
+    throw IrError("rewrite '" + r.name + "': the replacement holds an any_of, which says nothing about what to build");
   if (p.kind() == Pattern::Kind::Bind && !names.count(p.name()))
     throw IrError("rewrite '" + r.name + "': the replacement uses '" + p.name() + "', which the pattern does not bind");
   if (p.kind() == Pattern::Kind::Call) {
@@ -245,14 +285,68 @@ bool root_writes_inside(const Match& m, const std::unordered_set<const Node*>& m
   return true;
 }
 
-// See Note [Rewriting safely]: no write between the first matched call and the root.
+// The Value whose storage `v` lives on: through views (results the schema
+// marks as aliasing an argument, and _unsafe_view) and in-place results to
+// the call that allocated it, or the placeholder.
+const Value* storage_root(const Value* v) {
+  static const c10::OperatorHandle unsafe_view = resolve_operator("aten::_unsafe_view");
+  for (;;) {
+    const Node* n = v->node();
+    if (!n->is_call()) return v;
+    if (n->op() == unsafe_view) {
+      v = n->arg(0).value();
+      continue;
+    }
+    // One return of a Tensor[] type (split) stands for all the results.
+    const auto& returns = n->schema().returns();
+    const c10::AliasInfo* alias = returns.at(returns.size() == 1 ? 0 : v->index()).alias_info();
+    if (!alias) return v;
+    // `Tensor(a)[]` keeps its set on the element type.
+    auto aliases = [alias](const c10::AliasInfo& formal) {
+      if (detail::sets_overlap(*alias, formal)) return true;
+      for (const c10::AliasInfo& element : alias->containedTypes())
+        if (detail::sets_overlap(element, formal)) return true;
+      return false;
+    };
+    const Value* base = nullptr;
+    const auto& formals = n->schema().arguments();
+    for (size_t i = 0; i < formals.size() && !base; ++i)
+      if (formals[i].alias_info() && aliases(*formals[i].alias_info()) && n->arg(i).is_value())
+        base = n->arg(i).value();
+    if (!base) return v;
+    v = base;
+  }
+}
+
+// See Note [Rewriting safely]: no call between the first matched call and
+// the root writes storage an input of the match lives on (any placeholder's
+// counts, since inputs may alias one another); writes to storage the match
+// never reads (a mask built in place: empty_like, fill_, sub_) are harmless.
 bool no_write_within(const Match& m, const std::unordered_set<const Node*>& matched) {
+  std::unordered_set<const Value*> read;
+  for (const Node* n : m.nodes())
+    for (const Argument& a : n->args())
+      for (const Value* v : a.values())
+        if (!matched.count(v->node())) read.insert(storage_root(v));
   size_t remaining = m.nodes().size() - 1;
   for (const Node* n = m.root()->prev(); n && remaining > 0; n = n->prev()) {
-    if (matched.count(n))
+    if (matched.count(n)) {
       --remaining;
-    else if (n->is_call() && n->is_mutating())
-      return false;
+      continue;
+    }
+    if (!n->is_call() || !n->is_mutating()) continue;
+    const auto& formals = n->schema().arguments();
+    for (size_t i = 0; i < formals.size(); ++i)
+      if (formals[i].alias_info() && formals[i].alias_info()->isWrite())
+        for (const Value* v : n->arg(i).values()) {
+          const Value* root = storage_root(v);
+          if (!root->node()->is_call() || read.count(root)) return false;
+        }
+    // A mutating call whose schema names no written argument (an opaque
+    // effect) refuses the match as before.
+    bool names_a_write = false;
+    for (const auto& f : formals) names_a_write |= f.alias_info() && f.alias_info()->isWrite();
+    if (!names_a_write) return false;
   }
   return true;
 }
@@ -277,9 +371,10 @@ Argument build(Graph& graph, const Pattern& p, const Match& m, std::vector<Node*
       return n->result();
     }
     case Pattern::Kind::Ignored:
+    case Pattern::Kind::AnyOf:
       break;
   }
-  throw IrError("rewrite: an Ignored pattern cannot be built");
+  throw IrError("rewrite: an Ignored or any_of pattern cannot be built");
 }
 
 void erase_created(Graph& graph, std::vector<Node*>& created) {

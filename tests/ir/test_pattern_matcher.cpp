@@ -107,6 +107,28 @@ TEST_CASE("a match whose inner calls are read elsewhere, or with a write in betw
     REQUIRE(apply_rewrites(g, {double_neg()}) == 0);  // neg(neg(c)) is c before the add_, not after
     REQUIRE_EQUAL_TENSORS(Interpreter(g)({x})[0], x);
   }
+  SECTION("a write in between through a view of the bound input (a split piece) refuses; one elsewhere does not") {
+    Graph g = parse(R"(
+      %x : f32[4] = placeholder()
+      %c : f32[4] = aten::clone(%x)
+      %a : f32[4] = aten::neg(%c)
+      %p : f32[2], %q : f32[2] offset=2 = aten::split.Tensor(%c, 2, 0)
+      %w : f32[2] = aten::mul_.Scalar(%q, 3)
+      %b : f32[4] = aten::neg(%a)
+      %y : f32[4] = aten::clone(%x)
+      %n : f32[4] = aten::neg(%y)
+      %e : f32[4] = aten::empty_like(%x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None)
+      %f : f32[4] = aten::fill_.Scalar(%e, 2)
+      %m : f32[4] = aten::neg(%n)
+      return (%b, %w, %m, %f)
+    )");
+    const at::Tensor x = at::randn({4});
+    REQUIRE(apply_rewrites(g, {double_neg()}) == 1);  // %m only: fill_ writes %e, which the match never reads
+    REQUIRE(g.outputs()[0]->node()->target() == "aten::neg");
+    const auto out = Interpreter(g)({x});
+    REQUIRE_EQUAL_TENSORS(out[0], x);
+    REQUIRE_EQUAL_TENSORS(out[2], x);
+  }
   SECTION("an in-place root matches only where it writes storage the match allocated") {
     // add_(neg(x), y) writes the fresh result of neg, which only the match
     // reads; add_(view(x), y) and add_(_unsafe_view(x), y) would write x.
@@ -247,4 +269,49 @@ TEST_CASE("Match names what the pattern bound, and malformed rewrites are report
   REQUIRE_THROWS_WITH(
       apply_rewrites(g, {{"loop", P::call("aten::exp", {P::bind("x")}), P::call("aten::exp", {P::bind("x")}), {}}}),
       CRUCIBLE_HAS_SUBSTR("still rewriting after 64 sweeps"));
+}
+
+TEST_CASE("any_of matches the first alternative that matches, leaving nothing of those that failed", "[ir][pattern]") {
+  Graph g = parse(R"(
+    %x : f32[2, 3] = placeholder()
+    %y : f32[2, 3] = placeholder()
+    %a : f32[6] = aten::view(%x, [6])
+    %ra : f32[6] = aten::relu(%a)
+    %t : f32[3, 2] stride=[1, 3] = aten::t(%y)
+    %c : f32[3, 2] = aten::clone(%t, memory_format=contiguous_format)
+    %b : f32[6] = aten::_unsafe_view(%c, [6])
+    %rb : f32[6] = aten::relu(%b)
+    %n : f32[2, 3] = aten::neg(%x)
+    %rn : f32[2, 3] = aten::relu(%n)
+    return (%ra, %rb, %rn)
+  )");
+  // relu of a flattening (a view, or a copy then _unsafe_view) -> flatten(abs(...)).
+  // The middle alternative binds "x" and takes %b's call before its size
+  // fails to match: the third must find neither left behind.
+  const P flat =
+      P::any_of({P::call("aten::view", {P::bind("x"), P::ignored()}),
+                 P::call("aten::_unsafe_view", {P::bind("x"), P::constant(c10::IValue(std::vector<int64_t>{7}))}),
+                 P::call("aten::_unsafe_view", {P::call("aten::clone", {P::bind("x"), P::ignored()}), P::ignored()})});
+  const Rewrite r{"relu(flat(x))", P::call("aten::relu", {flat}),
+                  P::call("aten::flatten.using_ints", {P::call("aten::abs", {P::bind("x")})}), [](const Match& m) {
+                    // relu and view, or relu, _unsafe_view and clone: nothing of the failed alternative.
+                    return m.nodes().size() == (m.value("x")->name() == "x" ? 2u : 3u);
+                  }};
+  const std::vector<at::Tensor> inputs{at::randn({2, 3}), at::randn({2, 3})};
+  REQUIRE(apply_rewrites(g, {r}) == 2);
+  require_meta_right(g);
+  const auto after = Interpreter(g)(inputs);
+  REQUIRE_EQUAL_TENSORS(after[0], inputs[0].abs().flatten());
+  REQUIRE_EQUAL_TENSORS(after[1], inputs[1].t().abs().flatten());
+  REQUIRE_EQUAL_TENSORS(after[2], at::relu(-inputs[0]));
+  REQUIRE_THROWS_WITH(P::any_of({P::bind("x")}), CRUCIBLE_HAS_SUBSTR("two alternatives or more"));
+  // A replacement may use only what every alternative binds, and holds no any_of.
+  const P partial = P::any_of({P::call("aten::view", {P::bind("x"), P::bind("size")}),
+                               P::call("aten::_unsafe_view", {P::bind("x"), P::ignored()})});
+  REQUIRE_THROWS_WITH(apply_rewrites(g, {{"partial", P::call("aten::relu", {partial}), P::bind("size"), {}}}),
+                      CRUCIBLE_HAS_SUBSTR("the replacement uses 'size'"));
+  REQUIRE_THROWS_WITH(
+      apply_rewrites(
+          g, {{"any_of in replacement", P::call("aten::relu", {partial}), P::call("aten::neg", {partial}), {}}}),
+      CRUCIBLE_HAS_SUBSTR("holds an any_of"));
 }

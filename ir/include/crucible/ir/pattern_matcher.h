@@ -29,7 +29,7 @@ namespace crucible::ir {
 /// call; in a replacement it says what to put there.
 class Pattern {
  public:
-  enum class Kind : uint8_t { Bind, Ignored, Constant, Call };
+  enum class Kind : uint8_t { Bind, Ignored, Constant, Call, AnyOf };
 
   /// Pattern: matches whatever stands there (a Value, a list of Values, a
   /// constant) and binds it to `name`; a name met twice must bind the same
@@ -50,6 +50,13 @@ class Pattern {
   /// operator with other than one result, or more arguments than its schema
   /// takes.
   static Pattern call(std::string_view op, std::vector<Pattern> args);
+  /// Pattern: matches where the first of `alternatives` that matches does
+  /// (the ways one computation is spelled: at::matmul's operands are
+  /// `view(expand(x))` or `_unsafe_view(clone(expand(x)))` by their
+  /// layout); its bindings are that alternative's. A replacement may use
+  /// the names every alternative binds. Not in replacements. Throws IrError
+  /// for fewer than two alternatives.
+  static Pattern any_of(std::vector<Pattern> alternatives);
   /// The same call pattern, also binding the call's result to `name` (for a
   /// check that reads its metadata, or a replacement that keeps it).
   /// Throws IrError unless this is a call pattern.
@@ -61,6 +68,7 @@ class Pattern {
   const c10::IValue& constant_value() const { return constant_; }
   /// Call only.
   const c10::OperatorHandle& op() const { return *op_; }
+  /// Call: the arguments; AnyOf: the alternatives.
   const std::vector<Pattern>& args() const { return args_; }
 
  private:
@@ -118,8 +126,10 @@ struct Rewrite {
 ///  * every matched call but the root is read by matched calls alone (else
 ///    its result would be computed twice: once for its other readers, once
 ///    inside the replacement);
-///  * no call between the first matched call and the root writes an input
-///    (the replacement reads its inputs where the root stood);
+///  * no call between the first matched call and the root writes storage
+///    an input of the match lives on (the replacement reads its inputs
+///    where the root stood); a placeholder's storage counts as every
+///    input's, as inputs may alias;
 ///  * a root that writes an argument in place (add_) writes only storage an
 ///    inner call of the match allocated (its result, or a view of it), so
 ///    that nothing outside the match sees the write;
@@ -133,7 +143,7 @@ struct Rewrite {
 /// replacement's result (with the root's requires_grad). Returns the number of
 /// rewrites applied. Throws IrError if a rewrite is malformed (a pattern
 /// root that is not a call, a replacement naming a name the pattern does
-/// not bind, or an Ignored in a replacement), or if `rewrites` still match
+/// not bind, or an Ignored or AnyOf in a replacement), or if `rewrites` still match
 /// after 64 sweeps (rewrites that undo each other).
 size_t apply_rewrites(Graph& graph, const std::vector<Rewrite>& rewrites);
 
