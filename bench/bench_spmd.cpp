@@ -13,7 +13,9 @@
 // --remat off|B (B, a memory budget in [0, 1]: rematerialization inside the
 // step's graph, Note [Rematerialization in one graph], as `crucible train
 // --partitioner min-cut --memory-budget B`), --remat-ban on|off (on: with
-// MinCutOptions::ban_materialized_backwards).
+// MinCutOptions::ban_materialized_backwards), --pre-grad-passes P,Q,...
+// (pre-grad passes by name, e.g. fuse_attention: Note [Pre-grad passes in a
+// training step]).
 //
 // On a GPU the step rows count peak_MiB: the most memory the caching
 // allocator had handed out during the timed steps (tensors, not its cache).
@@ -52,6 +54,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -62,7 +65,7 @@ using namespace crucible;
 
 struct Flags {
   std::string model = "gpt", size = "small", device = "cpu", backend = "interpreter", matmul_precision = "highest",
-              memory_format = "contiguous", remat = "off", remat_ban = "off";
+              memory_format = "contiguous", remat = "off", remat_ban = "off", pre_grad_passes;
   int64_t batch = 8, steps = 20;
 };
 
@@ -76,7 +79,8 @@ Flags parse_flags(int& argc, char** argv) {
                                               {"--matmul-precision", &f.matmul_precision},
                                               {"--memory-format", &f.memory_format},
                                               {"--remat", &f.remat},
-                                              {"--remat-ban", &f.remat_ban}};
+                                              {"--remat-ban", &f.remat_ban},
+                                              {"--pre-grad-passes", &f.pre_grad_passes}};
   std::map<std::string, int64_t*> ints{{"--batch", &f.batch}, {"--steps", &f.steps}};
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
@@ -174,6 +178,13 @@ pipeline::Builder builder() {
   pipeline::Builder b;
   b.backend(context().flags.backend);
   if (context().flags.backend.starts_with("inductor")) b.decompositions(tracer::core_aten_decompositions());
+  std::vector<std::string> pre_grad;
+  for (std::stringstream list(context().flags.pre_grad_passes); list.good();) {
+    std::string name;
+    std::getline(list, name, ',');
+    if (!name.empty()) pre_grad.push_back(name);
+  }
+  b.pre_grad_passes(pre_grad);
   if (context().flags.remat != "off") {
     partitioner::MinCutOptions options;
     options.memory_budget = std::stod(context().flags.remat);

@@ -3,6 +3,7 @@
 #include <crucible/ir/error.h>
 #include <crucible/ir/fold_view_chains.h>
 #include <crucible/ir/fuse_addmm.h>
+#include <crucible/ir/fuse_attention.h>
 #include <crucible/ir/pass_manager.h>
 #include <crucible/ir/propagate_meta.h>
 #include <crucible/ir/verifier.h>
@@ -119,6 +120,7 @@ PassRegistry PassRegistry::builtin() {
   r.add({"cse", [](Graph& g) { eliminate_common_subexpressions(g); }});
   r.add({"propagate_meta", [](Graph& g) { propagate_meta(g); }});
   r.add({"fuse_addmm", [](Graph& g) { fuse_addmm(g); }});
+  r.add({"fuse_attention", [](Graph& g) { fuse_attention(g); }});
   r.add({"fold_view_chains", [](Graph& g) { fold_view_chains(g); }});
   return r;
 }

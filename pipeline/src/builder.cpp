@@ -233,8 +233,11 @@ autograd::AotConfig Builder::aot_config() const {
 // differentiates and functionalizes it. AotConfig::pre_grad, called once per
 // compilation with the real arguments, traces the function with the
 // compilation's TraceFn (make_fx, or functional_call over the module) as the
-// trace options say, not functionalized, runs the pre-grad passes over that
-// graph, and hands AOTAutograd, in the function's place, one that runs the
+// trace options say, neither functionalized nor decomposed (the ops as the
+// program called them, as dynamo's graphs hold them: a pattern such as
+// fuse_attention's sees aten::_softmax, not its decomposition; AOTAutograd's
+// trace decomposes what the interpreter dispatches), runs the pre-grad
+// passes over that graph, and hands AOTAutograd, in the function's place, one that runs the
 // graph with the interpreter: AOTAutograd's own traces then record the ATen
 // ops the interpreter dispatches, so they differentiate, functionalize and
 // lift what the passes made. The tensors the forward graph lifted are read
@@ -245,6 +248,7 @@ tracer::TensorFn Builder::pre_grad_function(const tracer::TensorFn& fn, const au
   tracer::TraceResult r = this->trace("pre_grad", [&](const tracer::TraceOptions& options) {
     tracer::TraceOptions forward = options;
     forward.functionalize = false;
+    forward.decompositions.clear();
     return trace(fn, args, forward);
   });
   run_passes(pre_grad_passes_, r.graph, "pre_grad");

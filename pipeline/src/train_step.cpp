@@ -116,6 +116,37 @@ tracer::ModuleFn step_function(std::vector<StepGroup> groups, std::vector<at::Te
   };
 }
 
+// See Note [Pre-grad passes in a training step]: the step whose loss is the
+// pre-grad passes' forward graph, run by the interpreter. `flat_args`: the
+// compilation's (module state, flat state, rates, batch).
+tracer::TensorFn pre_grad_step(const Builder& builder, const std::shared_ptr<torch::nn::Module>& module,
+                               const LossFn& loss_fn, const std::vector<StepGroup>& groups,
+                               const std::vector<at::Tensor>& params, size_t num_flat,
+                               const GradientHook& gradient_hook, const autograd::TraceFn& trace,
+                               const std::vector<at::Tensor>& flat_args) {
+  const size_t num_state = autograd::module_state(*module).size();
+  const auto batch_begin = flat_args.begin() + static_cast<std::ptrdiff_t>(num_state + num_flat + groups.size());
+  std::vector<at::Tensor> forward_args(flat_args.begin(), flat_args.begin() + static_cast<std::ptrdiff_t>(num_state));
+  forward_args.insert(forward_args.end(), batch_begin, flat_args.end());
+  // The loss as the step computes it (grad mode on: at::matmul, for one,
+  // decomposes by whether its operands require grad).
+  const tracer::TensorFn loss_alone = [module, loss_fn, num_state](const std::vector<at::Tensor>& full) {
+    at::AutoGradMode grad_on(true);
+    const std::vector<at::Tensor> batch(full.begin() + static_cast<std::ptrdiff_t>(num_state), full.end());
+    return std::vector<at::Tensor>{loss_fn(*module, batch)};
+  };
+  tracer::TensorFn forward = builder.pre_grad_function(loss_alone, trace, forward_args);
+  LossFn graph_loss = [forward = std::move(forward)](torch::nn::Module& m, const std::vector<at::Tensor>& batch) {
+    std::vector<at::Tensor> in = autograd::module_state(m);
+    in.insert(in.end(), batch.begin(), batch.end());
+    return forward(in).at(0);
+  };
+  tracer::ModuleFn step = step_function(groups, params, num_flat, std::move(graph_loss), gradient_hook);
+  return [module, step = std::move(step), num_state](const std::vector<at::Tensor>& full) {
+    return step(*module, std::vector<at::Tensor>(full.begin() + static_cast<std::ptrdiff_t>(num_state), full.end()));
+  };
+}
+
 // Names the graph's inputs and output as Note [Train step graph] says
 // (functional_call names its arguments arg0, arg1, ...).
 void name_train_step(ir::Graph& g, size_t num_module_tensors, const std::vector<std::string>& param_names,
@@ -255,8 +286,15 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
     latest->lifted_examples = std::move(lifted);
     return fn;
   };
+  const size_t num_flat = s->flat_state.size();
+  if (!builder.pre_grad_passes().empty())
+    config.pre_grad = [builder, module, loss_fn, traced_groups, params = s->params, num_flat,
+                       hook = step_options.gradient_hook](const tracer::TensorFn&, const autograd::TraceFn& trace,
+                                                          const std::vector<at::Tensor>& flat_args) {
+      return detail::pre_grad_step(builder, module, loss_fn, traced_groups, params, num_flat, hook, trace, flat_args);
+    };
   s->aot.emplace(autograd::aot_module(module,
-                                      detail::step_function(std::move(traced_groups), s->params, s->flat_state.size(),
+                                      detail::step_function(std::move(traced_groups), s->params, num_flat,
                                                             std::move(loss_fn), std::move(step_options.gradient_hook)),
                                       config));
   s->module = std::move(module);

@@ -228,6 +228,55 @@ TEST_CASE("train step through inductor: the GPT trains as eager with AdamW", "[p
       20, kFusedRtol, kFusedAtol, inductor_builder());
 }
 
+// fuse_attention as a pre-grad pass (Note [Pre-grad passes in a training
+// step]): the GPT's written-out attention becomes scaled_dot_product_attention
+// before differentiation, so the step's graph runs the fused attention kernel
+// `fused` and its backward instead of the scores' matmuls and softmax. Ten
+// SGD steps of a 2-layer GPT with `builder` (its pre-grad passes set here)
+// against eager, on `device` in `dtype`, within rtol/atol.
+void train_gpt_with_fused_attention(Builder builder, at::Device device, at::ScalarType dtype, const std::string& fused,
+                                    double rtol, double atol) {
+  const GptConfig config{.vocab_size = 32, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 32};
+  builder.pre_grad_passes({"fuse_attention"});
+  INFO("backend " << builder.backend_name() << " on " << device);
+  Twins t = twins([&] {
+    Model m = make_gpt(config);
+    m.module->to(device, dtype);
+    return m;
+  });
+  torch::optim::SGD compiled_opt(t.compiled.module->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD eager_opt(t.eager.module->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  TrainStep step = builder.compile_train_step(t.compiled.module, compiled_opt, loss_of(t.compiled));
+  for (int64_t i = 0; i < 10; ++i) {
+    Batch b = synthetic_token_batch({config.vocab_size, config.block_size, 4, 0}, i);
+    b = Batch{b.inputs.to(device), b.targets.to(device)};
+    const at::Tensor compiled_loss = step({b.inputs, b.targets});
+    INFO("step " << i);
+    REQUIRE_CLOSE(compiled_loss, eager_train_step(t.eager, eager_opt, b), rtol, atol);
+  }
+  require_same_state(t.compiled, t.eager, rtol, atol);
+  size_t forward = 0, backward = 0, softmax = 0;
+  for (const crucible::ir::Node* n : step.graph().nodes()) {
+    if (!n->is_call()) continue;
+    forward += n->target() == fused;
+    backward += n->target() == fused + "_backward";
+    softmax += n->target() == "aten::_softmax";
+  }
+  CHECK(forward == static_cast<size_t>(config.n_layer));
+  CHECK(backward == static_cast<size_t>(config.n_layer));
+  CHECK(softmax == 0);  // the attention's was the only softmax (the loss's is a log_softmax)
+}
+
+// On a CPU: flash attention's kernel for CPUs; float64, where its other
+// summation order stays ~1e-15 relative, so the inductor bounds hold for
+// both backends.
+TEST_CASE("train step with fuse_attention before differentiation: the GPT trains as eager",
+          "[pipeline][train_step][fuse_attention]") {
+  for (const Builder& builder : {Builder(), inductor_builder()})
+    train_gpt_with_fused_attention(builder, at::kCPU, at::kDouble, "aten::_scaled_dot_product_flash_attention_for_cpu",
+                                   kFusedRtol, kFusedAtol);
+}
+
 TEST_CASE("train step through inductor: ResNet-18 with BatchNorm statistics, 8 SGD steps",
           "[pipeline][train_step][inductor]") {
   const ResNetConfig config{.in_channels = 1, .image_size = 16, .width = 4, .blocks = {1, 1, 1, 1}};
@@ -384,6 +433,18 @@ TEST_CASE("train step through inductor on CUDA: the GPT with AdamW and ResNet-18
                                        torch::optim::SGDOptions(0.05).momentum(0.9),
                                        on_cuda(in_double([&](int64_t i) { return shapes.example_batch(8, 100 + i); })),
                                        8, kFusedRtol, kFusedAtol, inductor_builder());
+}
+
+// On CUDA, the memory-efficient attention kernel, which has no float64:
+// float32 (and full-precision matmuls, TF32 off by default), whose rounding
+// the two sides accumulate differently over ten steps: rtol 1e-4, atol 1e-5
+// (a wrong mask or scale moves the loss by its own size).
+TEST_CASE("train step with fuse_attention on CUDA: the GPT trains as eager with memory-efficient attention",
+          "[pipeline][train_step][fuse_attention][cuda]") {
+  CRUCIBLE_REQUIRE_CUDA();
+  for (const Builder& builder : {Builder(), inductor_builder()})
+    train_gpt_with_fused_attention(builder, at::kCUDA, at::kFloat, "aten::_scaled_dot_product_efficient_attention",
+                                   1e-4, 1e-5);
 }
 
 // With CUDA graphs (Note [CUDA graphs]): the backend keeps the learning rate

@@ -199,6 +199,17 @@ class Builder {
   /// then the partitioner as partition_fn, the decompositions, freeze, the
   /// modules of name_module(), the instruments, compiler_key().
   autograd::AotConfig aot_config() const;
+  /// The pre-grad stage (Note [Pre-grad graphs] in builder.cpp): traces
+  /// `fn` on `args` with `trace` and the builder's trace options, neither
+  /// functionalized nor decomposed, runs pre_grad_passes() over that forward
+  /// graph, and returns a function that runs the graph with the interpreter
+  /// (on the same kind of arguments; the tensors the trace lifted are read
+  /// again at each call). What AotConfig::pre_grad is set to; the training
+  /// step calls it on the loss alone. Throws what the trace and the passes
+  /// throw; the returned function throws PipelineError when a lifted tensor
+  /// has been freed since.
+  tracer::TensorFn pre_grad_function(const tracer::TensorFn& fn, const autograd::TraceFn& trace,
+                                     const std::vector<at::Tensor>& args) const;
 
   // --- compiling ---------------------------------------------------------------
 
@@ -223,10 +234,6 @@ class Builder {
                                LossFn loss_fn) const;
 
  private:
-  // See Note [Pre-grad graphs].
-  tracer::TensorFn pre_grad_function(const tracer::TensorFn& fn, const autograd::TraceFn& trace,
-                                     const std::vector<at::Tensor>& args) const;
-
   tracer::TraceOptions trace_options_;
   std::vector<std::pair<std::string, std::weak_ptr<torch::nn::Module>>> named_modules_;
   std::vector<ir::Pass> pre_grad_passes_;

@@ -67,6 +67,18 @@ class Builder;
 // of other sizes, dtypes, devices or aliasing, when any submodule's
 // train()/eval() mode changed, or when a lifted tensor was freed (its
 // variable now holds another tensor).
+//
+// Note [Pre-grad passes in a training step]
+// The step's graph holds the forward, the backward autograd recorded and the
+// update, so the builder's pre-grad passes cannot run over it: a rewrite of
+// the forward (fuse_attention) must come before differentiation, so that
+// autograd records the new ops' backward. With pre-grad passes,
+// AotConfig::pre_grad traces the loss alone, loss_fn(module, batch), over
+// the module state and the batch (Builder::pre_grad_function: not
+// functionalized, not decomposed), runs the passes over that forward graph,
+// and gives AOTAutograd a step whose loss is that graph run by the
+// interpreter on the module's tensors: the step's trace records the ops the
+// interpreter dispatches, their backward and the update.
 
 /// The loss of one batch: runs the module on it and returns a 0-dim loss.
 /// `batch` is what the TrainStep is called with (e.g. {inputs, targets}).

@@ -1,0 +1,54 @@
+// Attention written out -> aten::scaled_dot_product_attention.
+//
+// The C++ counterpart of torch/_inductor/fx_passes/fuse_attention.py. A
+// transformer that computes attention from its parts (nanoGPT's
+// `softmax(masked_fill(q @ k^T * scale, mask == 0, -inf)) @ v`, LibTorch's
+// own MultiheadAttention) materializes the [B, H, T, S] scores, reads and
+// writes them in the softmax, and saves the probabilities for the backward:
+// at GPT-2 small's size 400 MB a layer in float32. The fused kernels behind
+// scaled_dot_product_attention (flash attention on CPUs, memory-efficient
+// or flash attention on CUDA) keep the scores on chip and save only the
+// rows' log-sum-exp; their backward recomputes the scores.
+//
+// The rewrite runs on a forward graph before differentiation (a pre-grad
+// pass: Note [Pre-grad graphs] in pipeline/builder.cpp), where the
+// attention's parts have no backward readers yet; differentiating the
+// rewritten graph then records the fused op's own backward.
+#pragma once
+
+#include <crucible/ir/graph.h>
+#include <crucible/ir/pattern_matcher.h>
+
+#include <cstddef>
+#include <vector>
+
+namespace crucible::ir {
+
+/// The rewrites fuse_attention applies. With q [B, H, T, E], k [B, H, S, E]
+/// and v [B, H, S, Ev] (4-D, one floating dtype and device, no broadcasting
+/// between them) and at::matmul's batched products as the tracer records
+/// them (operands expanded and flattened to 3-D by a view, _reshape_alias
+/// or a contiguous copy, bmm, an _unsafe_view back to 4-D), each pattern
+///   matmul(softmax(mask(scale(matmul(q, k.transpose(-2, -1)))), -1), v)
+/// where scale(x) is `x * s` (mul.Scalar), `x / d` (div.Scalar) or x, and
+/// mask(x) is `x.masked_fill(cond, -inf)` (cond boolean), `x + bias`
+/// (bias of q's dtype) or x, the mask broadcasting to [B, H, T, S], becomes
+///   scaled_dot_product_attention(q', k, v, attn_mask, 0.0, false, scale)
+/// copied to a contiguous [B, H, T, Ev], with q' = q / d (scale 1) for a
+/// division, attn_mask = logical_not(cond) or bias. Dropout on the
+/// probabilities is left as it is (its random draws would change), and so
+/// are masks filled with finite values: a row whose keys are all masked
+/// averages the values where masked_fill(-1e9) stands, and is zero where
+/// scaled_dot_product_attention drops every key.
+/// Rows whose keys are all masked with -inf are NaN in the written-out
+/// form; scaled_dot_product_attention's kernels give 0 there (its math
+/// fallback's _safe_softmax), which is the one place the results part.
+std::vector<Rewrite> attention_rewrites();
+
+/// Applies attention_rewrites() (apply_rewrites in pattern_matcher.h);
+/// returns the number of attentions fused. Not bitwise: the fused kernels
+/// sum the products and the softmax in another order (float32: about 1e-6
+/// relative).
+size_t fuse_attention(Graph& graph);
+
+}  // namespace crucible::ir

@@ -1,0 +1,127 @@
+// fuse_attention (a pre-grad pass): attention written out, in the spellings
+// at::matmul, the scale and the mask give it, traced and rewritten to
+// scaled_dot_product_attention, against eager LibTorch; what must be left
+// alone is.
+#include <crucible/ir/fuse_attention.h>
+#include <crucible/ir/interpreter.h>
+#include <crucible/ir/verifier.h>
+#include <crucible/tracer/make_fx.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "catch.h"
+#include "testing.h"
+
+using namespace crucible;
+
+namespace {
+
+// In float64 the fused kernel's other summation order stays ~1e-15
+// relative; a wrong scale, mask or transpose is off by the values' scale.
+constexpr double kRtol = 1e-12, kAtol = 1e-13;
+
+enum class Scale { Mul, Div, None };
+enum class Mask { Fill, Add, None };
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// q, k, v: [B, H, T, E]; mask: [1, 1, T, T] (1 keep, 0 drop: the causal
+// mask nanoGPT keeps in a buffer). `heads_view`: q, k and v are views
+// of one [B, T, 3, H, E] projection (the at::matmul operands are then
+// copied), else contiguous tensors (viewed).
+std::vector<at::Tensor> inputs(bool heads_view) {
+  at::manual_seed(1);
+  const int64_t b = 2, h = 3, t = 5, e = 4;
+  std::vector<at::Tensor> in;
+  if (heads_view) {
+    auto parts = at::randn({b, t, 3, h, e}, at::kDouble).permute({2, 0, 3, 1, 4}).unbind(0);
+    in.assign(parts.begin(), parts.end());
+  } else {
+    for (int i = 0; i < 3; ++i) in.push_back(at::randn({b, h, t, e}, at::kDouble));
+  }
+  in.push_back(at::ones({t, t}, at::kDouble).tril().view({1, 1, t, t}));
+  return in;
+}
+
+at::Tensor written_out(const std::vector<at::Tensor>& in, Scale s, Mask m) {
+  at::Tensor att = at::matmul(in[0], in[1].transpose(-2, -1));
+  if (s == Scale::Mul) att = att * 0.5;
+  if (s == Scale::Div) att = att / 2.0;
+  if (m == Mask::Fill) att = att.masked_fill(in[3] == 0, -kInf);
+  if (m == Mask::Add) att = att + (1.0 - in[3]) * -1e4;
+  return at::matmul(at::softmax(att, -1), in[2]);
+}
+
+size_t count(const ir::Graph& g, const std::string& target) {
+  size_t n = 0;
+  for (const ir::Node* node : g.nodes())
+    if (node->is_call() && node->target() == target) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("fuse_attention: attention written out becomes scaled_dot_product_attention, in every spelling",
+          "[pipeline][fuse_attention]") {
+  for (bool heads_view : {true, false})
+    for (Scale s : {Scale::Mul, Scale::Div, Scale::None})
+      for (Mask m : {Mask::Fill, Mask::Add, Mask::None}) {
+        INFO("heads view " << heads_view << ", scale " << static_cast<int>(s) << ", mask " << static_cast<int>(m));
+        const std::vector<at::Tensor> in = inputs(heads_view);
+        auto fn = [s, m](const std::vector<at::Tensor>& x) { return std::vector<at::Tensor>{written_out(x, s, m)}; };
+        tracer::TraceResult r = tracer::make_fx(fn, in);
+        REQUIRE(count(r.graph, "aten::_softmax") == 1);
+        REQUIRE(ir::fuse_attention(r.graph) == 1);
+        REQUIRE_NOTHROW(ir::verify(r.graph, ir::VerifyOptions{.check_meta = true}));
+        CHECK(count(r.graph, "aten::scaled_dot_product_attention") == 1);
+        CHECK(count(r.graph, "aten::_softmax") == 0);
+        CHECK(count(r.graph, "aten::bmm") == 0);
+        const at::Tensor got = ir::Interpreter(r.graph)(in).at(0);
+        const at::Tensor expected = written_out(in, s, m);
+        REQUIRE(got.is_contiguous());
+        REQUIRE_CLOSE(got, expected, kRtol, kAtol);
+      }
+}
+
+TEST_CASE("fuse_attention: leaves alone dropout, finite fills, other softmax dimensions and probabilities read twice",
+          "[pipeline][fuse_attention]") {
+  const std::vector<at::Tensor> in = inputs(true);
+  const std::vector<std::pair<std::string, tracer::TensorFn>> cases = {
+      {"dropout on the probabilities",
+       [](const std::vector<at::Tensor>& x) {
+         at::Tensor p = at::softmax(at::matmul(x[0], x[1].transpose(-2, -1)) * 0.5, -1);
+         return std::vector<at::Tensor>{at::matmul(at::dropout(p, 0.1, true), x[2])};
+       }},
+      {"a finite fill",
+       [](const std::vector<at::Tensor>& x) {
+         at::Tensor att = (at::matmul(x[0], x[1].transpose(-2, -1)) * 0.5).masked_fill(x[3] == 0, -1e9);
+         return std::vector<at::Tensor>{at::matmul(at::softmax(att, -1), x[2])};
+       }},
+      {"softmax over the queries",
+       [](const std::vector<at::Tensor>& x) {
+         at::Tensor p = at::softmax(at::matmul(x[0], x[1].transpose(-2, -1)) * 0.5, 2);
+         return std::vector<at::Tensor>{at::matmul(p, x[2])};
+       }},
+      {"the probabilities returned too",
+       [](const std::vector<at::Tensor>& x) {
+         at::Tensor p = at::softmax(at::matmul(x[0], x[1].transpose(-2, -1)) * 0.5, -1);
+         return std::vector<at::Tensor>{at::matmul(p, x[2]), p};
+       }},
+      {"k not transposed (q @ k over equal T and E)",
+       [](const std::vector<at::Tensor>& x) {
+         at::Tensor k = x[1].narrow(2, 0, 4);  // [B, H, 4, 4]: q @ k is shaped like q @ k^T
+         at::Tensor p = at::softmax(at::matmul(x[0], k) * 0.5, -1);
+         return std::vector<at::Tensor>{at::matmul(p, x[2].narrow(2, 0, 4))};
+       }},
+  };
+  for (const auto& [name, fn] : cases) {
+    INFO(name);
+    tracer::TraceResult r = tracer::make_fx(fn, in);
+    REQUIRE(ir::fuse_attention(r.graph) == 0);
+  }
+}
