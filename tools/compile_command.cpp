@@ -48,8 +48,8 @@ void run_compile_command(const CompileCommandOptions& o) {
   auto dumper = std::make_shared<pipeline::GraphDumper>(
       pipeline::GraphDumpOptions{.dir = o.dump_dir, .svg = o.svg, .code = backend.generated_code});
   pipeline::Builder builder;
-  o.compile.apply(builder);
   builder.backend(o.backend).instrument(dumper);
+  o.compile.apply(builder);
 
   // The training step: one graph (forward, backward, optimizer update).
   runtime::PhaseTimer step_timer;

@@ -57,8 +57,8 @@ void CompileFlags::add_to(CLI::App& cmd) {
       ->capture_default_str();
   cmd.add_option("--decompositions", decompositions,
                  "core: trace softmax, gelu, layer norm and nll_loss as the math they compute (for a fusing "
-                 "backend; not bitwise eager)")
-      ->check(CLI::IsMember({"none", "core"}))
+                 "backend; not bitwise eager); auto: core for the inductor backends, none for others")
+      ->check(CLI::IsMember({"auto", "none", "core"}))
       ->capture_default_str();
   cmd.add_option("--partitioner", partitioner,
                  "how a joint graph is split: default (save what the backward reads) or min-cut (recompute "
@@ -77,7 +77,8 @@ void CompileFlags::apply(pipeline::Builder& builder) const {
   builder.passes(passes).pre_grad_passes(pre_grad_passes).joint_passes(joint_passes);
   tracer::TraceOptions options = builder.trace_options();
   options.mode = trace_mode == "fake" ? tracer::TraceMode::Fake : tracer::TraceMode::Real;
-  if (decompositions == "core") options.decompositions = tracer::core_aten_decompositions();
+  if (decompositions == "core" || (decompositions == "auto" && builder.backend_name().starts_with("inductor")))
+    options.decompositions = tracer::core_aten_decompositions();
   if (partitioner == "min-cut") {
     partitioner::MinCutOptions min_cut;
     min_cut.memory_budget = memory_budget;

@@ -47,13 +47,16 @@ struct CompileFlags {
   std::vector<std::string> passes;  ///< post-grad; default: the builder's
   std::vector<std::string> pre_grad_passes;
   std::vector<std::string> joint_passes;
-  std::string trace_mode = "real";      ///< real or fake
-  std::string decompositions = "none";  ///< none or core (tracer::core_aten_decompositions)
+  std::string trace_mode = "real";  ///< real or fake
+  /// auto (core for the inductor backends, none for others), none or core
+  /// (tracer::core_aten_decompositions)
+  std::string decompositions = "auto";
   std::string partitioner = "default";  ///< default or min-cut (partitioner/min_cut_partition.h)
   double memory_budget = 1.0;           ///< min-cut's MinCutOptions::memory_budget
   /// Adds the seven flags to `cmd`.
   void add_to(CLI::App& cmd);
-  /// Sets the builder's pass lists and trace mode. Throws ir::IrError for an
+  /// Sets the builder's pass lists, trace mode and decompositions ("auto"
+  /// reads the builder's backend: set it first). Throws ir::IrError for an
   /// unknown pass.
   void apply(pipeline::Builder& builder) const;
 };

@@ -13,9 +13,10 @@ BackendRegistry BackendRegistry::builtin() {
          ir::interpret,
          {},
          0});
-  // The inductor backends rank below the interpreter until `train
-  // --check-eager` compares fused (differently rounded) results with a
-  // tolerance instead of bitwise.
+  // The inductor backends rank below the interpreter, so that a Builder's
+  // default is the reference backend, bitwise with eager; `crucible train`
+  // defaults to inductor itself (its --check-eager compares fused results
+  // as Note [Agreement with eager for a fused backend] says).
   const CodeGenerator inductor_code = [](const ir::Graph& g) {
     std::vector<GeneratedFile> files{{"loops.txt", inductor::loop_ir(g)}};
     inductor::GeneratedCode code = inductor::generate_code(g);

@@ -25,8 +25,10 @@ nlohmann::json last_line_json(const std::string& out) {
 
 TEST_CASE("crucible train --check-eager --json: every field, and the compiled run agrees with eager",
           "[tools][train]") {
-  const auto r = run_cli("train --model convnet --steps 40 --batch 32 --check-eager --json --data-dir " +
-                         fashion_mnist_test_dir());
+  const auto r = run_cli(
+      "train --model convnet --steps 40 --batch 32 --backend interpreter --check-eager --json "
+      "--data-dir " +
+      fashion_mnist_test_dir());
   INFO(r.out << r.err);
   REQUIRE(r.exit_code == 0);
   const nlohmann::json j = last_line_json(r.out);
@@ -67,6 +69,27 @@ TEST_CASE("crucible train --check-eager --json: every field, and the compiled ru
   CHECK_THAT(r.err, CRUCIBLE_HAS_SUBSTR("train 40/40 (100%)"));
 }
 
+TEST_CASE("crucible train's default is inductor, checked against eager as a fused backend is", "[tools][train]") {
+  const auto r = run_cli("train --model convnet --steps 40 --batch 32 --check-eager --json --data-dir " +
+                         fashion_mnist_test_dir());
+  INFO(r.out << r.err);
+  REQUIRE(r.exit_code == 0);
+  const nlohmann::json j = last_line_json(r.out);
+  CHECK(j["backend"] == "inductor");
+  // Note [Agreement with eager for a fused backend]: one step from the same
+  // state within same() of eager's (float64 reference); over 40 steps the
+  // runs stay within rounding of each other, far inside the bounds an
+  // epoch needs (2%, 1 point).
+  CHECK(j["one_step"]["loss"] == true);
+  CHECK(j["one_step"]["gradients"] == true);
+  CHECK(j["one_step"]["parameters"] == true);
+  CHECK(j["loss_curve_max_rel_diff"].get<double>() <= 0.01);
+  CHECK(j["accuracy_diff_points"].get<double>() <= 0.5);
+  CHECK(j["test_accuracy"].get<double>() > 0.4);
+  CHECK_THAT(r.out, CRUCIBLE_HAS_SUBSTR("as a fused backend should: one step from the same state: loss ok, "
+                                        "gradients ok, parameters ok"));
+}
+
 TEST_CASE("crucible train --device cuda trains on the GPU and agrees with an eager copy there",
           "[tools][train][cuda]") {
   CRUCIBLE_REQUIRE_CUDA();
@@ -74,7 +97,7 @@ TEST_CASE("crucible train --device cuda trains on the GPU and agrees with an eag
   // the traceable Adam rounds as torch::optim's does there: the same kernels
   // on the same operands, so the copies stay bitwise equal.
   const auto r = run_cli(
-      "train --model convnet --steps 40 --batch 32 --device cuda --check-eager --tolerance 0 "
+      "train --model convnet --steps 40 --batch 32 --device cuda --backend interpreter --check-eager --tolerance 0 "
       "--json --data-dir " +
       fashion_mnist_test_dir());
   INFO(r.out << r.err);
@@ -160,8 +183,9 @@ TEST_CASE("crucible train refuses contradictory options", "[tools][train][errors
 TEST_CASE("crucible train --decompositions core trains as eager within rounding", "[tools][train]") {
   // Adam on the decomposed softmax, layer norm and nll_loss: sums in another
   // order than the fused kernels, compounded over 10 steps.
-  const auto r =
-      run_cli("train --model gpt --steps 10 --batch 4 --check-eager --decompositions core --tolerance 1e-3 --json");
+  const auto r = run_cli(
+      "train --model gpt --steps 10 --batch 4 --backend interpreter --check-eager --decompositions core "
+      "--tolerance 1e-3 --json");
   INFO(r.out << r.err);
   REQUIRE(r.exit_code == 0);
   const nlohmann::json j = last_line_json(r.out);
@@ -171,8 +195,9 @@ TEST_CASE("crucible train --decompositions core trains as eager within rounding"
 
 TEST_CASE("crucible train --nproc 2: two Gloo ranks end where one eager process on the global batch ends",
           "[tools][train][spmd]") {
-  const auto r = run_cli("train --model convnet --steps 30 --batch 16 --nproc 2 --check-eager --json --data-dir " +
-                         fashion_mnist_test_dir());
+  const auto r = run_cli(
+      "train --model convnet --steps 30 --batch 16 --nproc 2 --backend interpreter --check-eager --json --data-dir " +
+      fashion_mnist_test_dir());
   INFO(r.out << r.err);
   REQUIRE(r.exit_code == 0);
   const nlohmann::json j = last_line_json(r.out);
