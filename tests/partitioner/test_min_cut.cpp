@@ -12,6 +12,7 @@
 #include <torch/nn/module.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <limits>
 #include <memory>
 #include <string>
@@ -154,6 +155,29 @@ TEST_CASE("min-cut: compute-intensive ops are saved, not recomputed (ban_compute
   CHECK(testing::count_calls(free.result->backward, "aten::mm") == 3);    // and the product again
   CHECK(banned.result->bytes == (8 * 16 + 16 * 4 + 8 * 4) * 4);
   CHECK(free.result->bytes == (8 * 16 + 16 * 4) * 4);
+}
+
+TEST_CASE("min-cut: views the backward reads of one saved value are saved as their base and made again there",
+          "[partitioner][min_cut]") {
+  // h = x @ w is not recomputed (a matmul); the backward reads two views of
+  // it, h^T (for cos) and a slice (for sin), 128 + 32 elements where h has
+  // 128: saving h and taking the views again in the backward (a view is its
+  // base plus geometry, free to recompute) saves the views' overlap.
+  auto fn = [](const Tensors& in) {
+    const at::Tensor h = at::mm(in[0], in[1]);
+    return Tensors{at::sin(h.t()).sum() + at::cos(h.narrow(1, 0, 4)).sum()};
+  };
+  const Tensors in = {at::randn({8, 8}), at::randn({8, 16})};
+  Recorded min_cut, by_default;
+  by_default.min_cut = false;
+  check_against_eager(fn, in, min_cut);
+  check_against_eager(fn, in, by_default);
+  // x and w for the product's gradients, then h: (64 + 128 + 128) floats.
+  CHECK(min_cut.result->bytes == (64 + 128 + 128) * 4);
+  CHECK(by_default.result->bytes > min_cut.result->bytes);
+  CHECK(std::find(min_cut.result->saved_values.begin(), min_cut.result->saved_values.end(), "mm") !=
+        min_cut.result->saved_values.end());
+  CHECK(min_cut.report->recomputed.size() == 2);  // the transpose and the slice
 }
 
 TEST_CASE("min-cut: a value a backward matmul reads is saved, not recomputed (ban_materialized_backwards)",

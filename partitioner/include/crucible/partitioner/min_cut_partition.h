@@ -44,6 +44,10 @@ namespace crucible::partitioner {
 //    small reductions (sum, mean, amax, amin), and a few layout and factory
 //    ops (cat, expand, clone, _to_copy, where, full, zeros, ones, ...).
 //    Anything else (softmax, layer norm, batch norm, embedding) is saved.
+//    Views being free to recompute, a value whose views the backward reads
+//    is saved as its base plus geometry wherever that is cheaper: the cut
+//    weighs the base's bytes against the views' (which count their own
+//    elements, overlaps again), and the backward takes the views again.
 //  - max_recompute_distance: a forward value more than this many uses away
 //    from the first backward use is not recomputed (long chains cost time
 //    for little memory).
