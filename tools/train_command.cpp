@@ -206,11 +206,17 @@ void run_train_command(const TrainCommandOptions& o) {
   // nothing. --check-eager therefore runs both copies with deterministic
   // kernels, as torch.use_deterministic_algorithms(True, warn_only=True) does;
   // cuBLAS reads its workspace setting when its first handle is made.
+  // They also run without TF32, as torch.compile's accuracy runs do: TF32
+  // keeps 10 bits of each operand's mantissa, and a compiled step's other
+  // kernels (channels-last convolutions: Note [Channels-last convolutions])
+  // round other operands, 1e-4 apart where float32 agrees to 1e-7.
   const bool deterministic = o.check_eager && device.is_cuda();
   if (deterministic) {
     setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
     at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
     at::globalContext().setBenchmarkCuDNN(false);
+    at::globalContext().setAllowTF32CuDNN(false);
+    at::globalContext().setFloat32MatmulPrecision("highest");
   }
 
   torch::manual_seed(o.seed);
