@@ -9,6 +9,7 @@
 
 #include <crucible/autograd/aot_module.h>
 #include <crucible/models/zoo.h>
+#include <crucible/partitioner/min_cut_partition.h>
 #include <crucible/pipeline/backend_registry.h>
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/instruments.h>
@@ -19,6 +20,8 @@
 #include <torch/optim/optimizer.h>
 #include <CLI/CLI.hpp>
 
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 
@@ -49,7 +52,13 @@ void run_compile_command(const CompileCommandOptions& o) {
       pipeline::GraphDumpOptions{.dir = o.dump_dir, .svg = o.svg, .code = backend.generated_code});
   pipeline::Builder builder;
   builder.backend(o.backend).instrument(dumper);
-  o.compile.apply(builder);
+  // With min-cut, what each AOT partition saved and recomputed, and why.
+  const std::filesystem::path partition_txt = std::filesystem::path(o.dump_dir) / "partition.txt";
+  std::filesystem::remove(partition_txt);
+  o.compile.apply(builder, [partition_txt](const partitioner::MinCutReport& report) {
+    std::filesystem::create_directories(partition_txt.parent_path());
+    std::ofstream(partition_txt, std::ios::app) << partitioner::to_text(report);
+  });
 
   // The training step: one graph (forward, backward, optimizer update).
   runtime::PhaseTimer step_timer;

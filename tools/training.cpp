@@ -73,7 +73,8 @@ void CompileFlags::add_to(CLI::App& cmd) {
       ->capture_default_str();
 }
 
-void CompileFlags::apply(pipeline::Builder& builder) const {
+void CompileFlags::apply(pipeline::Builder& builder,
+                         std::function<void(const partitioner::MinCutReport&)> on_partition) const {
   builder.passes(passes).pre_grad_passes(pre_grad_passes).joint_passes(joint_passes);
   tracer::TraceOptions options = builder.trace_options();
   options.mode = trace_mode == "fake" ? tracer::TraceMode::Fake : tracer::TraceMode::Real;
@@ -82,8 +83,12 @@ void CompileFlags::apply(pipeline::Builder& builder) const {
   if (partitioner == "min-cut") {
     partitioner::MinCutOptions min_cut;
     min_cut.memory_budget = memory_budget;
-    builder.partitioner([min_cut](const ir::Graph& joint, size_t num_fwd_outputs) {
-      return partitioner::min_cut_rematerialization_partition(joint, num_fwd_outputs, min_cut);
+    builder.partitioner([min_cut, on_partition](const ir::Graph& joint, size_t num_fwd_outputs) {
+      partitioner::MinCutReport report;
+      partitioner::PartitionResult r =
+          partitioner::min_cut_rematerialization_partition(joint, num_fwd_outputs, min_cut, &report);
+      if (on_partition) on_partition(report);
+      return r;
     });
     // A training step is one graph: the same cut, inside it (Note
     // [Rematerialization in one graph]), after the other passes.

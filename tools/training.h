@@ -6,6 +6,7 @@
 #include <crucible/models/zoo.h>
 #include <crucible/pipeline/train_step.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,6 +21,9 @@ namespace crucible::runtime {
 class Counters;
 class PhaseTimer;
 }  // namespace crucible::runtime
+namespace crucible::partitioner {
+struct MinCutReport;
+}  // namespace crucible::partitioner
 
 namespace crucible::tools {
 
@@ -55,10 +59,11 @@ struct CompileFlags {
   double memory_budget = 1.0;           ///< min-cut's MinCutOptions::memory_budget
   /// Adds the seven flags to `cmd`.
   void add_to(CLI::App& cmd);
-  /// Sets the builder's pass lists, trace mode and decompositions ("auto"
-  /// reads the builder's backend: set it first). Throws ir::IrError for an
-  /// unknown pass.
-  void apply(pipeline::Builder& builder) const;
+  /// Sets the builder's pass lists, trace mode, decompositions ("auto"
+  /// reads the builder's backend: set it first) and partitioner; with
+  /// min-cut, `on_partition` (if set) receives what each AOT partition saved
+  /// and recomputed, and why. Throws ir::IrError for an unknown pass.
+  void apply(pipeline::Builder& builder, std::function<void(const partitioner::MinCutReport&)> on_partition = {}) const;
 };
 
 /// --size small|full: the zoo's model sizes (models::model_sizes()).

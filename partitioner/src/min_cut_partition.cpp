@@ -166,7 +166,26 @@ bool materialized_backwards(const ir::Value* value, const std::vector<bool>& bac
 struct Cut {
   std::unordered_set<const ir::Value*> saved;
   double bytes = 0;  // the cut's capacity; infinite when no finite cut exists
+  // Why the heuristics keep a forward value in the forward (banned values,
+  // by their first result; those the memory budget let go are absent).
+  std::unordered_map<const ir::Value*, std::string> banned_because;
 };
+
+// Why a forward value may not be recomputed (the first heuristic that
+// applies; Note [Min-cut partition]), or "" when it may.
+std::string ban_reason(const ir::Node& n, bool reads_mutated, bool far, bool materialized,
+                       const MinCutOptions& options) {
+  if (n.is_placeholder()) return "an input of the function";
+  if (reads_mutated) return "reads an input the function mutates";
+  if (!n.is_call()) return "";
+  const std::string op(n.schema().name());
+  if (ir::has_side_effects(n)) return op + " has side effects (random draws, writes or collectives)";
+  if (options.ban_compute_intensive && compute_intensive(op)) return op + " is compute-intensive";
+  if (options.only_recompute_cheap_ops && !cheap(n)) return op + " is not a cheap op";
+  if (far) return "more than max_recompute_distance uses from the backward";
+  if (materialized) return "a compute-intensive backward op reads it (ban_materialized_backwards)";
+  return "";
+}
 
 // The cut of Note [Min-cut partition] and Note [Memory budget] over the
 // values of `v`: `backward` those that exist only in the backward, `free`
@@ -208,6 +227,7 @@ Cut choose_saved(const ir::Graph& g, const Values& v, const std::vector<bool>& b
   // only: the runtime writes the input's new value after the forward, so the
   // backward would read the new value (autograd's version check refuses it).
   std::vector<bool> banned(values.size(), false);
+  std::unordered_map<const ir::Value*, std::string> reasons;
   std::vector<size_t> candidates;  // value indices, one per node (its first result)
   for (size_t i = 0; i < values.size(); ++i) {
     if (backward[i]) continue;
@@ -215,8 +235,9 @@ Cut choose_saved(const ir::Graph& g, const Values& v, const std::vector<bool>& b
     const bool far = distance[i] != kFar && distance[i] > options.max_recompute_distance;
     bool reads_mutated = false;
     for (const ir::Value* in : n->inputs()) reads_mutated = reads_mutated || mutated.count(in) > 0;
-    banned[i] = n->is_placeholder() || reads_mutated || !recomputable(*n, options) || far ||
-                (options.ban_materialized_backwards && materialized_backwards(values[i], backward, v));
+    const bool materialized = options.ban_materialized_backwards && materialized_backwards(values[i], backward, v);
+    banned[i] = n->is_placeholder() || reads_mutated || !recomputable(*n, options) || far || materialized;
+    if (banned[i]) reasons.emplace(values[i], ban_reason(*n, reads_mutated, far, materialized, options));
     if (banned[i] && n->is_call() && !reads_mutated && !ir::has_side_effects(*n) && values[i] == n->result(0))
       candidates.push_back(i);
   }
@@ -251,6 +272,7 @@ Cut choose_saved(const ir::Graph& g, const Values& v, const std::vector<bool>& b
     return cut;
   };
   Cut cut = min_cut(banned);
+  std::vector<bool> final_ban = banned;
   if (options.memory_budget < 1.0 && !candidates.empty()) {
     // See Note [Memory budget].
     std::stable_sort(candidates.begin(), candidates.end(), [&](size_t a, size_t b) {
@@ -272,8 +294,11 @@ Cut choose_saved(const ir::Graph& g, const Values& v, const std::vector<bool>& b
       else
         lo = mid + 1;
     }
-    cut = min_cut(unbanned(lo));
+    final_ban = unbanned(lo);
+    cut = min_cut(final_ban);
   }
+  for (const auto& [value, reason] : reasons)
+    if (final_ban[v.index.at(value)]) cut.banned_because.emplace(value, reason);
   return cut;
 }
 
@@ -300,16 +325,37 @@ PartitionResult min_cut_rematerialization_partition(const ir::Graph& joint, size
                                std::vector<bool>(values.list.size(), false), mutated, options, kWho);
   PartitionResult result = detail::split(joint, num_fwd_outputs, &cut.saved, kWho);
   if (report) {
-    report->saved.clear();
-    report->recomputed.clear();
-    for (const std::string& name : result.saved_values) report->saved.insert(name);
+    *report = MinCutReport{};
+    for (const std::string& name : result.saved_values) {
+      report->saved.insert(name);
+      const ir::Value* value = joint.find_value(name);
+      auto banned = value ? cut.banned_because.find(value) : cut.banned_because.end();
+      report->why[name] = banned != cut.banned_because.end() && !banned->second.empty()
+                              ? "kept in the forward: " + banned->second
+                              : "the cut: fewer bytes than what it would be recomputed from";
+    }
     for (const ir::Node* n : result.backward.nodes())
       if (n->is_call())
         for (size_t r = 0; r < n->num_results(); ++r)
-          if (result.forward.find_value(n->result(r)->name())) report->recomputed.insert(n->result(r)->name());
+          if (result.forward.find_value(n->result(r)->name())) {
+            report->recomputed.insert(n->result(r)->name());
+            report->why[n->result(r)->name()] = "recomputed in the backward: " + std::string(n->schema().name()) +
+                                                " is cheap and its inputs are saved or recomputed";
+          }
     report->saved_bytes = cut.bytes;
   }
   return result;
+}
+
+std::string to_text(const MinCutReport& report) {
+  std::string out = "saved " + std::to_string(report.saved.size()) + " values (" +
+                    std::to_string(static_cast<int64_t>(report.saved_bytes)) + " bytes); recomputed " +
+                    std::to_string(report.recomputed.size()) + "\n";
+  for (bool saved : {true, false})
+    for (const auto& [name, why] : report.why)
+      if (report.saved.count(name) == static_cast<size_t>(saved))
+        out += (saved ? "saved      %" : "recomputed %") + name + ": " + why + "\n";
+  return out;
 }
 
 RematReport rematerialize(ir::Graph& graph, const MinCutOptions& options) {

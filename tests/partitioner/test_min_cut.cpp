@@ -178,6 +178,12 @@ TEST_CASE("min-cut: views the backward reads of one saved value are saved as the
   CHECK(std::find(min_cut.result->saved_values.begin(), min_cut.result->saved_values.end(), "mm") !=
         min_cut.result->saved_values.end());
   CHECK(min_cut.report->recomputed.size() == 2);  // the transpose and the slice
+  // Why (what crucible compile --dump-dir writes): the product is kept as
+  // compute-intensive, the views are cheap to take again.
+  CHECK(min_cut.report->why.at("mm") == "kept in the forward: aten::mm is compute-intensive");
+  for (const std::string& view : min_cut.report->recomputed)
+    CHECK_THAT(min_cut.report->why.at(view), CRUCIBLE_HAS_SUBSTR("recomputed in the backward"));
+  CHECK_THAT(partitioner::to_text(*min_cut.report), CRUCIBLE_HAS_SUBSTR("saved      %mm: kept in the forward"));
 }
 
 TEST_CASE("min-cut: a value a backward matmul reads is saved, not recomputed (ban_materialized_backwards)",

@@ -77,12 +77,15 @@ TEST_CASE("crucible compile needs --dump-dir", "[tools][compile][errors]") {
 }
 
 TEST_CASE("crucible compile --partitioner min-cut saves no more than the default partition", "[tools][compile]") {
-  auto saved_bytes = [](const std::string& partitioner) {
+  std::string report;  // partition.txt: what min-cut saved and recomputed, and why
+  auto saved_bytes = [&report](const std::string& partitioner) {
     const std::string dir = "/tmp/crucible_compile_" + partitioner + "_" + std::to_string(::getpid());
     std::filesystem::remove_all(dir);
     const auto r = run_cli("compile --model convnet --no-svg --partitioner " + partitioner + " --dump-dir " + dir);
     INFO(r.out << r.err);
     REQUIRE(r.exit_code == 0);
+    CHECK(std::filesystem::exists(dir + "/partition.txt") == (partitioner == "min-cut"));
+    if (partitioner == "min-cut") report = read(dir + "/partition.txt");
     const crucible::ir::Graph forward = crucible::ir::parse(read(dir + "/forward.00.partition.txt"));
     int64_t bytes = 0;
     const auto outputs = forward.outputs();
@@ -96,4 +99,10 @@ TEST_CASE("crucible compile --partitioner min-cut saves no more than the default
   INFO("saved bytes: default " << by_default << ", min-cut " << min_cut);
   CHECK(min_cut > 0);
   CHECK(min_cut <= by_default);
+  // The ConvNet's convolutions are kept for their own reason, its ReLUs
+  // recomputed from what is saved, the inputs saved as inputs.
+  INFO(report);
+  CHECK_THAT(report, CRUCIBLE_HAS_SUBSTR("aten::convolution is compute-intensive"));
+  CHECK_THAT(report, CRUCIBLE_HAS_SUBSTR("kept in the forward: an input of the function"));
+  CHECK_THAT(report, CRUCIBLE_HAS_SUBSTR("recomputed in the backward: aten::"));
 }

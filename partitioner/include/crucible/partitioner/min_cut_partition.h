@@ -9,6 +9,7 @@
 #include <crucible/partitioner/partition.h>
 
 #include <cstddef>
+#include <map>
 #include <string>
 #include <unordered_set>
 
@@ -91,7 +92,17 @@ struct MinCutReport {
   std::unordered_set<std::string> saved, recomputed;
   /// Bytes of the saved tensors (the cut's capacity).
   double saved_bytes = 0;
+  /// For each saved and recomputed value, why: the heuristic that keeps it
+  /// in the forward (an input, compute-intensive, not a cheap op, side
+  /// effects, ...), the cut (saving it costs fewer bytes than what it is
+  /// recomputed from), or the cheap op the backward runs again.
+  std::map<std::string, std::string> why;
 };
+
+/// The report as text: a summary line, then one line per value, the saved
+/// then the recomputed (each by name), with its reason (what crucible compile --dump-dir writes to
+/// partition.txt).
+std::string to_text(const MinCutReport& report);
 
 /// Splits `joint` per Note [Joint graph contract], saving what Note
 /// [Min-cut partition] chooses. Same results and errors as
