@@ -35,6 +35,8 @@ P matmul(P a, P b, const std::string& name) {
       .named(name);
 }
 
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
 enum class Scale { Mul, Div, None };
 enum class Mask { Fill, Add, None };
 
@@ -53,8 +55,7 @@ P scaled(P scores, Scale s) {
 P masked(P x, Mask m) {
   switch (m) {
     case Mask::Fill:
-      return P::call("aten::masked_fill.Scalar",
-                     {std::move(x), P::bind("cond"), P::constant(-std::numeric_limits<double>::infinity())});
+      return P::call("aten::masked_fill.Scalar", {std::move(x), P::bind("cond"), P::constant(-kInf)});
     case Mask::Add:
       return P::call("aten::add.Tensor", {std::move(x), P::bind("bias"), P::constant(int64_t{1})});
     case Mask::None:
@@ -116,7 +117,18 @@ Rewrite attention(Scale s, Mask mask) {
                 .named("probs");
   P out = matmul(std::move(probs), P::bind("v"), "out");
 
-  P query = s == Scale::Div ? P::call("aten::div.Scalar", {P::bind("q"), P::bind("divisor")}) : P::bind("q");
+  // A query whose keys are all masked: NaN in the written-out form (softmax
+  // of -inf's), 0 from the fused kernels; a NaN query row keeps eager's NaN,
+  // forward and backward.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  P query = P::bind("q");
+  if (mask != Mask::None) {
+    P masked_out =
+        mask == Mask::Fill ? P::bind("cond") : P::call("aten::eq.Scalar", {P::bind("bias"), P::constant(-kInf)});
+    P no_key = P::call("aten::all.dim", {std::move(masked_out), P::constant(int64_t{-1}), P::constant(true)});
+    query = P::call("aten::masked_fill.Scalar", {std::move(query), std::move(no_key), P::constant(nan)});
+  }
+  if (s == Scale::Div) query = P::call("aten::div.Scalar", {std::move(query), P::bind("divisor")});
   P attn_mask = mask == Mask::Fill  ? P::call("aten::logical_not", {P::bind("cond")})
                 : mask == Mask::Add ? P::bind("bias")
                                     : P::constant(c10::IValue());

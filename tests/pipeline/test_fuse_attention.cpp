@@ -125,3 +125,38 @@ TEST_CASE("fuse_attention: leaves alone dropout, finite fills, other softmax dim
     REQUIRE(ir::fuse_attention(r.graph) == 0);
   }
 }
+
+TEST_CASE("fuse_attention: a row whose keys are all masked", "[pipeline][fuse_attention]") {
+  // Eager's masked_fill(-inf) then softmax gives NaN there; what the fused
+  // kernel gives is pinned here (the header says it), so that a change shows.
+  std::vector<at::Tensor> in = inputs(false);
+  in[3] = in[3].clone();
+  in[3].select(2, 1).zero_();  // query 1 sees no key
+  auto fn = [](const std::vector<at::Tensor>& x) {
+    return std::vector<at::Tensor>{written_out(x, Scale::Mul, Mask::Fill)};
+  };
+  tracer::TraceResult r = tracer::make_fx(fn, in);
+  REQUIRE(ir::fuse_attention(r.graph) == 1);
+  const at::Tensor got = ir::Interpreter(r.graph)(in).at(0);
+  const at::Tensor expected = written_out(in, Scale::Mul, Mask::Fill);
+  REQUIRE(expected.select(2, 1).isnan().all().item<bool>());
+  INFO("fused row: " << got.select(2, 1).flatten().slice(0, 0, 4));
+  CHECK(got.select(2, 1).isnan().all().item<bool>());
+  // The other rows agree.
+  REQUIRE_CLOSE(got.select(2, 0), expected.select(2, 0), kRtol, kAtol);
+  REQUIRE_CLOSE(got.narrow(2, 2, 3), expected.narrow(2, 2, 3), kRtol, kAtol);
+  // Backward, the NaN reaches every element of v's gradient (and so every
+  // parameter that made v) on both sides. (k's differs: eager's
+  // masked_fill backward zeroes the NaN row's score gradients, the fused
+  // backward spreads them; either way the parameters end NaN.)
+  auto with_grad = [&in] {
+    std::vector<at::Tensor> x = in;
+    for (size_t i = 0; i < 3; ++i) x[i] = x[i].detach().requires_grad_();
+    return x;
+  };
+  std::vector<at::Tensor> fused_in = with_grad(), eager_in = with_grad();
+  ir::Interpreter(r.graph)(fused_in).at(0).sum().backward();
+  written_out(eager_in, Scale::Mul, Mask::Fill).sum().backward();
+  CHECK(eager_in[2].grad().isnan().all().item<bool>());
+  CHECK(fused_in[2].grad().isnan().all().item<bool>());
+}

@@ -34,15 +34,14 @@ namespace crucible::ir {
 /// mask(x) is `x.masked_fill(cond, -inf)` (cond boolean), `x + bias`
 /// (bias of q's dtype) or x, the mask broadcasting to [B, H, T, S], becomes
 ///   scaled_dot_product_attention(q', k, v, attn_mask, 0.0, false, scale)
-/// copied to a contiguous [B, H, T, Ev], with q' = q / d (scale 1) for a
-/// division, attn_mask = logical_not(cond) or bias. Dropout on the
-/// probabilities is left as it is (its random draws would change), and so
-/// are masks filled with finite values: a row whose keys are all masked
-/// averages the values where masked_fill(-1e9) stands, and is zero where
-/// scaled_dot_product_attention drops every key.
-/// Rows whose keys are all masked with -inf are NaN in the written-out
-/// form; scaled_dot_product_attention's kernels give 0 there (its math
-/// fallback's _safe_softmax), which is the one place the results part.
+/// copied to a contiguous [B, H, T, Ev], with attn_mask = logical_not(cond)
+/// or bias, and q' = q / d (scale 1) for a division. Where every key of a
+/// query is masked, the written-out form gives NaN (the softmax of -inf's)
+/// and the fused kernels 0: q' fills such query rows with NaN, so the
+/// results stay NaN there as eager's, and the backward's NaN reaches v's
+/// gradient (so the parameters) as eager's does.
+/// Dropout on the probabilities is left as it is (its random draws would
+/// change), and so are masks filled with finite values.
 std::vector<Rewrite> attention_rewrites();
 
 /// Applies attention_rewrites() (apply_rewrites in pattern_matcher.h);
