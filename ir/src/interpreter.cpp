@@ -4,6 +4,7 @@
 #include "describe.h"
 
 #include <ATen/core/List.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/core/stack.h>
 #include <c10/util/Exception.h>
 
@@ -58,6 +59,7 @@ struct Step {
   c10::OperatorHandle op;
   uint32_t args_begin, args_end;        // in Plan::args
   uint32_t returns_begin, returns_end;  // in Plan::returns
+  bool no_grad = false;                 // Note [Nodes traced under no_grad]
 };
 
 }  // namespace
@@ -158,7 +160,7 @@ class Interpreter::Plan::Builder {
     if (n->args().size() != formals.size())
       throw IrError("interpreter: " + describe(n) + " has " + std::to_string(n->args().size()) +
                     " arguments, its schema takes " + std::to_string(formals.size()) + "; run verify()");
-    Step step{n, n->op(), static_cast<uint32_t>(p_.args.size()), 0, 0, 0};
+    Step step{n, n->op(), static_cast<uint32_t>(p_.args.size()), 0, 0, 0, n->has_tag("no_grad")};
     for (size_t i = 0; i < n->args().size(); ++i) {
       const Argument& a = n->args()[i];
       if (a.is_constant()) {
@@ -297,6 +299,8 @@ std::vector<at::Tensor> Interpreter::run(std::vector<at::Tensor>& inputs) const 
       }
     }
     try {
+      std::optional<at::NoGradGuard> no_grad;
+      if (step.no_grad) no_grad.emplace();
       step.op.callBoxed(stack);
     } catch (const c10::Error& e) {
       throw IrError("interpreter: node " + describe(step.node) + " failed: " + e.what_without_backtrace());

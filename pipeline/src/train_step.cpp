@@ -135,6 +135,9 @@ tracer::TensorFn pre_grad_step(const Builder& builder, const std::shared_ptr<tor
     const std::vector<at::Tensor> batch(full.begin() + static_cast<std::ptrdiff_t>(num_state), full.end());
     return std::vector<at::Tensor>{loss_fn(*module, batch)};
   };
+  // Traced with grad mode on, as the step runs the loss: ops the loss runs
+  // under no_grad are tagged so (Note [Nodes traced under no_grad]).
+  at::AutoGradMode grad_on(true);
   tracer::TensorFn forward = builder.pre_grad_function(loss_alone, trace, forward_args);
   LossFn graph_loss = [forward = std::move(forward)](torch::nn::Module& m, const std::vector<at::Tensor>& batch) {
     std::vector<at::Tensor> in = autograd::module_state(m);

@@ -3,8 +3,10 @@
 // forward, buffers a module updates itself, tensors the loss reads from
 // outside the module, frozen and shared parameters, random draws. Each is
 // trained through compile_train_step (the interpreter, inductor with the
-// core decompositions, and the interpreter over a graph traced in fake mode,
-// on meta tensors) and, from the same initial state, by the eager loop
+// core decompositions, the interpreter over a graph traced in fake mode, on
+// meta tensors, and the interpreter with pre-grad passes, which differentiate
+// the loss's forward graph as the interpreter runs it) and, from the same
+// initial state, by the eager loop
 // `zero_grad(); loss_fn(...).backward(); step()`; losses, parameters and
 // buffers must agree at every step. Several also go through
 // inductor::compile_fx (the AOT split) in train and eval mode.
@@ -117,6 +119,7 @@ std::vector<std::pair<std::string, Builder>> builders() {
   crucible::tracer::TraceOptions fake;
   fake.mode = crucible::tracer::TraceMode::Fake;
   out.emplace_back("fake", std::move(Builder().trace_options(fake)));
+  out.emplace_back("pre-grad", std::move(Builder().pre_grad_passes({"fuse_attention", "cse"})));
   return out;
 }
 

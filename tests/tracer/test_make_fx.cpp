@@ -238,6 +238,39 @@ TEST_CASE("make_fx: a joint trace of torch::autograd::grad tags the backward ops
   REQUIRE_EQUAL_TENSORS(actual[0], expected[0]);
   REQUIRE_EQUAL_TENSORS(actual[1], expected[1]);
 }
+TEST_CASE("make_fx: ops run under no_grad in a function traced with grad on are tagged, and run so", "[tracer]") {
+  // Note [Nodes traced under no_grad]: an in-place write to a leaf that
+  // requires grad (embedding's max_norm renormalization) works under
+  // no_grad only; interpreting the graph with grad on must do the same.
+  auto fn = [](const Tensors& in) {
+    {
+      at::NoGradGuard no_grad;
+      in[0].mul_(0.5);
+    }
+    return Tensors{(in[0] * in[1]).sum()};
+  };
+  at::AutoGradMode grad_on(true);
+  const Tensors inputs = {at::randn({4}).requires_grad_(), at::randn({4})};
+  auto r = make_fx(fn, clones(inputs));
+  size_t tagged = 0;
+  for (auto* n : r.graph.nodes()) tagged += n->has_tag("no_grad");
+  REQUIRE(tagged == 1);
+  Tensors run_in = clones(inputs);
+  run_in[0] = run_in[0].detach().requires_grad_();
+  const at::Tensor out = run_traced(r, run_in).at(0);  // mul_ on a leaf that requires grad: no_grad only
+  out.backward();
+  Tensors eager_in = clones(inputs);
+  eager_in[0].requires_grad_();
+  const at::Tensor expected = fn(eager_in).at(0);
+  expected.backward();
+  REQUIRE_EQUAL_TENSORS(out.detach(), expected.detach());
+  REQUIRE_EQUAL_TENSORS(run_in[0].grad(), eager_in[0].grad());
+  // Traced with grad off, nothing is tagged: the whole trace ran so.
+  at::NoGradGuard off;
+  auto quiet = make_fx(fn, clones(inputs));
+  for (auto* n : quiet.graph.nodes()) REQUIRE_FALSE(n->has_tag("no_grad"));
+}
+
 TEST_CASE("make_fx: tensors the function makes itself, real or fake, functionalized or not", "[tracer]") {
   // Note [Memory written outside the dispatcher]: what a traced op writes
   // (torch::tensor's element fills, fill_, normal_, an out= op) is in the

@@ -80,7 +80,20 @@ size_t TraceSession::ViewKeyHash::operator()(const ViewKey& k) const {
   return h;
 }
 
-TraceSession::TraceSession(ir::Graph& graph, const TraceOptions& options) : graph_(graph), options_(options) {
+// Note [Nodes traced under no_grad]
+// A function traced with grad mode on may turn it off for some of its ops:
+// LibTorch's embedding renormalizes its weight in place under NoGradGuard
+// (max_norm), an optimizer updates its parameters so. The graph has no
+// grad-mode nodes (dynamo records torch._C._set_grad_enabled calls), so such
+// ops, outside the autograd engine's backward, are tagged "no_grad", and the
+// interpreter runs them under no_grad: a graph that is run again to be
+// differentiated (a pre-grad graph, Note [Pre-grad graphs]) then does what
+// the function did instead of failing on an in-place write to a leaf that
+// requires grad, or recording the update in autograd's graph. A trace that
+// starts with grad mode off (the training step's, AOTAutograd's inference
+// path) tags nothing.
+TraceSession::TraceSession(ir::Graph& graph, const TraceOptions& options)
+    : graph_(graph), options_(options), grad_at_start_(at::GradMode::is_enabled()) {
   for (const NamedTensor& n : options_.source_names)
     if (n.tensor.defined()) source_names_.emplace(n.tensor.unsafeGetTensorImpl(), n.name);
   for (const auto& [name, fn] : options_.decompositions) {
@@ -715,7 +728,10 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
     uninitialized_.insert_or_assign(stack[base].toTensor().storage().unsafeGetStorageImpl(),
                                     Uninitialized{stack[base].toTensor().storage().getWeakStorageImpl(), node});
   // The autograd engine sets its graph task while it runs backward nodes.
-  if (torch::autograd::get_current_graph_task_id() != -1) node->add_tag("backward");
+  if (torch::autograd::get_current_graph_task_id() != -1)
+    node->add_tag("backward");
+  else if (grad_at_start_ && !at::GradMode::is_enabled())
+    node->add_tag("no_grad");  // Note [Nodes traced under no_grad]
   size_t k = 0;
   for (size_t r = 0; r < nret; ++r) {
     const c10::IValue& iv = stack[base + r];

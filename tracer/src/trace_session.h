@@ -180,6 +180,7 @@ class TraceSession {
   std::unordered_map<const c10::StorageImpl*, StorageEntry> by_storage_;
   std::vector<Reached> reached_;
   bool restored_ = false;
+  bool grad_at_start_;  // Note [Nodes traced under no_grad]
   std::vector<std::string> stand_ins_;
   // Storages of aten::empty results no traced op has written yet, with their
   // node (Note [Memory written outside the dispatcher]).
