@@ -5,6 +5,7 @@
 #include <crucible/data/fashion_mnist.h>
 #include <crucible/data/synthetic_tokens.h>
 #include <crucible/inductor/compile_fx.h>
+#include <crucible/inductor/compile_fx_aot.h>
 #include <crucible/ir/graph.h>
 #include <crucible/models/zoo.h>
 #include <crucible/partitioner/min_cut_partition.h>
@@ -226,6 +227,44 @@ TEST_CASE("train step through inductor: the GPT trains as eager with AdamW", "[p
         return synthetic_token_batch({config.vocab_size, config.block_size, 4, 0}, i);
       },
       20, kFusedRtol, kFusedAtol, inductor_builder());
+}
+
+// The AOT path with min-cut and inductor (inductor::compile_fx: core
+// decompositions, the min-cut partition, forward and backward compiled by
+// inductor), on every zoo model's loss in float64: the loss, every
+// parameter's gradient and every buffer (batch norm's running statistics)
+// as eager's, within the fused bounds.
+TEST_CASE("compile_fx: every zoo model's loss and gradients through min-cut and inductor equal eager's",
+          "[pipeline][train_step][inductor][min_cut]") {
+  for (const std::string& name : model_names()) {
+    INFO(name);
+    Twins t = twins(in_double([&] { return make_model(name); }));
+    t.compiled.module->train();
+    t.eager.module->train();
+    Batch b = t.compiled.example_batch(4, 0);
+    if (at::isFloatingType(b.inputs.scalar_type())) b.inputs = b.inputs.to(at::kDouble);
+    auto compiled = crucible::inductor::compile_fx(
+        t.compiled.module,
+        [loss = loss_of(t.compiled)](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+          return std::vector<at::Tensor>{loss(m, in)};
+        },
+        {b.inputs, b.targets});
+    const at::Tensor loss = compiled({b.inputs, b.targets}).at(0);
+    loss.backward();
+    const at::Tensor eager_loss = t.eager.loss(t.eager.forward(b.inputs), b.targets);
+    eager_loss.backward();
+    REQUIRE_CLOSE(loss.detach(), eager_loss.detach(), kFusedRtol, kFusedAtol);
+    auto eager_params = t.eager.module->named_parameters();
+    for (const auto& p : t.compiled.module->named_parameters()) {
+      INFO("gradient of " << p.key());
+      REQUIRE_CLOSE(p.value().grad(), eager_params[p.key()].grad(), kFusedRtol, kFusedAtol);
+    }
+    auto eager_buffers = t.eager.module->named_buffers();
+    for (const auto& buf : t.compiled.module->named_buffers()) {
+      INFO("buffer " << buf.key());
+      REQUIRE_CLOSE(buf.value(), eager_buffers[buf.key()], kFusedRtol, kFusedAtol);
+    }
+  }
 }
 
 // fuse_attention as a pre-grad pass (Note [Pre-grad passes in a training
