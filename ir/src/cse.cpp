@@ -85,9 +85,15 @@ std::vector<const Value*> written_values(const Node* n) {
   return written;
 }
 
+// Calls traced under no_grad run so (Note [Nodes traced under no_grad] in
+// the tracer): merged with an equal call that records autograd's graph, one
+// of the two would run in the other's grad mode.
+bool runs_without_grad(const Node* n) { return n->has_tag("no_grad"); }
+
 size_t hash_call(const Node* n) {
   size_t h = std::hash<const void*>{}(&n->schema());
   detail::hash_mix(h, n->num_results());
+  detail::hash_mix(h, runs_without_grad(n));
   for (const Argument& a : n->args()) {
     if (a.is_value()) {
       detail::hash_mix(h, std::hash<const void*>{}(a.value()));
@@ -102,7 +108,8 @@ size_t hash_call(const Node* n) {
 }
 
 bool same_call(const Node* a, const Node* b) {
-  if (&a->schema() != &b->schema() || a->num_results() != b->num_results() || a->args().size() != b->args().size())
+  if (&a->schema() != &b->schema() || a->num_results() != b->num_results() || a->args().size() != b->args().size() ||
+      runs_without_grad(a) != runs_without_grad(b))
     return false;
   for (size_t i = 0; i < a->args().size(); ++i) {
     const Argument &x = a->args()[i], &y = b->args()[i];

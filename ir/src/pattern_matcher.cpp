@@ -387,6 +387,11 @@ bool try_rewrite(Graph& graph, const Rewrite& r, Node* root) {
   if (!Matcher(m).call(r.pattern, root, /*root=*/true)) return false;
   const std::unordered_set<const Node*> matched(m.nodes().begin(), m.nodes().end());
   if (!reads_stay_inside(m, matched) || !root_writes_inside(m, matched) || !no_write_within(m, matched)) return false;
+  // The new calls take the root's tags; a match across grad modes (Note
+  // [Nodes traced under no_grad] in the tracer) would move some calls into
+  // the other's.
+  for (const Node* n : m.nodes())
+    if (n->has_tag("no_grad") != root->has_tag("no_grad")) return false;
   if (r.check && !r.check(m)) return false;
 
   Value* old = root->result();

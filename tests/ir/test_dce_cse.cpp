@@ -246,6 +246,24 @@ TEST_CASE("CSE keeps collectives and in-place ops apart", "[ir][cse]") {
   REQUIRE(g.num_nodes() == 6);
 }
 
+TEST_CASE("CSE merges calls traced under no_grad only with each other", "[ir][cse]") {
+  // A call the function ran under no_grad runs so (the tracer's "no_grad"
+  // tag); merged with one that records autograd's graph, a gradient would
+  // flow where eager's does not, or stop where it flows.
+  Graph g;
+  Value* x = g.add_placeholder("x", f32({6}));
+  Node* with_grad = g.add_call("aten::exp", {x});
+  Node* without = g.add_call("aten::exp", {x});
+  Node* without_too = g.add_call("aten::exp", {x});
+  without->add_tag("no_grad");
+  without_too->add_tag("no_grad");
+  for (Node* n : {with_grad, without, without_too}) n->result()->set_meta(f32({6}));
+  g.set_output({with_grad->result(), without->result(), without_too->result()});
+  REQUIRE(eliminate_common_subexpressions(g) == 1);  // the two no_grad ones
+  REQUIRE(g.outputs()[0] != g.outputs()[1]);
+  REQUIRE(g.outputs()[1] == g.outputs()[2]);
+}
+
 TEST_CASE("CSE assumes graph inputs may alias each other", "[ir][cse]") {
   // Nothing in the graph relates x and y, but a caller may pass one tensor
   // for both: then x.add_(1) changes y, and the two negs differ.

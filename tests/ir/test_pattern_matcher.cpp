@@ -315,3 +315,17 @@ TEST_CASE("any_of matches the first alternative that matches, leaving nothing of
           g, {{"any_of in replacement", P::call("aten::relu", {partial}), P::call("aten::neg", {partial}), {}}}),
       CRUCIBLE_HAS_SUBSTR("holds an any_of"));
 }
+
+TEST_CASE("a match across grad modes (calls traced under no_grad and others) is refused", "[ir][pattern]") {
+  Graph g = parse(R"(
+    %x : f32[3] = placeholder()
+    %a : f32[3] = aten::neg(%x) {tags=[no_grad]}
+    %b : f32[3] = aten::neg(%a)
+    %c : f32[3] = aten::neg(%x) {tags=[no_grad]}
+    %d : f32[3] = aten::neg(%c) {tags=[no_grad]}
+    return (%b, %d)
+  )");
+  REQUIRE(apply_rewrites(g, {double_neg()}) == 1);  // %d: both calls ran under no_grad
+  REQUIRE(g.outputs()[0]->name() == "b");
+  REQUIRE(g.outputs()[1]->name() == "x");
+}
