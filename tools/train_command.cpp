@@ -307,6 +307,16 @@ void run_train_command(const TrainCommandOptions& o) {
   }
   std::cout.flush();
 
+  // The global batch's loss from a rank's: the mean of the ranks' (equal
+  // shards, mean loss).
+  auto global_loss = [&](double rank_loss) {
+    if (!group || world == 1) return rank_loss;
+    std::vector<at::Tensor> l{
+        at::full({1}, rank_loss,
+                 at::TensorOptions(at::kDouble).device(group->backend() == "nccl" ? device : at::Device(at::kCPU)))};
+    group->all_reduce_sum(l);
+    return l[0].item<double>() / world;
+  };
   using clock = std::chrono::steady_clock;
   double train_s = 0, eager_s = 0, loss = 0, eager_loss = 0;
   OneStepAgreement one_step;
@@ -325,12 +335,14 @@ void run_train_command(const TrainCommandOptions& o) {
       eager_s += std::chrono::duration<double>(clock::now() - start).count();
     }
     if (fused_check) {
-      losses.push_back(loss);
+      // Against eager's loss on the global batch: the ranks' mean.
+      const double compiled_loss = global_loss(loss);
+      losses.push_back(compiled_loss);
       eager_losses.push_back(eager_loss);
       if (i == 0) {
         const at::Tensor reference_loss =
             models::eager_train_step(reference->model, *reference->optimizer, in_float64(b));
-        one_step = compare_one_step(at::scalar_tensor(loss, at::kDouble).to(at::kFloat),
+        one_step = compare_one_step(at::scalar_tensor(compiled_loss, at::kDouble).to(at::kFloat),
                                     at::scalar_tensor(eager_loss, at::kDouble).to(at::kFloat), reference_loss,
                                     first_grads, *model.module, *eager->module, *reference->model.module);
         reference.reset();
@@ -341,13 +353,7 @@ void run_train_command(const TrainCommandOptions& o) {
   }
   const double samples_per_s = static_cast<double>(steps * global_batch) / train_s;
   bar.finish("loss " + fixed(loss, 4) + (world > 1 ? " (rank 0)" : "") + "  " + fixed(samples_per_s, 0) + " samples/s");
-  if (group && world > 1) {
-    // The global batch's loss: the mean of the ranks' (equal shards, mean loss).
-    std::vector<at::Tensor> l{at::full(
-        {1}, loss, at::TensorOptions(at::kDouble).device(group->backend() == "nccl" ? device : at::Device(at::kCPU)))};
-    group->all_reduce_sum(l);
-    loss = l[0].item<double>() / world;
-  }
+  loss = global_loss(loss);
 
   // The test split through the forward compiled by the same builder (its AOT
   // inference path), or eagerly with --backend eager.

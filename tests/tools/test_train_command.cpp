@@ -209,6 +209,18 @@ TEST_CASE("crucible train --nproc 2: two Gloo ranks end where one eager process 
   CHECK(j["max_param_diff"].get<double>() <= 1e-4);
   // The reported loss is the global batch's (the mean over ranks).
   CHECK(std::abs(j["final_loss"].get<double>() - j["eager_final_loss"].get<double>()) < 1e-4);
+
+  // Through inductor (the default), checked as a fused backend: each step's
+  // loss is the ranks' mean, set against eager's on the global batch.
+  const auto fused = run_cli("train --model convnet --steps 10 --batch 16 --nproc 2 --check-eager --json --data-dir " +
+                             fashion_mnist_test_dir());
+  INFO(fused.out << fused.err);
+  REQUIRE(fused.exit_code == 0);
+  const nlohmann::json f = last_line_json(fused.out);
+  CHECK(f["backend"] == "inductor");
+  CHECK(f["one_step"]["loss"] == true);
+  CHECK(f["one_step"]["parameters"] == true);
+  CHECK(f["loss_curve_max_rel_diff"].get<double>() <= 0.01);
 }
 
 TEST_CASE("crucible launch starts the ranks with the torchrun environment and reports a failing one",
