@@ -40,13 +40,20 @@ runtime::SameResult same_by_name(const std::vector<at::Tensor>& eager, const std
 
 }  // namespace
 
+models::Model copy_of(const std::string& name, const std::string& size, const models::Model& from, at::Device device,
+                      at::ScalarType dtype) {
+  models::Model copy = models::make_model(name, size);
+  copy.module->to(device, dtype);
+  models::copy_state(*from.module, *copy.module);
+  copy.module->train();
+  return copy;
+}
+
 std::vector<at::Tensor> compiled_gradients(const pipeline::Builder& builder, const std::string& model_name,
                                            const std::string& size, const models::Model& model,
                                            const data::Batch& batch) {
-  models::Model copy = models::make_model(model_name, size);
-  copy.module->to(model.module->parameters().front().device());
-  models::copy_state(*model.module, *copy.module);
-  copy.module->train();
+  const at::Tensor first = model.module->parameters().front();
+  models::Model copy = copy_of(model_name, size, model, first.device(), first.scalar_type());
   autograd::AotModule loss = builder.compile(copy.module, [forward = copy.forward, loss_fn = copy.loss](
                                                               torch::nn::Module&, const std::vector<at::Tensor>& in) {
     return std::vector<at::Tensor>{loss_fn(forward(in.at(0)), in.at(1))};

@@ -45,6 +45,12 @@ struct OneStepAgreement {
   bool ok() const { return loss.ok && gradients.ok && parameters.ok; }
 };
 
+/// A new zoo model `name` of `size` holding `from`'s parameters and buffers,
+/// on `device` in `dtype`, in train mode: the eager copy, the float64
+/// reference, the gradients' copy.
+models::Model copy_of(const std::string& name, const std::string& size, const models::Model& from, at::Device device,
+                      at::ScalarType dtype);
+
 /// The gradients of `model`'s loss on `batch` from the backend's AOT
 /// forward and backward: `builder.compile(module, loss)` on a copy of
 /// `model` (same state, same device), one per parameter in parameters()

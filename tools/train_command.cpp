@@ -250,17 +250,11 @@ void run_train_command(const TrainCommandOptions& o) {
   std::vector<at::Tensor> first_grads;
   std::vector<double> losses, eager_losses;
   if (o.check_eager) {
-    eager.emplace(models::make_model(o.model, o.size));
-    eager->module->to(device);
-    models::copy_state(*model.module, *eager->module);
-    eager->module->train();
+    eager.emplace(copy_of(o.model, o.size, model, device, at::kFloat));
     eager_optimizer = o.optimizer.make(eager->module->parameters());
   }
   if (fused_check) {
-    reference.emplace(Float64Reference{models::make_model(o.model, o.size), nullptr});
-    reference->model.module->to(device, at::kDouble);
-    models::copy_state(*model.module, *reference->model.module);
-    reference->model.module->train();
+    reference.emplace(Float64Reference{copy_of(o.model, o.size, model, device, at::kDouble), nullptr});
     reference->optimizer = o.optimizer.make(reference->model.module->parameters());
   }
 

@@ -237,8 +237,9 @@ autograd::AotConfig Builder::aot_config() const {
 // program called them, as dynamo's graphs hold them: a pattern such as
 // fuse_attention's sees aten::_softmax, not its decomposition; AOTAutograd's
 // trace decomposes what the interpreter dispatches), runs the pre-grad
-// passes over that graph, and hands AOTAutograd, in the function's place, one that runs the
-// graph with the interpreter: AOTAutograd's own traces then record the ATen
+// passes over that graph, and hands AOTAutograd, in the function's place,
+// one that runs the graph with the interpreter: AOTAutograd's own traces
+// then record the ATen
 // ops the interpreter dispatches, so they differentiate, functionalize and
 // lift what the passes made. The tensors the forward graph lifted are read
 // again from outside at each run (held weakly), so AOTAutograd lifts them

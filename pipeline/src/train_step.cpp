@@ -128,15 +128,13 @@ tracer::TensorFn pre_grad_step(const Builder& builder, const std::shared_ptr<tor
   const auto batch_begin = flat_args.begin() + static_cast<std::ptrdiff_t>(num_state + num_flat + groups.size());
   std::vector<at::Tensor> forward_args(flat_args.begin(), flat_args.begin() + static_cast<std::ptrdiff_t>(num_state));
   forward_args.insert(forward_args.end(), batch_begin, flat_args.end());
-  // The loss as the step computes it (grad mode on: at::matmul, for one,
-  // decomposes by whether its operands require grad).
   const tracer::TensorFn loss_alone = [module, loss_fn, num_state](const std::vector<at::Tensor>& full) {
-    at::AutoGradMode grad_on(true);
     const std::vector<at::Tensor> batch(full.begin() + static_cast<std::ptrdiff_t>(num_state), full.end());
     return std::vector<at::Tensor>{loss_fn(*module, batch)};
   };
-  // Traced with grad mode on, as the step runs the loss: ops the loss runs
-  // under no_grad are tagged so (Note [Nodes traced under no_grad]).
+  // Traced with grad mode on, as the step runs the loss: at::matmul, for
+  // one, decomposes by whether its operands require grad, and ops the loss
+  // runs under no_grad are tagged so (Note [Nodes traced under no_grad]).
   at::AutoGradMode grad_on(true);
   tracer::TensorFn forward = builder.pre_grad_function(loss_alone, trace, forward_args);
   LossFn graph_loss = [forward = std::move(forward)](torch::nn::Module& m, const std::vector<at::Tensor>& batch) {

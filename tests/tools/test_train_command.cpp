@@ -21,6 +21,19 @@ nlohmann::json last_line_json(const std::string& out) {
   return nlohmann::json::parse(nl == std::string::npos ? s : s.substr(nl + 1));
 }
 
+// Note [Agreement with eager for a fused backend], as --json reports it,
+// for a short run: the one-step checks passed, and the runs stayed within
+// rounding of each other (far inside the bounds an epoch needs, 2% and 1
+// point).
+void require_fused_agreement(const nlohmann::json& j) {
+  CHECK(j["backend"] == "inductor");
+  CHECK(j["one_step"]["loss"] == true);
+  CHECK(j["one_step"]["gradients"] == true);
+  CHECK(j["one_step"]["parameters"] == true);
+  CHECK(j["loss_curve_max_rel_diff"].get<double>() <= 0.01);
+  CHECK(j["accuracy_diff_points"].get<double>() <= 0.5);
+}
+
 }  // namespace
 
 TEST_CASE("crucible train --check-eager --json: every field, and the compiled run agrees with eager",
@@ -75,16 +88,7 @@ TEST_CASE("crucible train's default is inductor, checked against eager as a fuse
   INFO(r.out << r.err);
   REQUIRE(r.exit_code == 0);
   const nlohmann::json j = last_line_json(r.out);
-  CHECK(j["backend"] == "inductor");
-  // Note [Agreement with eager for a fused backend]: one step from the same
-  // state within same() of eager's (float64 reference); over 40 steps the
-  // runs stay within rounding of each other, far inside the bounds an
-  // epoch needs (2%, 1 point).
-  CHECK(j["one_step"]["loss"] == true);
-  CHECK(j["one_step"]["gradients"] == true);
-  CHECK(j["one_step"]["parameters"] == true);
-  CHECK(j["loss_curve_max_rel_diff"].get<double>() <= 0.01);
-  CHECK(j["accuracy_diff_points"].get<double>() <= 0.5);
+  require_fused_agreement(j);
   CHECK(j["test_accuracy"].get<double>() > 0.4);
   CHECK_THAT(r.out, CRUCIBLE_HAS_SUBSTR("as a fused backend should: one step from the same state: loss ok, "
                                         "gradients ok, parameters ok"));
@@ -216,11 +220,7 @@ TEST_CASE("crucible train --nproc 2: two Gloo ranks end where one eager process 
                              fashion_mnist_test_dir());
   INFO(fused.out << fused.err);
   REQUIRE(fused.exit_code == 0);
-  const nlohmann::json f = last_line_json(fused.out);
-  CHECK(f["backend"] == "inductor");
-  CHECK(f["one_step"]["loss"] == true);
-  CHECK(f["one_step"]["parameters"] == true);
-  CHECK(f["loss_curve_max_rel_diff"].get<double>() <= 0.01);
+  require_fused_agreement(last_line_json(fused.out));
 }
 
 TEST_CASE("crucible launch starts the ranks with the torchrun environment and reports a failing one",
