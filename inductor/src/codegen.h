@@ -85,4 +85,9 @@ std::string render_cuda_combined(const Program& p, const std::vector<const Group
 /// standard library.
 const char* cuda_prelude();
 
+/// The conversions between float and the 16-bit patterns of bf16 and f16
+/// that loads and stores of such buffers call (Note [Reduced-precision
+/// loops]), for NVRTC; a translation unit carries them where it names them.
+const char* cuda_reduced_precision_prelude();
+
 }  // namespace crucible::inductor::detail

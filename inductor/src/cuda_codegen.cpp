@@ -43,7 +43,11 @@ constexpr int64_t kMaxPartBlocks = 1024;             // a part of a combined lau
 constexpr int64_t kSharedBudget = 48 * 1024;         // what a block gets without opting in
 constexpr int64_t kIndex32Limit = int64_t{1} << 30;  // headroom for a grid stride past the end
 
-int64_t size_of(c10::ScalarType t) { return static_cast<int64_t>(c10::elementSize(t)); }
+// Bytes of an element of a scratch row, which holds values as bodies
+// compute them (bf16 and f16 in float).
+int64_t scratch_size_of(c10::ScalarType t) {
+  return reduced_precision(t) ? 4 : static_cast<int64_t>(c10::elementSize(t));
+}
 
 // The largest element offset (+ 1) a buffer's layout reaches.
 int64_t extent(const Buffer& b) {
@@ -84,7 +88,7 @@ std::string parameters(const Program& p, const CBody& body, const GroupInfo& inf
     sig.buffers.push_back(b);
     sig.written.push_back(written);
     const Buffer& buf = p.buffers[b];
-    params += std::string(params.empty() ? "" : ", ") + (written ? "" : "const ") + ctype_of(buf.dtype) +
+    params += std::string(params.empty() ? "" : ", ") + (written ? "" : "const ") + storage_ctype_of(buf.dtype) +
               (buf.host_scalar ? " " : "* __restrict__ ") + buf.name;
   }
   return params;
@@ -119,7 +123,7 @@ PointwiseText pointwise_text(const Program& p, const Group& g, const GroupInfo& 
     Val v = body_value(body, l, g.outer, g.inner);
     per_outer += body.take(1);
     if (info.external.contains(l.buffer)) {
-      per_outer += body.arg(l.buffer) + "[" + store_offset(p, l, o).str() + "] = " + v.name + ";\n";
+      per_outer += body.store(l.buffer, store_offset(p, l, o), v.name);
       body.stored(l.buffer);
     }
     body.set_local(l.buffer, v.name);
@@ -164,15 +168,13 @@ std::string render_column(const Program& p, const Group& g, const GroupInfo& inf
   std::string epilogue = "for (int y = 1; y < " + R + "; ++y) acc = " + f + "()(acc, partial[y][threadIdx.x]);\n";
   epilogue += "const " + T + " " + red_name + " = " + value + ";\n";
   Expr o = Expr::var("o", g.outer);
-  if (info.external.contains(red.buffer))
-    epilogue += body.arg(red.buffer) + "[" + store_offset(p, red, o).str() + "] = " + red_name + ";\n";
+  if (info.external.contains(red.buffer)) epilogue += body.store(red.buffer, store_offset(p, red, o), red_name);
   body.set_local(red.buffer, red_name);
   for (size_t k = 1; k < g.loops.size(); ++k) {
     const Loop& l = p.loops[g.loops[k]];
     Val e = body_value(body, l, g.outer, g.inner);
     epilogue += body.take_inner();
-    if (info.external.contains(l.buffer))
-      epilogue += body.arg(l.buffer) + "[" + store_offset(p, l, o).str() + "] = " + e.name + ";\n";
+    if (info.external.contains(l.buffer)) epilogue += body.store(l.buffer, store_offset(p, l, o), e.name);
     body.set_local(l.buffer, e.name);
   }
   per_tile += "if (threadIdx.x < " + W + " && o < " + OUTER + ") {\n" + indent(epilogue, 2) + "}\n__syncthreads();\n";
@@ -196,7 +198,7 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
     const Loop& l = p.loops[li];
     if (stage_of(l, g) == Stage::Inner && !info.external.contains(l.buffer)) {
       scratch.push_back(l.buffer);
-      bytes += (g.inner * size_of(p.buffers[l.buffer].dtype) + 15) / 16 * 16;
+      bytes += (g.inner * scratch_size_of(p.buffers[l.buffer].dtype) + 15) / 16 * 16;
     }
   }
   if (bytes > kSharedBudget) {
@@ -224,8 +226,7 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
       case Stage::Scalar:
         per_outer += body.take(1);
         if (external) {
-          per_outer += "if (threadIdx.x == 0) " + body.arg(l.buffer) + "[" + store_offset(p, l, o).str() +
-                       "] = " + v.name + ";\n";
+          per_outer += "if (threadIdx.x == 0) " + body.store(l.buffer, store_offset(p, l, o), v.name);
           body.stored(l.buffer);
         }
         body.set_local(l.buffer, v.name);
@@ -235,7 +236,7 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
         per_outer += body.take(1);
         std::string store;
         if (external) {
-          store = body.arg(l.buffer) + "[" + store_offset(p, l, o * g.inner + r).str() + "] = " + v.name + ";\n";
+          store = body.store(l.buffer, store_offset(p, l, o * g.inner + r), v.name);
           body.stored(l.buffer);
         } else {
           store = body.scratch(l.buffer) + "[r] = " + v.name + ";\n";
@@ -254,9 +255,7 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
         if (!l.finalize.empty()) value = substitute(l.finalize, value);
         const std::string red = "red_" + buf.name;
         per_outer += "const " + T + " " + red + " = " + value + ";\n";
-        if (external)
-          per_outer +=
-              "if (threadIdx.x == 0) " + body.arg(l.buffer) + "[" + store_offset(p, l, o).str() + "] = " + red + ";\n";
+        if (external) per_outer += "if (threadIdx.x == 0) " + body.store(l.buffer, store_offset(p, l, o), red);
         body.set_local(l.buffer, red);
         break;
       }
@@ -272,7 +271,7 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
       const std::string T = ctype_of(buf.dtype);
       text += "  " + T + "* __restrict__ row_" + buf.name + " = reinterpret_cast<" + T + "*>(crucible_smem + " +
               std::to_string(offset) + ");\n";
-      offset += (g.inner * size_of(buf.dtype) + 15) / 16 * 16;
+      offset += (g.inner * scratch_size_of(buf.dtype) + 15) / 16 * 16;
     }
   }
   text += indent(body.take(0), 2);
@@ -336,7 +335,7 @@ std::string render_cuda_combined(const Program& p, const std::vector<const Group
   }
   for (size_t i = 0; i < sig.buffers.size(); ++i) {
     const Buffer& buf = p.buffers[sig.buffers[i]];
-    params += std::string(i ? ", " : "") + (sig.written[i] ? "" : "const ") + ctype_of(buf.dtype) +
+    params += std::string(i ? ", " : "") + (sig.written[i] ? "" : "const ") + storage_ctype_of(buf.dtype) +
               (buf.host_scalar ? " " : "* __restrict__ ") + buf.name;
   }
   sig.launch = {kPointwiseBlock, first, 1, 0, true};
@@ -350,6 +349,7 @@ std::string render_cuda_combined(const Program& p, const std::vector<const Group
 const char* cuda_prelude() {
   return R"(typedef long long int64_t;
 typedef int int32_t;
+typedef unsigned short uint16_t;
 namespace std {
 template <class T> struct numeric_limits;
 template <> struct numeric_limits<float> {
@@ -427,6 +427,29 @@ template <class T, class F> __device__ __forceinline__ T crucible_block_reduce(T
   v = partial[0];
   for (int w = 1; w < warps; ++w) v = f(v, partial[w]);
   return v;
+}
+)";
+}
+
+const char* cuda_reduced_precision_prelude() {
+  return R"(// bf16 widened exactly and rounded to nearest even (a NaN stays a quiet
+// NaN), as c10::BFloat16 converts; f16 through the PTX conversions.
+__device__ __forceinline__ float crucible_bf16_to_float(uint16_t h) {
+  return __uint_as_float(static_cast<unsigned>(h) << 16);
+}
+__device__ __forceinline__ uint16_t crucible_float_to_bf16(float f) {
+  const unsigned u = __float_as_uint(f);
+  return f != f ? static_cast<uint16_t>(0x7fc0) : static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ float crucible_f16_to_float(uint16_t h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ uint16_t crucible_float_to_f16(float f) {
+  uint16_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
 }
 )";
 }

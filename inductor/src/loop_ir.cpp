@@ -22,8 +22,42 @@ int64_t Loop::rnumel() const {
   return n;
 }
 
+// Note [Reduced-precision loops]
+// bf16 and f16 tensors are read and written by the loops as 16-bit
+// patterns, converted to float on load and rounded to nearest even on
+// store; everything between is float, as ATen's kernels compute them (its
+// opmath type) and as TorchInductor's generated kernels do. A fused chain
+// therefore rounds once, where eager rounds after every op: its result is
+// as close to the exact one or closer, and differs from eager's by the
+// roundings eager makes. An explicit conversion to bf16 or f16 (to,
+// _to_copy, a fill of that dtype) rounds where it stands, also inlined,
+// since the program asked for the rounding (an autocast's cast to bf16
+// then back to float gives eager's values). Sums accumulate as float sums
+// do (double on the CPU, float on a GPU).
+bool reduced_precision(c10::ScalarType t) { return t == c10::kBFloat16 || t == c10::kHalf; }
+
+std::string storage_ctype_of(c10::ScalarType t) { return reduced_precision(t) ? "uint16_t" : ctype_of(t); }
+
+std::string from_storage(c10::ScalarType t, const std::string& stored) {
+  if (t == c10::kBFloat16) return "crucible_bf16_to_float(" + stored + ")";
+  if (t == c10::kHalf) return "crucible_f16_to_float(" + stored + ")";
+  return stored;
+}
+
+std::string to_storage(c10::ScalarType t, const std::string& value) {
+  if (t == c10::kBFloat16) return "crucible_float_to_bf16(" + value + ")";
+  if (t == c10::kHalf) return "crucible_float_to_f16(" + value + ")";
+  return value;
+}
+
+std::string round_to(c10::ScalarType t, const std::string& value) {
+  return reduced_precision(t) ? from_storage(t, to_storage(t, value)) : value;
+}
+
 std::string ctype_of(c10::ScalarType t) {
   switch (t) {
+    case c10::kBFloat16:
+    case c10::kHalf:
     case c10::kFloat:
       return "float";
     case c10::kDouble:

@@ -127,9 +127,29 @@ class Body {
   virtual Val compute(const std::string& expr, int level, const std::string& ctype) = 0;
 };
 
-/// C++ element type of a dtype Crucible's loops handle (f32, f64, i64, i32,
-/// bool); empty for any other.
+/// The C++ type loop bodies compute a dtype's elements in: f32, f64, i64,
+/// i32, bool as themselves, bf16 and f16 in float (Note [Reduced-precision
+/// loops]); empty for a dtype the loops do not handle.
 std::string ctype_of(c10::ScalarType t);
+
+/// bf16 or f16: stored in 16 bits, computed in float.
+bool reduced_precision(c10::ScalarType t);
+
+/// The C++ type of a dtype's elements in memory: ctype_of's, except for a
+/// reduced-precision dtype, kept as its 16-bit pattern (uint16_t).
+std::string storage_ctype_of(c10::ScalarType t);
+
+/// `stored`, an element of dtype `t` as it is in memory, as loop bodies
+/// compute it (bf16 and f16 widened to float; others unchanged).
+std::string from_storage(c10::ScalarType t, const std::string& stored);
+
+/// `value` (of ctype_of(t)) as an element of dtype `t` in memory: rounded
+/// to nearest even for bf16 and f16, as ATen's conversions round.
+std::string to_storage(c10::ScalarType t, const std::string& value);
+
+/// `value` (of ctype_of(t)) rounded to dtype `t`'s precision and kept in
+/// ctype_of(t): what an explicit conversion to bf16 or f16 computes.
+std::string round_to(c10::ScalarType t, const std::string& value);
 
 /// The loop level an index expression needs: 2 if it uses an innermost
 /// variable (`r`, `rh`, `rl`, `ol`), 1 if `o` or `oh`, else 0.

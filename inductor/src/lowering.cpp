@@ -244,9 +244,10 @@ const std::unordered_map<std::string, PointwiseOp>& table() {
       {"aten::clone", {{0}, {}, identity(), false, true}},
       // copy(self, src): src, as self's dtype and size; self's elements are not read.
       {"aten::copy", {{1}, {}, identity(), false, true, {}, {0}}},
-      {"aten::zeros_like", {{}, {}, [](const Ctx& c) { return literal(0, c.T); }, false, true}},
-      {"aten::ones_like", {{}, {}, [](const Ctx& c) { return literal(1, c.T); }, false, true}},
-      {"aten::full_like", {{}, {1}, fill(1), false, true}},
+      // *_like(self, ...): self gives the size and dtype only.
+      {"aten::zeros_like", {{}, {}, [](const Ctx& c) { return literal(0, c.T); }, false, true, {}, {0}}},
+      {"aten::ones_like", {{}, {}, [](const Ctx& c) { return literal(1, c.T); }, false, true, {}, {0}}},
+      {"aten::full_like", {{}, {1}, fill(1), false, true, {}, {0}}},
       {"aten::zeros", {{}, {}, [](const Ctx& c) { return literal(0, c.T); }, false, true}},
       {"aten::ones", {{}, {}, [](const Ctx& c) { return literal(1, c.T); }, false, true}},
       {"aten::full", {{}, {1}, fill(1), false, true}},
@@ -283,7 +284,7 @@ bool numeric_constant(const ir::Argument& a) {
   return v.isScalar() && !v.toScalar().isComplex();
 }
 
-bool is_float(c10::ScalarType t) { return t == c10::kFloat || t == c10::kDouble; }
+bool is_float(c10::ScalarType t) { return t == c10::kFloat || t == c10::kDouble || reduced_precision(t); }
 
 // Views whose index map lowering knows (Note [Lowering]).
 const std::unordered_set<std::string>& view_ops() {
@@ -454,7 +455,7 @@ class Lowerer {
   // A 0-dim CPU tensor that loops on a GPU read by value (Note [Lowering]).
   bool host_scalar(const ir::Value* v) const {
     return p_.device.is_cuda() && v && v->is_tensor() && v->has_meta() && v->meta().device.is_cpu() &&
-           v->meta().sizes.empty() && !ctype_of(v->meta().dtype).empty();
+           v->meta().sizes.empty() && !ctype_of(v->meta().dtype).empty() && !reduced_precision(v->meta().dtype);
   }
 
   Kind classify(const ir::Node* n) const {
@@ -688,7 +689,12 @@ class Lowerer {
     l.nodes.push_back(n);
     std::string T = ctype_of(compute_type(n, op));
     std::string R = ctype_of(l.dtype);
-    l.fn = [operands, masks, T, R, n, &op](Body& b, const std::vector<Expr>& index) {
+    // A conversion to bf16 or f16, or a fill of that dtype, rounds where it
+    // stands (Note [Reduced-precision loops]).
+    bool rounds = reduced_precision(l.dtype) && operands.empty();
+    for (size_t k = 0; k < operands.size(); ++k) rounds = rounds || (!masks[k] && operands[k].dtype != l.dtype);
+    const c10::ScalarType dtype = l.dtype;
+    l.fn = [operands, masks, T, R, n, &op, rounds, dtype](Body& b, const std::vector<Expr>& index) {
       std::vector<std::string> x;
       int level = 0;
       for (size_t k = 0; k < operands.size(); ++k) {
@@ -700,6 +706,7 @@ class Lowerer {
       if (op.reads_index) level = std::max(level, level_of(index[0]));
       std::string e = op.render(Ctx{x, n, T, index});
       if (R != T) e = "static_cast<" + R + ">(" + e + ")";
+      if (rounds) e = round_to(dtype, e);
       return b.compute(e, level, R);
     };
     lazy_[out] = std::move(l);

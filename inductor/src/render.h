@@ -61,7 +61,13 @@ class CBody : public Body {
     // iteration that wrote it.
     Expr storage = dot(index, buf.strides);
     int level = std::max(level_of(storage), info_.produced.contains(b) ? 1 : 0);
-    return compute(arg(b) + "[" + storage.str() + "]", level, T);
+    return compute(from_storage(buf.dtype, arg(b) + "[" + storage.str() + "]"), level, T);
+  }
+
+  /// The statement storing `value` (of the buffer's ctype_of) at element
+  /// offset `at` of buffer `b`, converted to its dtype in memory.
+  std::string store(int b, const Expr& at, const std::string& value) {
+    return arg(b) + "[" + at.str() + "] = " + to_storage(p_.buffers[b].dtype, value) + ";\n";
   }
 
   Val compute(const std::string& expr, int level, const std::string& ctype) override {
@@ -78,9 +84,10 @@ class CBody : public Body {
   void stored(int b) {
     auto it = arg_names_.find(b);
     if (it == arg_names_.end()) return;
+    // Anywhere in the text: a load may be wrapped in a conversion.
     const std::string prefix = it->second + "[";
     for (auto& cache : cache_)
-      std::erase_if(cache, [&](const auto& kv) { return kv.first.compare(0, prefix.size(), prefix) == 0; });
+      std::erase_if(cache, [&](const auto& kv) { return kv.first.find(prefix) != std::string::npos; });
   }
 
   std::string take(int level) {

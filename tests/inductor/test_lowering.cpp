@@ -3,7 +3,8 @@
 // operands; outputs that are views; reductions (sum, mean, amax, amin,
 // var_mean) alone and fused with pointwise prologues and epilogues (softmax,
 // log_softmax and layer norm rows as our graphs decompose them); mixed
-// dtypes, comparisons and casts as Adam graphs have them; a value with
+// dtypes, comparisons and casts as Adam graphs have them; bf16 and f16
+// loops; a value with
 // several consumers; and a write to an input the schedule must not reorder.
 //
 // Every test states its tolerance and why; each graph is compiled with -O1
@@ -1135,4 +1136,70 @@ TEST_CASE("lowering: a value computed before an extern copy_ into its input read
                pointwise("copy_(x, z) * 3", out3, z * 3.0),
            });
   if (!compile_only()) REQUIRE_EQUAL_TENSORS(g.inputs[0].cpu(), z);
+}
+
+// --- bf16 and f16 (Note [Reduced-precision loops]) ---------------------------------------
+
+namespace {
+
+/// The unit roundoff of a reduced-precision dtype: half its ulp at 1
+/// (bf16 keeps 8 significant bits, f16 11).
+double unit_roundoff(at::ScalarType t) { return t == at::kBFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11); }
+
+}  // namespace
+
+TEST_CASE("lowering: bf16 and f16 loops load as float, compute in float and store rounded to nearest even",
+          "[inductor][lowering][reduced]") {
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    CAPTURE(dtype);
+    const double u = unit_roundoff(dtype);
+    // Casts from f32: ties, values between two of the dtype's, NaN, infinities,
+    // overflow (f16's largest finite value is 65504) and subnormals.
+    at::Tensor x32 = at::randn({64});
+    x32.slice(0, 0, 8).copy_(at::tensor({1.0f + 1.0f / 256, 1.0f + 3.0f / 256, 1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048,
+                                         std::nanf(""), INFINITY, -INFINITY, 1e5f}));
+    x32.slice(0, 8, 10).copy_(at::tensor({1e-6f, -3e-41f}));
+    const at::Tensor x = at::randn({8, 300}).to(dtype), y = at::randn({8, 300}).to(dtype), w = at::randn({300});
+    Builder g;
+    ir::Value *px32 = g.input(x32), *px = g.input(x), *py = g.input(y), *pw = g.input(w);
+    ir::Value* cast = g.call("aten::_to_copy", {px32, dtype});
+    // An autocast round trip, inlined into a float product: rounds where it stands.
+    ir::Value* trip =
+        g.call("aten::mul.Scalar",
+               {g.call("aten::_to_copy", {g.call("aten::_to_copy", {px32, dtype}), at::kFloat}), c10::Scalar(2.0)});
+    ir::Value* chain =
+        g.call("aten::add.Tensor", {g.call("aten::mul.Tensor", {g.call("aten::exp", {px}), py}), px, c10::Scalar(1)});
+    ir::Value* mixed = g.call("aten::mul.Tensor", {px, pw});  // bf16 * f32: f32
+    ir::Value* sum = g.call("aten::sum.dim_IntList", {px, Dims{1}, true});
+    ir::Value* amax = g.call("aten::amax", {px, Dims{1}, false});
+    ir::Value* sm = softmax_rows(g, px, 1);
+    ir::Value* full = g.call("aten::full_like",
+                             {px, c10::Scalar(0.1), dtype, c10::IValue(), c10::IValue(), c10::IValue(), c10::IValue()});
+    ir::Value* filled = g.call("aten::add.Tensor", {full, px, c10::Scalar(1)});
+    const at::Tensor chain_e = at::exp(x) * y + x;
+    const at::Tensor sum_e = x.sum(1, true), sm_e = at::softmax(x, 1);
+    // Eager rounds after exp, mul and add, the loop once at its store: each
+    // rounding moves a value by at most u of its magnitude, so the two are
+    // within 4u of the terms' magnitudes (and f32's ulps, far below that).
+    const at::Tensor terms = mag(at::exp(x.to(at::kDouble)) * y.to(at::kDouble)) + mag(x);
+    // A sum or softmax: eager and the loop each round a float result once
+    // (2u of the result), after float sums in different orders (red_rtol of
+    // the magnitudes, see there).
+    const at::Tensor sum_bound = 2 * u * mag(sum_e) + reduced(at::kFloat, mag(x).sum(1, true));
+    check(g, {
+                 exactly("_to_copy(f32 -> " + std::string(c10::toString(dtype)) + ")", cast, x32.to(dtype)),
+                 exactly("_to_copy(_to_copy(x, dtype), f32) * 2", trip, x32.to(dtype).to(at::kFloat) * 2),
+                 {"exp(x) * y + x", chain, chain_e, 4 * u * terms + 1e-6},
+                 pointwise("x * w (f32)", mixed, x * w),
+                 {"sum(x, [1])", sum, sum_e, sum_bound},
+                 exactly("amax(x, [1])", amax, x.amax(1)),
+                 {"softmax(x, 1)", sm, sm_e, 2 * u * mag(sm_e) + softmax_bound(sm_e.to(at::kFloat))},
+                 exactly("full_like(x, 0.1) + x: the fill rounds, as eager's tensor holds it", filled,
+                         at::full_like(x, 0.1) + x),
+             });
+    const std::string code = inductor::generate_code(g.g).source;
+    REQUIRE(inductor::loop_ir(g.g).find("extern") == std::string::npos);  // every op a loop, no ATen call
+    REQUIRE(code.find(dtype == at::kBFloat16 ? "crucible_float_to_bf16" : "crucible_float_to_f16") !=
+            std::string::npos);
+  }
 }
