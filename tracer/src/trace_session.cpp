@@ -4,6 +4,7 @@
 #include <crucible/tracer/error.h>
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/enum_tag.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -509,12 +510,24 @@ ir::Argument TraceSession::argument(const c10::IValue& iv, const c10::Argument& 
 // Note [Meta functions] in ir/meta_functions.cpp), or else the op runs once
 // on zero-filled CPU stand-ins of its meta inputs, which is exact for every
 // op a graph can hold: see Note [CPU stand-ins] in ir/meta_call.cpp.
+//
+// Autocast casts only tensors on its own device (at::autocast's
+// is_autocast_eligible), never meta tensors: under autocast a fake-mode
+// trace would record the program in float32 where eager computes in bf16 or
+// f16. It stops with an error instead (PyTorch's FakeTensors carry their
+// device's autocast key; meta tensors cannot).
 void TraceSession::run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack, size_t base) {
   const auto after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake);
   if (options_.mode != TraceMode::Fake) {
     op.redispatchBoxed(after, &stack);
     return;
   }
+  for (const c10::DeviceType d : {c10::DeviceType::CPU, c10::DeviceType::CUDA})
+    if (at::autocast::is_autocast_enabled(d))
+      throw TraceError("fake mode: " + ir::operator_name(op) + " was called under " + c10::DeviceTypeName(d, true) +
+                       " autocast (" + c10::toString(at::autocast::get_autocast_dtype(d)) +
+                       "), which casts no meta tensor, so the graph would compute in float32 where eager does "
+                       "not; trace in TraceMode::Real instead");
   // A factory (no tensor argument: at::zeros({n}), torch::arange(t)) given no
   // device or a real one makes a meta tensor here; Note [Devices in fake
   // mode] records the device it stands for.
