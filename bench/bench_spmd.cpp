@@ -15,7 +15,9 @@
 // --partitioner min-cut --memory-budget B`), --remat-ban on|off (on: with
 // MinCutOptions::ban_materialized_backwards), --pre-grad-passes P,Q,...
 // (pre-grad passes by name, e.g. fuse_attention: Note [Pre-grad passes in a
-// training step]).
+// training step]), --autocast off|bf16|f16 (the forward and the loss under
+// autocast on the step's device, as `with torch.autocast(...)` around them;
+// runtime::AutocastGuard).
 //
 // On a GPU the step rows count peak_MiB: the most memory the caching
 // allocator had handed out during the timed steps (tensors, not its cache).
@@ -38,6 +40,7 @@
 #include <crucible/models/zoo.h>
 #include <crucible/partitioner/min_cut_partition.h>
 #include <crucible/pipeline/builder.h>
+#include <crucible/runtime/autocast.h>
 #include <crucible/spmd/api.h>
 #include <crucible/spmd/process_group.h>
 #include <crucible/tracer/decomposition.h>
@@ -65,7 +68,7 @@ using namespace crucible;
 
 struct Flags {
   std::string model = "gpt", size = "small", device = "cpu", backend = "interpreter", matmul_precision = "highest",
-              memory_format = "contiguous", remat = "off", remat_ban = "off", pre_grad_passes;
+              memory_format = "contiguous", remat = "off", remat_ban = "off", pre_grad_passes, autocast = "off";
   int64_t batch = 8, steps = 20;
 };
 
@@ -80,7 +83,8 @@ Flags parse_flags(int& argc, char** argv) {
                                               {"--memory-format", &f.memory_format},
                                               {"--remat", &f.remat},
                                               {"--remat-ban", &f.remat_ban},
-                                              {"--pre-grad-passes", &f.pre_grad_passes}};
+                                              {"--pre-grad-passes", &f.pre_grad_passes},
+                                              {"--autocast", &f.autocast}};
   std::map<std::string, int64_t*> ints{{"--batch", &f.batch}, {"--steps", &f.steps}};
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
@@ -194,17 +198,38 @@ pipeline::Builder builder() {
   return b;
 }
 
+// The model's loss, its forward and loss under autocast where --autocast
+// asks for it.
+pipeline::LossFn loss_fn(const models::Model& model) {
+  pipeline::LossFn loss = models::loss_of(model);
+  const std::string& a = context().flags.autocast;
+  if (a == "off") return loss;
+  if (a != "bf16" && a != "f16") throw std::invalid_argument("--autocast: off, bf16 or f16, not " + a);
+  const at::ScalarType dtype = a == "bf16" ? at::kBFloat16 : at::kHalf;
+  return [loss, dtype, device = context().device.type()](torch::nn::Module& m, const std::vector<at::Tensor>& batch) {
+    runtime::AutocastGuard autocast(device, dtype);
+    return loss(m, batch);
+  };
+}
+
 void step_alone(benchmark::State& state) {
   Replica r;
-  pipeline::TrainStep step = builder().compile_train_step(r.model.module, *r.optimizer, models::loss_of(r.model));
+  pipeline::TrainStep step = builder().compile_train_step(r.model.module, *r.optimizer, loss_fn(r.model));
   step.compile(r.batch);
   time_steps(state, [&] { return step(r.batch); });
 }
 
+// models::eager_train_step, with loss_fn's loss.
 void step_eager(benchmark::State& state) {
   Replica r;
-  const data::Batch b{r.batch[0], r.batch[1]};
-  time_steps(state, [&] { return models::eager_train_step(r.model, *r.optimizer, b); });
+  const pipeline::LossFn loss = loss_fn(r.model);
+  time_steps(state, [&] {
+    r.optimizer->zero_grad();
+    at::Tensor l = loss(*r.model.module, r.batch);
+    l.backward();
+    r.optimizer->step();
+    return l.detach();
+  });
 }
 
 void step_spmd(benchmark::State& state, int64_t bucket_mb) {
@@ -213,7 +238,7 @@ void step_spmd(benchmark::State& state, int64_t bucket_mb) {
   o.builder = builder();
   o.parallel_mode.group = context().group->name();
   o.parallel_mode.bucket_bytes = bucket_mb << 20;
-  spmd::SpmdStep step = spmd::compile(r.model.module, *r.optimizer, models::loss_of(r.model), o);
+  spmd::SpmdStep step = spmd::compile(r.model.module, *r.optimizer, loss_fn(r.model), o);
   step.compile(r.batch);
   time_steps(state, [&] { return step(r.batch); });
   buckets_of()[bucket_mb] = step.report().data_parallel.bucket_bytes;

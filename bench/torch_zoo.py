@@ -2,7 +2,8 @@
 """PyTorch's eager and torch.compile on replicas of Crucible's model zoo
 (models/src/zoo.cpp), one training step per row, to set beside
 crucible_spmd_bench's BM_StepEager and BM_Step rows in one run on the same
-machine:
+machine (--autocast bf16 on both sides: the forward and the loss under
+autocast):
 
   python3 bench/torch_zoo.py                       # the four models, full size, every mode
   python3 bench/torch_zoo.py --models gpt --batch gpt=4 --modes eager,default
@@ -22,6 +23,7 @@ Each row builds a fresh model, runs 3 warm-up steps (the first compiles; its
 wall time is printed as "first step") and times --steps steps.
 """
 import argparse
+import contextlib
 import gc
 import math
 import time
@@ -243,7 +245,7 @@ class WithLoss(nn.Module):
 # --- timing --------------------------------------------------------------------------------
 
 
-def time_row(name, size, batch_size, mode, steps, device, memory_format=torch.contiguous_format):
+def time_row(name, size, batch_size, mode, steps, device, memory_format=torch.contiguous_format, autocast=None):
     """(ms per timed step, seconds of the first step) of a fresh model in `mode`."""
     torch.manual_seed(0)
     model, example_batch = make_model(name, size)
@@ -259,7 +261,8 @@ def time_row(name, size, batch_size, mode, steps, device, memory_format=torch.co
         if mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(inputs, targets)
+        with torch.autocast(device.type, dtype=autocast) if autocast else contextlib.nullcontext():
+            loss = loss_fn(inputs, targets)
         loss.backward()
         optimizer.step()
         return loss.item()
@@ -301,7 +304,10 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--memory-format", choices=["contiguous", "channels-last"], default="contiguous",
                     help="channels-last: the model's 4-D parameters and the images, as crucible_spmd_bench's flag")
+    ap.add_argument("--autocast", choices=["off", "bf16", "f16"], default="off",
+                    help="the forward and the loss under torch.autocast (crucible_spmd_bench's --autocast)")
     args = ap.parse_args()
+    autocast = {"off": None, "bf16": torch.bfloat16, "f16": torch.float16}[args.autocast]
     models, modes = args.models.split(","), args.modes.split(",")
     for m in models:
         if m not in MODEL_NAMES:
@@ -313,14 +319,15 @@ def main():
     memory_format = torch.channels_last if args.memory_format == "channels-last" else torch.contiguous_format
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"torch {torch.__version__}, {gpu}, matmul precision {args.matmul_precision}, size {args.size}, "
-          f"batch {' '.join(f'{m}={batch[m]}' for m in models)}, {args.steps} steps, {args.memory_format}", flush=True)
+          f"batch {' '.join(f'{m}={batch[m]}' for m in models)}, {args.steps} steps, {args.memory_format}, "
+          f"autocast {args.autocast}", flush=True)
 
     for name in models:
         eager_ms = None
         for mode in modes:
             torch.compiler.reset()
             try:
-                ms, first = time_row(name, args.size, batch[name], mode, args.steps, device, memory_format)
+                ms, first = time_row(name, args.size, batch[name], mode, args.steps, device, memory_format, autocast)
             except Exception as e:  # a failing mode is a row too
                 msg = (str(e).strip().splitlines() or [""])[0]
                 print(f"{mode:28s} {name:10s} failed: {type(e).__name__}: {msg}", flush=True)

@@ -4,11 +4,13 @@
 #include <crucible/autograd/aot_export.h>
 #include <crucible/autograd/aot_function.h>
 #include <crucible/autograd/error.h>
+#include <crucible/runtime/autocast.h>
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/nn/module.h>
+
+#include <optional>
 
 #include "catch.h"
 #include "testing.h"
@@ -19,15 +21,6 @@ using namespace crucible;
 using Tensors = std::vector<at::Tensor>;
 
 namespace {
-
-// bf16 autocast on the CPU while it lives, as torch.autocast("cpu") sets it.
-struct CpuAutocast {
-  CpuAutocast() {
-    at::autocast::set_autocast_enabled(at::kCPU, true);
-    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-  }
-  ~CpuAutocast() { at::autocast::set_autocast_enabled(at::kCPU, false); }
-};
 
 Tensors mlp(const Tensors& in) {
   const at::Tensor h = at::relu(at::linear(in[0], in[1], in[2]));
@@ -49,8 +42,8 @@ TEST_CASE("autocast: a compiled call under bf16 autocast computes what eager doe
   for (bool autocast : {true, false, true}) {
     INFO("autocast " << autocast);
     const Tensors c_in = leaves(), e_in = leaves();
-    std::optional<CpuAutocast> on;
-    if (autocast) on.emplace();
+    std::optional<runtime::AutocastGuard> on;
+    if (autocast) on.emplace(at::kCPU, at::kBFloat16);
     const at::Tensor got = compiled(c_in)[0];
     const at::Tensor expected = mlp(e_in)[0];
     on.reset();

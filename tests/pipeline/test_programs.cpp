@@ -13,10 +13,10 @@
 #include <crucible/inductor/compile_fx_aot.h>
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/train_step.h>
+#include <crucible/runtime/autocast.h>
 #include <crucible/tracer/decomposition.h>
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/nn.h>
 #include <torch/optim/adam.h>
@@ -809,31 +809,11 @@ TEST_CASE("programs: attention through scaled_dot_product_attention, causal and 
   });
 }
 
-namespace {
-
-// torch.autocast("cpu", dtype=torch.bfloat16) over a scope, as a LibTorch
-// user writes it: on, then off with its cache of cast weights cleared (the
-// weights change in place at every step).
-struct CpuAutocast {
-  CpuAutocast() {
-    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-    at::autocast::set_autocast_enabled(at::kCPU, true);
-  }
-  ~CpuAutocast() {
-    at::autocast::set_autocast_enabled(at::kCPU, false);
-    at::autocast::clear_cache();
-  }
-  CpuAutocast(const CpuAutocast&) = delete;
-  CpuAutocast& operator=(const CpuAutocast&) = delete;
-};
-
-}  // namespace
-
 TEST_CASE("programs: a forward under bf16 autocast, the loss in float32, SGD", "[pipeline][programs][autocast]") {
   LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
     at::Tensor logits;
     {
-      CpuAutocast autocast;
+      crucible::runtime::AutocastGuard autocast(at::kCPU, at::kBFloat16);
       logits = dynamic_cast<torch::nn::SequentialImpl&>(m).forward(batch[0]);  // bf16: Linear runs in bf16
     }
     return torch::nn::functional::cross_entropy(logits.to(at::kFloat), batch[1]);
