@@ -64,6 +64,17 @@ P masked(P x, Mask m) {
   return x;
 }
 
+// `x` or its cast _to_copy(x, dtype) (no other change: layout, device and
+// memory format None). Under CUDA autocast the softmax runs in float32
+// (autocast's fp32 policy casts the bf16 scores up) and at::matmul casts the
+// probabilities back down.
+P maybe_cast(P x, const std::string& name) {
+  const c10::IValue none;
+  P cast = P::call("aten::_to_copy", {x, P::bind(name + "_dtype"), P::constant(none), P::constant(none),
+                                      P::constant(none), P::ignored(), P::constant(none)});
+  return P::any_of({std::move(x), std::move(cast)});
+}
+
 int64_t normalized_dim(const c10::IValue& d, size_t rank) {
   const int64_t dim = d.toInt();
   return dim < 0 ? dim + static_cast<int64_t>(rank) : dim;
@@ -104,6 +115,13 @@ bool computes_attention(const Match& m, Scale s, Mask mask) {
       m.meta("out_b_3d").sizes != std::vector<int64_t>{b * h, src, v.sizes[3]})
     return false;
   if (normalized_dim(m.constant("dim"), 4) != 3) return false;
+  // Casts around the softmax: up to float32 from q's (reduced) dtype, and
+  // back; the fused kernels compute the softmax in float32 too.
+  if (m.has("upcast_dtype") != m.has("downcast_dtype")) return false;
+  if (m.has("upcast_dtype") &&
+      (!c10::isReducedFloatingType(q.dtype) || m.constant("upcast_dtype").toScalarType() != at::kFloat ||
+       m.constant("downcast_dtype").toScalarType() != q.dtype))
+    return false;
   if (s == Scale::Mul && !m.constant("scale").isDouble()) return false;
   if (mask == Mask::Fill && (m.meta("cond").dtype != at::kBool || !broadcasts_to(m.meta("cond"), scores))) return false;
   if (mask == Mask::Add && (m.meta("bias").dtype != q.dtype || !broadcasts_to(m.meta("bias"), scores))) return false;
@@ -113,9 +131,10 @@ bool computes_attention(const Match& m, Scale s, Mask mask) {
 Rewrite attention(Scale s, Mask mask) {
   P k_t = P::call("aten::transpose.int", {P::bind("k"), P::bind("kd0"), P::bind("kd1")});
   P scores = matmul(P::bind("q"), std::move(k_t), "scores");
-  P probs = P::call("aten::_softmax", {masked(scaled(std::move(scores), s), mask), P::bind("dim"), P::constant(false)})
+  P probs = P::call("aten::_softmax", {maybe_cast(masked(scaled(std::move(scores), s), mask), "upcast"), P::bind("dim"),
+                                       P::constant(false)})
                 .named("probs");
-  P out = matmul(std::move(probs), P::bind("v"), "out");
+  P out = matmul(maybe_cast(std::move(probs), "downcast"), P::bind("v"), "out");
 
   // A query whose keys are all masked: NaN in the written-out form (softmax
   // of -inf's), 0 from the fused kernels; a NaN query row keeps eager's NaN,

@@ -160,3 +160,38 @@ TEST_CASE("fuse_attention: a row whose keys are all masked", "[pipeline][fuse_at
   CHECK(eager_in[2].grad().isnan().all().item<bool>());
   CHECK(fused_in[2].grad().isnan().all().item<bool>());
 }
+
+TEST_CASE("fuse_attention: bf16 attention whose softmax runs in float32 between casts, as CUDA autocast records it",
+          "[pipeline][fuse_attention]") {
+  std::vector<at::Tensor> in = inputs(true);
+  for (size_t i = 0; i < 3; ++i) in[i] = in[i].to(at::kBFloat16);
+  // Autocast's fp32 policy for softmax casts the bf16 scores up; at::matmul
+  // casts the probabilities back down.
+  auto fn = [](const std::vector<at::Tensor>& x) {
+    at::Tensor att = (at::matmul(x[0], x[1].transpose(-2, -1)) * 0.5).masked_fill(x[3] == 0, -kInf);
+    at::Tensor p = at::softmax(att.to(at::kFloat), -1).to(at::kBFloat16);
+    return std::vector<at::Tensor>{at::matmul(p, x[2])};
+  };
+  tracer::TraceResult r = tracer::make_fx(fn, in);
+  REQUIRE(ir::fuse_attention(r.graph) == 1);
+  REQUIRE_NOTHROW(ir::verify(r.graph, ir::VerifyOptions{.check_meta = true}));
+  CHECK(count(r.graph, "aten::_softmax") == 0);
+  CHECK(count(r.graph, "aten::_to_copy") == 0);
+  const at::Tensor got = ir::Interpreter(r.graph)(in).at(0);
+  const at::Tensor expected = fn(in)[0];
+  REQUIRE(got.scalar_type() == at::kBFloat16);
+  // The written-out form rounds the scores (|s| < 8 here) and the
+  // probabilities to bf16 (2^-9 relative each) where the fused kernel keeps
+  // them in float32, and both round the output: within 2^-9 (1 + 8 + 1)
+  // of max |v|, under 2^-5.
+  const double bound = std::ldexp(1.0, -5) * in[2].abs().max().item<double>();
+  REQUIRE_CLOSE(got.to(at::kFloat), expected.to(at::kFloat), 0.0, bound);
+  // Probabilities cast down through another dtype: left alone.
+  auto half_cast = [](const std::vector<at::Tensor>& x) {
+    at::Tensor att = at::matmul(x[0], x[1].transpose(-2, -1)) * 0.5;
+    at::Tensor p = at::softmax(att.to(at::kFloat), -1).to(at::kHalf).to(at::kBFloat16);
+    return std::vector<at::Tensor>{at::matmul(p, x[2])};
+  };
+  tracer::TraceResult other = tracer::make_fx(half_cast, in);
+  CHECK(ir::fuse_attention(other.graph) == 0);
+}

@@ -32,7 +32,9 @@ namespace crucible::ir {
 ///   matmul(softmax(mask(scale(matmul(q, k.transpose(-2, -1)))), -1), v)
 /// where scale(x) is `x * s` (mul.Scalar), `x / d` (div.Scalar) or x, and
 /// mask(x) is `x.masked_fill(cond, -inf)` (cond boolean), `x + bias`
-/// (bias of q's dtype) or x, the mask broadcasting to [B, H, T, S], becomes
+/// (bias of q's dtype) or x, the mask broadcasting to [B, H, T, S] (for q
+/// of bf16 or f16, the softmax may run on the scores cast to float32, the
+/// probabilities cast back: what CUDA autocast records), becomes
 ///   scaled_dot_product_attention(q', k, v, attn_mask, 0.0, false, scale)
 /// copied to a contiguous [B, H, T, Ev], with attn_mask = logical_not(cond)
 /// or bias, and q' = q / d (scale 1) for a division. Where every key of a
