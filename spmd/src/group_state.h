@@ -7,6 +7,8 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
+#include <cstdint>
 #include <exception>
 #include <string>
 
@@ -26,6 +28,11 @@ struct GroupState {
   c10::intrusive_ptr<c10d::Backend> backend;
   // Gloo reduces with SUM and the result is divided when waited for.
   bool native_avg = false;
+  // all_gather_string calls so far. Every rank makes them in the same order,
+  // so the count tells one call's keys from another's: keys the store already
+  // holds from an earlier call of the same name (an earlier step's graph
+  // hash) are never read back as this call's.
+  std::atomic<uint64_t> string_gathers{0};
 };
 
 }  // namespace crucible::spmd::detail

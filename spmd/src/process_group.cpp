@@ -200,7 +200,7 @@ void ProcessGroup::all_reduce_sum(std::vector<at::Tensor>& tensors) const {
 }
 
 std::vector<std::string> ProcessGroup::all_gather_string(const std::string& key, const std::string& value) const {
-  const std::string base = "gather/" + key + "/";
+  const std::string base = "gather/" + std::to_string(state_->string_gathers++) + "/" + key + "/";
   state_->store->set(base + std::to_string(rank()), std::vector<uint8_t>(value.begin(), value.end()));
   std::vector<std::string> all;
   for (int r = 0; r < size(); ++r) {

@@ -7,6 +7,8 @@
 //             and write the error they get to OUT_DIR/rank<R>.err.
 //   mismatch  the last rank's shard is one example shorter; every rank
 //             writes the error it gets to OUT_DIR/rank<R>.err.
+//   two_steps as train, after another step (a model of its own, one bucket
+//             per gradient) was compiled on the same group.
 // Per-rank batch 4; batches are the model's example_batch(4 * world, step).
 // CRUCIBLE_TEST_DEVICE=cuda trains on cuda:(LOCAL_RANK mod GPUs), and
 // CRUCIBLE_TEST_BACKEND picks the group's backend (default: auto).
@@ -71,6 +73,23 @@ int main(int argc, char** argv) {
     opt = std::make_unique<torch::optim::SGD>(model.module->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   else
     opt = std::make_unique<torch::optim::Adam>(model.module->parameters(), torch::optim::AdamOptions(1e-3));
+  auto shard = [&](int s) {
+    const data::Batch global = model.example_batch(kPerRank * world, static_cast<uint64_t>(s));
+    int64_t n = kPerRank;
+    if (scenario == "mismatch" && rank == world - 1) n -= 1;
+    return std::vector<at::Tensor>{global.inputs.narrow(0, rank * kPerRank, n).to(device),
+                                   global.targets.narrow(0, rank * kPerRank, n).to(device)};
+  };
+  if (scenario == "two_steps") {
+    // Its graph differs from the step's below, and the hashes it compared
+    // stay in the store: the step below must compare its own.
+    models::Model other = models::make_model(model_name);
+    other.module->to(device);
+    torch::optim::SGD other_opt(other.module->parameters(), torch::optim::SGDOptions(0.1));
+    spmd::SpmdOptions one_per_gradient;
+    one_per_gradient.parallel_mode.bucket_bytes = 0;
+    spmd::compile(other.module, other_opt, models::loss_of(other), one_per_gradient).compile(shard(0));
+  }
   spmd::SpmdOptions options;
   options.parallel_mode.bucket_bytes = bucket_bytes;
   spmd::SpmdStep step = spmd::compile(model.module, *opt, models::loss_of(model), options);
@@ -79,18 +98,13 @@ int main(int argc, char** argv) {
   try {
     for (int s = 0; s < kSteps; ++s) {
       if (scenario == "die" && rank == world - 1 && s == 2) _exit(3);
-      const data::Batch global = model.example_batch(kPerRank * world, static_cast<uint64_t>(s));
-      int64_t n = kPerRank;
-      if (scenario == "mismatch" && rank == world - 1) n -= 1;
-      const std::vector<at::Tensor> shard{global.inputs.narrow(0, rank * kPerRank, n).to(device),
-                                          global.targets.narrow(0, rank * kPerRank, n).to(device)};
-      losses.push_back(step(shard).item<double>());
+      losses.push_back(step(shard(s)).item<double>());
     }
   } catch (const std::exception& e) {
     write_error(dir, rank, e.what());
     return 1;
   }
-  if (scenario != "train") {
+  if (scenario != "train" && scenario != "two_steps") {
     write_error(dir, rank, "no error after " + std::to_string(kSteps) + " steps");
     return 1;
   }

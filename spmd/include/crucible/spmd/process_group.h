@@ -74,8 +74,11 @@ class ProcessGroup {
   void broadcast(std::vector<at::Tensor>& tensors, int root) const;
   void all_reduce_sum(std::vector<at::Tensor>& tensors) const;
   /// Every rank's `value` under `key`, in rank order, through the store (no
-  /// tensors: works for any backend). Throws SpmdError naming the first rank
-  /// that did not publish within the timeout.
+  /// tensors: works for any backend). A collective: every rank makes its calls
+  /// in the same order, and a call is matched with the other ranks' call of
+  /// the same index, whatever earlier calls of the same `key` left in the
+  /// store; `key` names the call in errors. Throws SpmdError naming the first
+  /// rank that did not publish within the timeout.
   std::vector<std::string> all_gather_string(const std::string& key, const std::string& value) const;
 
   /// The state behind the group (its c10d backend and store), for the
