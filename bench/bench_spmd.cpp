@@ -29,7 +29,8 @@
 //   BM_SpmdStep/<model>/<MB>   the data-parallel step, gradient buckets of MB MiB
 //   BM_GradAllReduce/<model>/<MB>  that step's buckets alone, all_reduced one
 //                              after another: the communication the step has
-//                              to hide (hidden = this - (SpmdStep - Step))
+//                              to hide (hidden = this - (SpmdStep - Step));
+//                              algbw and busbw as BM_AllReduce's
 //   BM_AllReduce/<MB>          one all_reduce of MB MiB of float32; counters
 //                              algbw and busbw in bytes/s as nccl-tests
 //                              defines them (busbw = algbw * 2 (n - 1) / n)
@@ -42,6 +43,7 @@
 #include <crucible/pipeline/builder.h>
 #include <crucible/runtime/autocast.h>
 #include <crucible/spmd/api.h>
+#include <crucible/spmd/collectives.h>
 #include <crucible/spmd/process_group.h>
 #include <crucible/tracer/decomposition.h>
 
@@ -245,14 +247,25 @@ void step_spmd(benchmark::State& state, int64_t bucket_mb) {
   state.counters["buckets"] = static_cast<double>(buckets_of()[bucket_mb].size());
 }
 
-// One all_reduce per tensor, in order; reading an element of the last one
-// waits for all of them (NCCL's work is ordered on its stream).
-double all_reduce(std::vector<at::Tensor>& tensors) {
-  for (at::Tensor& t : tensors) {
-    std::vector<at::Tensor> one{t};
-    context().group->all_reduce_sum(one);
-  }
-  return tensors.back().flatten()[0].item<double>();
+// One all_reduce per tensor, in order, through the functional collectives the
+// step's graph runs (each issued on a copy of its tensor, waited after the
+// last is issued); reading an element of the last one waits for all of them.
+double all_reduce(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> reduced;
+  for (const at::Tensor& t : tensors)
+    reduced.push_back(spmd::all_reduce(t, spmd::ReduceOp::Sum, context().group->name()));
+  for (const at::Tensor& r : reduced) spmd::wait_tensor(r);
+  return reduced.back().flatten()[0].item<double>();
+}
+
+// algbw and busbw of `bytes` all_reduced per iteration, in bytes per
+// second (printed as e.g. "busbw=352G/s"), as nccl-tests defines them.
+void count_bandwidth(benchmark::State& state, int64_t bytes) {
+  const double n = context().world();
+  state.counters["algbw"] =
+      benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["busbw"] =
+      benchmark::Counter(static_cast<double>(bytes) * 2 * (n - 1) / n, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void grad_all_reduce(benchmark::State& state, int64_t bucket_mb) {
@@ -270,6 +283,7 @@ void grad_all_reduce(benchmark::State& state, int64_t bucket_mb) {
   for (auto _ : state) benchmark::DoNotOptimize(all_reduce(buckets));
   state.counters["buckets"] = static_cast<double>(buckets.size());
   state.counters["MiB"] = static_cast<double>(bytes) / (1 << 20);
+  count_bandwidth(state, bytes);
 }
 
 void all_reduce_bandwidth(benchmark::State& state, int64_t mb) {
@@ -277,12 +291,7 @@ void all_reduce_bandwidth(benchmark::State& state, int64_t mb) {
   std::vector<at::Tensor> t{at::ones({bytes / 4}, at::TensorOptions(at::kFloat).device(context().device))};
   for (int i = 0; i < 3; ++i) all_reduce(t);
   for (auto _ : state) benchmark::DoNotOptimize(all_reduce(t));
-  const double n = context().world();
-  // Bytes per second: printed as e.g. "busbw=352G/s".
-  state.counters["algbw"] =
-      benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["busbw"] =
-      benchmark::Counter(static_cast<double>(bytes) * 2 * (n - 1) / n, benchmark::Counter::kIsIterationInvariantRate);
+  count_bandwidth(state, bytes);
 }
 
 void register_rows() {
