@@ -90,8 +90,7 @@ SpmdStep compile(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimi
         // or compute garbage: compare before the first collective runs.
         report.graph_hash = ir::graph_hash(g, {.device_index = false}).hex();
         std::lock_guard lock(s->mu);
-        const std::vector<std::string> hashes =
-            s->group.all_gather_string("graph_hash", report.graph_hash);
+        const std::vector<std::string> hashes = s->group.all_gather_string("graph_hash", report.graph_hash);
         for (size_t r = 0; r < hashes.size(); ++r)
           if (hashes[r] != hashes[0])
             throw SpmdError("spmd::compile: rank " + std::to_string(r) + " compiled another graph than rank 0 (hash " +

@@ -831,8 +831,9 @@ TEST_CASE("programs: a forward under bf16 autocast, the loss in float32, SGD", "
       if (name == "fake") {
         // Autocast casts no meta tensor: a fake trace would run in float32.
         at::manual_seed(0);
-        REQUIRE_THROWS_WITH(step({at::randn({16, 12}), at::randint(5, {16}, at::kLong)}),
-                            CRUCIBLE_HAS_SUBSTR("under cpu autocast (BFloat16)") && CRUCIBLE_HAS_SUBSTR("TraceMode::Real"));
+        REQUIRE_THROWS_WITH(
+            step({at::randn({16, 12}), at::randint(5, {16}, at::kLong)}),
+            CRUCIBLE_HAS_SUBSTR("under cpu autocast (BFloat16)") && CRUCIBLE_HAS_SUBSTR("TraceMode::Real"));
         continue;
       }
       // Replays of eager's kernels give eager's bits. Inductor's fused loops
