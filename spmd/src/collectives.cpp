@@ -39,16 +39,18 @@ ReduceOp parse_reduce_op(c10::string_view s) {
                   "\"; use \"sum\", \"avg\", \"max\" or \"min\"");
 }
 
-at::Tensor all_reduce_kernel(const at::Tensor& input, c10::string_view reduce_op, c10::string_view group_name) {
+// Issues an all-reduce of `out` in place and records it as pending until
+// wait_tensor; `out` is the collective's own buffer, which nothing else reads.
+void issue_all_reduce(const at::Tensor& out, c10::string_view reduce_op, c10::string_view group_name,
+                      const char* op_name) {
   const ReduceOp op = parse_reduce_op(reduce_op);
   ProcessGroup group = resolve_process_group(std::string(group_name));
   const detail::GroupState& s = *group.state();
   // Gloo reduces CPU tensors, and CUDA tensors where LibTorch is a CUDA
   // build; NCCL reduces CUDA tensors only.
-  if (s.backend_name == "nccl" && !input.is_cuda())
-    throw SpmdError("crucible::all_reduce: a " + input.device().str() + " tensor given to " + group.describe() +
+  if (s.backend_name == "nccl" && !out.is_cuda())
+    throw SpmdError(std::string(op_name) + ": a " + out.device().str() + " tensor given to " + group.describe() +
                     ", which reduces CUDA tensors");
-  at::Tensor out = input.clone(at::MemoryFormat::Contiguous);
   c10d::AllreduceOptions o;
   o.timeout = group.timeout();
   int64_t divisor = 1;
@@ -72,11 +74,49 @@ at::Tensor all_reduce_kernel(const at::Tensor& input, c10::string_view reduce_op
   try {
     work = s.backend->allreduce(tensors, o);
   } catch (const std::exception& e) {
-    throw SpmdError("crucible::all_reduce could not be issued on " + group.describe() + ": " + detail::message_of(e));
+    throw SpmdError(std::string(op_name) + " could not be issued on " + group.describe() + ": " +
+                    detail::message_of(e));
   }
   std::lock_guard lock(pending_mu);
   pending().insert_or_assign(out.storage().unsafeGetStorageImpl(),
                              Pending{std::move(work), out, divisor, std::move(group)});
+}
+
+at::Tensor all_reduce_kernel(const at::Tensor& input, c10::string_view reduce_op, c10::string_view group_name) {
+  at::Tensor out = input.clone(at::MemoryFormat::Contiguous);
+  issue_all_reduce(out, reduce_op, group_name, "crucible::all_reduce");
+  return out;
+}
+
+// The numel of a bucket of `inputs`, which must hold one dtype on one device.
+// Checked before dispatch too: the dispatcher cannot route an empty list.
+int64_t bucket_numel(const at::TensorList inputs) {
+  if (inputs.empty()) throw SpmdError("crucible::all_reduce_bucket: the bucket is empty; give it one tensor or more");
+  int64_t numel = 0;
+  for (const at::Tensor& t : inputs) {
+    if (t.scalar_type() != inputs[0].scalar_type() || t.device() != inputs[0].device())
+      throw SpmdError("crucible::all_reduce_bucket: a bucket holds one dtype on one device, but has " +
+                      std::string(c10::toString(inputs[0].scalar_type())) + " on " + inputs[0].device().str() +
+                      " and " + c10::toString(t.scalar_type()) + " on " + t.device().str() + "; bucket them apart");
+    numel += t.numel();
+  }
+  return numel;
+}
+
+at::Tensor bucket_buffer(const at::TensorList inputs) {
+  return at::empty({bucket_numel(inputs)}, inputs[0].options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+// DDP's bucket: the inputs packed end to end into one buffer (the only copy:
+// all_reduce would copy the packed bucket once more) and reduced as one.
+at::Tensor all_reduce_bucket_kernel(const at::TensorList inputs, c10::string_view reduce_op,
+                                    c10::string_view group_name) {
+  at::Tensor out = bucket_buffer(inputs);
+  std::vector<at::Tensor> flat;
+  flat.reserve(inputs.size());
+  for (const at::Tensor& t : inputs) flat.push_back(t.reshape({-1}));
+  at::cat_out(out, flat);
+  issue_all_reduce(out, reduce_op, group_name, "crucible::all_reduce_bucket");
   return out;
 }
 
@@ -126,6 +166,10 @@ at::Tensor all_reduce_meta(const at::Tensor& input, c10::string_view reduce_op, 
   parse_reduce_op(reduce_op);
   return like_meta(input);
 }
+at::Tensor all_reduce_bucket_meta(const at::TensorList inputs, c10::string_view reduce_op, c10::string_view /*group*/) {
+  parse_reduce_op(reduce_op);
+  return bucket_buffer(inputs);
+}
 at::Tensor wait_tensor_meta(const at::Tensor& input) { return input; }
 
 }  // namespace
@@ -151,6 +195,14 @@ at::Tensor all_reduce(const at::Tensor& input, ReduceOp op, const std::string& g
   return handle.call(input, to_string(op), group_name);
 }
 
+at::Tensor all_reduce_bucket(const std::vector<at::Tensor>& inputs, ReduceOp op, const std::string& group_name) {
+  static const auto handle = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("crucible::all_reduce_bucket", "")
+                                 .typed<at::Tensor(at::TensorList, c10::string_view, c10::string_view)>();
+  bucket_numel(inputs);
+  return handle.call(inputs, to_string(op), group_name);
+}
+
 at::Tensor wait_tensor(const at::Tensor& input) {
   static const auto handle = c10::Dispatcher::singleton()
                                  .findSchemaOrThrow("crucible::wait_tensor", "")
@@ -171,21 +223,25 @@ size_t pending_collectives() {
 
 TORCH_LIBRARY_FRAGMENT(crucible, m) {
   m.def("all_reduce(Tensor input, str reduce_op, str group_name) -> Tensor");
+  m.def("all_reduce_bucket(Tensor[] inputs, str reduce_op, str group_name) -> Tensor");
   m.def("wait_tensor(Tensor input) -> Tensor");
   m.def("tag_grad(Tensor grad) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(crucible, CPU, m) {
   m.impl("all_reduce", &all_reduce_kernel);
+  m.impl("all_reduce_bucket", &all_reduce_bucket_kernel);
   m.impl("wait_tensor", &wait_tensor_kernel);
   m.impl("tag_grad", &tag_grad_kernel);
 }
 TORCH_LIBRARY_IMPL(crucible, CUDA, m) {
   m.impl("all_reduce", &all_reduce_kernel);
+  m.impl("all_reduce_bucket", &all_reduce_bucket_kernel);
   m.impl("wait_tensor", &wait_tensor_kernel);
   m.impl("tag_grad", &tag_grad_kernel);
 }
 TORCH_LIBRARY_IMPL(crucible, Meta, m) {
   m.impl("all_reduce", &all_reduce_meta);
+  m.impl("all_reduce_bucket", &all_reduce_bucket_meta);
   m.impl("wait_tensor", &wait_tensor_meta);
   m.impl("tag_grad", &like_meta);
 }

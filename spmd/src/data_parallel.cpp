@@ -71,24 +71,20 @@ DataParallelReport expand_data_parallel(ir::Graph& graph, const DataParallelOpti
     std::vector<int64_t> numels;
     {
       ir::Graph::InsertGuard at(graph, bucket.back()->grad->node(), ir::Graph::InsertGuard::Where::After);
-      ir::Value* payload = bucket.front()->grad;
-      if (bucket.size() > 1) {
-        ir::Argument::ValueList flats;
+      ir::Node* ar = nullptr;
+      if (bucket.size() == 1) {
+        ar = graph.add_call("crucible::all_reduce", {bucket.front()->grad, std::string("avg"), options.group}, {},
+                            "all_reduce");
+        set_contiguous_meta(ar->result(), like.sizes, like);
+      } else {
+        ir::Argument::ValueList grads;
         for (const Slot* s : bucket) {
-          const ir::TensorMeta& m = s->grad->meta();
-          numels.push_back(m.numel());
-          ir::Node* flat = graph.add_call(m.is_contiguous() ? "aten::view" : "aten::reshape",
-                                          {s->grad, std::vector<int64_t>{m.numel()}}, {}, s->grad->name() + "_flat");
-          set_contiguous_meta(flat->result(), {m.numel()}, m);
-          flats.push_back(flat->result());
+          numels.push_back(s->grad->meta().numel());
+          grads.push_back(s->grad);
         }
-        ir::Node* cat = graph.add_call("aten::cat", {flats, int64_t{0}}, {}, "bucket");
-        set_contiguous_meta(cat->result(), {bucket_bytes / static_cast<int64_t>(c10::elementSize(like.dtype))}, like);
-        payload = cat->result();
+        ar = graph.add_call("crucible::all_reduce_bucket", {grads, std::string("avg"), options.group}, {}, "bucket");
+        set_contiguous_meta(ar->result(), {bucket_bytes / static_cast<int64_t>(c10::elementSize(like.dtype))}, like);
       }
-      ir::Node* ar =
-          graph.add_call("crucible::all_reduce", {payload, std::string("avg"), options.group}, {}, "all_reduce");
-      set_contiguous_meta(ar->result(), payload->meta().sizes, like);
       reduced = ar->result();
     }
 
@@ -130,7 +126,9 @@ size_t dedup_collectives(ir::Graph& graph) {
   std::map<std::string, ir::Value*> first;
   std::vector<ir::Node*> doomed;
   for (ir::Node* n : graph.nodes()) {
-    if (!n->is_call() || (n->target() != "crucible::all_reduce" && n->target() != "crucible::wait_tensor")) continue;
+    if (!n->is_call() || (n->target() != "crucible::all_reduce" && n->target() != "crucible::all_reduce_bucket" &&
+                          n->target() != "crucible::wait_tensor"))
+      continue;
     std::ostringstream key;
     key << n->target();
     for (const ir::Argument& a : n->args()) {
@@ -139,7 +137,7 @@ size_t dedup_collectives(ir::Graph& graph) {
       else if (a.is_constant())
         key << "|" << a.constant();
       else
-        key << "|list";  // no collective here takes a list
+        for (const ir::Value* v : a.value_list()) key << "|[%" << (v ? v->name() : "None");
     }
     auto [it, fresh] = first.emplace(key.str(), n->result());
     if (fresh) continue;

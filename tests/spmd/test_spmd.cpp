@@ -159,20 +159,25 @@ TEST_CASE("the expansion replaces every gradient tag with bucketed all_reduce an
     CHECK(count_target(g, "crucible::tag_grad") == 0);
     CHECK(report.data_parallel.gradients == num_params);
     const size_t buckets = report.data_parallel.bucket_bytes.size();
-    CHECK(count_target(g, "crucible::all_reduce") == buckets);
+    // A bucket of several gradients packs them as it reduces them (no cat);
+    // a bucket of one reduces it alone.
+    const size_t packed = count_target(g, "crucible::all_reduce_bucket");
+    CHECK(count_target(g, "crucible::all_reduce") + packed == buckets);
     CHECK(count_target(g, "crucible::wait_tensor") == buckets);
+    CHECK(count_target(g, "aten::cat") == 0);
     int64_t total = 0;
     for (int64_t bytes : report.data_parallel.bucket_bytes) total += bytes;
     int64_t param_bytes = 0;
     for (const at::Tensor& p : m.module->parameters()) param_bytes += p.nbytes();
     CHECK(total == param_bytes);
-    if (bucket_bytes == 0) CHECK(buckets == num_params);
-    if (bucket_bytes == (int64_t{25} << 20)) CHECK(buckets == 1);
-    if (bucket_bytes == 4096) CHECK((buckets > 1 && buckets < num_params));
+    if (bucket_bytes == 0) CHECK((buckets == num_params && packed == 0));
+    if (bucket_bytes == (int64_t{25} << 20)) CHECK((buckets == 1 && packed == 1));
+    if (bucket_bytes == 4096) CHECK((buckets > 1 && buckets < num_params && packed >= 1));
     // Each all_reduce is issued before the nodes that follow its bucket's
     // last gradient, and waited for after them: the wait is not adjacent.
     for (const ir::Node* n : g.nodes())
-      if (n->is_call() && n->target() == "crucible::all_reduce") CHECK(n->next()->target() != "crucible::wait_tensor");
+      if (n->is_call() && n->target().starts_with("crucible::all_reduce"))
+        CHECK(n->next()->target() != "crucible::wait_tensor");
     CHECK(spmd::pending_collectives() == 0);
   }
 }
@@ -208,7 +213,7 @@ TEST_CASE("gm_transformation runs once and sees the expanded graph", "[spmd]") {
   o.parallel_mode.group = solo_group().name();
   o.gm_transformation = [&](ir::Graph& g) {
     ++calls;
-    all_reduces = count_target(g, "crucible::all_reduce");
+    all_reduces = count_target(g, "crucible::all_reduce") + count_target(g, "crucible::all_reduce_bucket");
   };
   spmd::SpmdStep step = spmd::compile(m.module, *opt, models::loss_of(m), o);
   for (int s = 0; s < 3; ++s) {
@@ -230,18 +235,31 @@ TEST_CASE("dedup_collectives merges identical collectives and keeps distinct one
     w->result()->set_meta(v->meta());
     return w->result();
   };
+  auto reduce_bucket = [&](ir::Value* first, ir::Value* second) {
+    ir::Node* ar = g.add_call("crucible::all_reduce_bucket",
+                              {ir::Argument::ValueList{first, second}, std::string("avg"), std::string("solo")});
+    ar->result()->set_meta(ir::TensorMeta::contiguous({8}));
+    ir::Node* w = g.add_call("crucible::wait_tensor", {ar->result()});
+    w->result()->set_meta(ar->result()->meta());
+    return w->result();
+  };
   ir::Value* a = reduce(x, "avg");
   ir::Value* b = reduce(x, "avg");  // the same: merged
   ir::Value* c = reduce(x, "sum");  // another op: kept
   ir::Value* d = reduce(y, "avg");  // another input: kept
+  ir::Value* e = reduce_bucket(x, y);
+  ir::Value* f = reduce_bucket(x, y);  // the same bucket: merged
+  ir::Value* h = reduce_bucket(y, x);  // another order: kept
   ir::Node* add = g.add_call("aten::add.Tensor", {a, b});
   add->result()->set_meta(x->meta());
-  g.set_output({add->result(), c, d});
-  CHECK(spmd::dedup_collectives(g) == 2);
+  g.set_output({add->result(), c, d, e, f, h});
+  CHECK(spmd::dedup_collectives(g) == 4);
   CHECK(count_target(g, "crucible::all_reduce") == 3);
-  CHECK(count_target(g, "crucible::wait_tensor") == 3);
+  CHECK(count_target(g, "crucible::all_reduce_bucket") == 2);
+  CHECK(count_target(g, "crucible::wait_tensor") == 5);
   CHECK(add->arg(0).value() == add->arg(1).value());
-  // Run it: over one rank every reduction is the identity.
+  // Run it: over one rank every reduction is the identity, and a bucket is
+  // its inputs end to end.
   (void)solo_group();
   const at::Tensor tx = at::arange(4, at::kFloat), ty = at::ones({4});
   ir::Interpreter run(g);
@@ -249,6 +267,9 @@ TEST_CASE("dedup_collectives merges identical collectives and keeps distinct one
   REQUIRE_EQUAL_TENSORS(out.at(0), tx * 2);
   REQUIRE_EQUAL_TENSORS(out.at(1), tx);
   REQUIRE_EQUAL_TENSORS(out.at(2), ty);
+  REQUIRE_EQUAL_TENSORS(out.at(3), at::cat({tx, ty}));
+  REQUIRE_EQUAL_TENSORS(out.at(4), at::cat({tx, ty}));
+  REQUIRE_EQUAL_TENSORS(out.at(5), at::cat({ty, tx}));
   CHECK(spmd::pending_collectives() == 0);
 }
 
@@ -331,6 +352,10 @@ TEST_CASE("the process group's errors name what to fix", "[spmd]") {
   (void)solo_group();
   CHECK_THROWS_WITH(spmd::all_reduce(at::ones({2}), static_cast<spmd::ReduceOp>(9), "solo"),
                     CRUCIBLE_HAS_SUBSTR("unknown reduce_op"));
+  CHECK_THROWS_WITH(spmd::all_reduce_bucket({}, spmd::ReduceOp::Avg, "solo"),
+                    CRUCIBLE_HAS_SUBSTR("the bucket is empty"));
+  CHECK_THROWS_WITH(spmd::all_reduce_bucket({at::ones({2}), at::ones({2}, at::kDouble)}, spmd::ReduceOp::Avg, "solo"),
+                    CRUCIBLE_HAS_SUBSTR("a bucket holds one dtype on one device"));
   ::setenv("RANK", "1", 1);
   ::unsetenv("WORLD_SIZE");
   CHECK_THROWS_WITH(spmd::options_from_env(), CRUCIBLE_HAS_SUBSTR("RANK is set but WORLD_SIZE is not"));

@@ -9,6 +9,12 @@
 //     Issues an all-reduce of a copy of `input` ("sum", "avg", "max", "min")
 //     over the group registered under `group_name` (process_group.h) and
 //     returns the copy at once; its value is only final after wait_tensor.
+//   crucible::all_reduce_bucket(Tensor[] inputs, str reduce_op, str group_name) -> Tensor
+//     DDP's bucket: the inputs (one dtype, one device) flattened and packed
+//     end to end into a new 1-D buffer of their total numel, which one
+//     all-reduce then reduces in place; returned at once, final after
+//     wait_tensor. One copy of the gradients, where all_reduce(cat(...))
+//     makes two.
 //   crucible::wait_tensor(Tensor input) -> Tensor
 //     Waits for the collective that writes `input` (none: returns at once)
 //     and returns `input`: the point where the result is read.
@@ -17,13 +23,15 @@
 //     a traced train step by these tags and replaces them (the seed's
 //     _spmd.tag_grad).
 //
-// All three have meta kernels (the result is like the input), so graphs
-// holding them propagate metadata and trace on fake tensors.
+// All four have meta kernels (the result is like the input, or the packed
+// bucket), so graphs holding them propagate metadata and trace on fake
+// tensors.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <string>
+#include <vector>
 
 namespace crucible::spmd {
 
@@ -39,6 +47,11 @@ const char* to_string(ReduceOp op);
 /// Throws SpmdError for an unknown group or an `input` on another device
 /// than the group's backend serves.
 at::Tensor all_reduce(const at::Tensor& input, ReduceOp op, const std::string& group_name);
+/// Calls crucible::all_reduce_bucket: `inputs` packed into one 1-D tensor
+/// of their total numel, reduced as one. Read it only after wait_tensor.
+/// Throws SpmdError as all_reduce does, and for an empty bucket or one
+/// whose inputs differ in dtype or device.
+at::Tensor all_reduce_bucket(const std::vector<at::Tensor>& inputs, ReduceOp op, const std::string& group_name);
 /// Calls crucible::wait_tensor. Throws SpmdError naming the rank and the
 /// group when the collective failed (a rank died, timed out, or issued other
 /// collectives).

@@ -22,14 +22,15 @@ namespace crucible::spmd {
 // batch is scaled by 1/world_size, as under DDP). Gradients are packed into
 // buckets in the order the backward computes them (DDP packs by reversed
 // parameter order, an estimate of the same); a bucket is
-//   flat = cat(view(g, [-1]) for g in bucket)      right after its last
-//   red  = crucible::all_reduce(flat, "avg", group) gradient is computed
-//   w    = crucible::wait_tensor(red)               just before the first
-//   g'   = view(split_with_sizes(w, numels)[i], sizes)   read of any of them
+//   red = crucible::all_reduce_bucket(bucket, "avg", group)   right after its
+//                                                            last gradient
+//   w   = crucible::wait_tensor(red)                         just before the
+//   g'  = view(split_with_sizes(w, numels)[i], sizes)        first read of any
 // so the bucket's communication runs while the rest of the backward
 // computes (Gloo runs it on its own threads, NCCL on its own stream) and is
-// waited for only where the update needs it. A bucket of one gradient
-// reduces the gradient itself. Buckets hold one dtype and one device, and
+// waited for only where the update needs it. all_reduce_bucket packs the
+// gradients into the buffer it reduces, so each gradient is copied once;
+// a bucket of one gradient is all_reduce(g). Buckets hold one dtype and one device, and
 // close once they reach `bucket_bytes`; bucket_bytes 0 gives one collective
 // per gradient. Gradients that are one Value (tied parameters) share a slot.
 // The ranks' graphs are the same graph, so every rank issues the same
