@@ -350,5 +350,11 @@ int main(int argc, char** argv) {
     benchmark::RunSpecifiedBenchmarks(&silent);
   }
   benchmark::Shutdown();
+  // The group goes before CUDA does: `c` outlives main, and an NCCL group
+  // destroyed after CUDA has shut down aborts the process at exit.
+  if (c.group) {
+    spmd::destroy_process_group(c.group->name());
+    c.group.reset();
+  }
   return 0;
 }

@@ -1,4 +1,6 @@
 // See api.h.
+#include "group_state.h"
+
 #include <crucible/autograd/aot_module.h>
 #include <crucible/ir/hash.h>
 #include <crucible/spmd/api.h>
@@ -127,7 +129,10 @@ std::vector<at::Tensor> at_offset_zero(const std::vector<at::Tensor>& batch) {
 }  // namespace
 
 at::Tensor SpmdStep::operator()(const std::vector<at::Tensor>& batch) const {
-  return (*state_->step)(at_offset_zero(batch));
+  detail::AwaitedCollectives awaited;  // See Note [Waiting for NCCL] in collectives.cpp.
+  at::Tensor loss = (*state_->step)(at_offset_zero(batch));
+  awaited.await();
+  return loss;
 }
 void SpmdStep::compile(const std::vector<at::Tensor>& batch) const { state_->step->compile(at_offset_zero(batch)); }
 const ir::Graph& SpmdStep::graph() const { return state_->step->graph(); }

@@ -127,12 +127,23 @@ at::Tensor all_reduce_bucket_kernel(const at::TensorList inputs, c10::string_vie
 // first 2-GPU run of GPT-2 small: 1.1 ms per bucket, 57 ms for 50 buckets
 // that NCCL moves in under 2). Without a timeout it makes the current stream
 // wait for the collective's end event and returns at once, as PyTorch's
-// _c10d_functional wait_tensor does. The timeout still holds: every NCCL
-// collective carries the group's timeout (AllreduceOptions::timeout), and
-// ProcessGroupNCCL's watchdog aborts the communicator and ends the process
-// with an error naming the collective once it is exceeded, so a dead rank
-// never hangs the others. Gloo completes on the host, and waits with the
-// timeout so that its error can name the rank.
+// _c10d_functional wait_tensor does. The timeout must still hold: a rank
+// that died leaves the others' NCCL kernels waiting for it, and reading the
+// loss would then block for good (ProcessGroupNCCL's watchdog notices after
+// the timeout, but only ends the process a minute or more later, with no
+// error for the program to catch: seen on 2 H100s). So an SpmdStep call
+// keeps the collectives it waited for this way (AwaitedCollectives) and,
+// once the whole step is launched, blocks on them with the timeout: by then
+// the host has nothing left to launch, and the GPU runs the update while it
+// waits. A timeout aborts the communicator and becomes an SpmdError naming
+// the rank, as on Gloo, which completes on the host and waits with the
+// timeout at wait_tensor itself.
+[[noreturn]] void collective_failed(int64_t numel, const ProcessGroup& group, const std::exception& e) {
+  throw SpmdError("crucible::wait_tensor: an all_reduce of " + std::to_string(numel) + " elements failed on " +
+                  group.describe() + " after at most " + std::to_string(group.timeout().count() / 1000) +
+                  " s: another rank died, timed out or issued other collectives (" + detail::message_of(e) + ")");
+}
+
 at::Tensor wait_tensor_kernel(const at::Tensor& input) {
   std::optional<Pending> found;
   {
@@ -145,15 +156,14 @@ at::Tensor wait_tensor_kernel(const at::Tensor& input) {
   Pending& p = *found;
   try {
     // See Note [Waiting for NCCL].
-    if (p.group.backend() == "nccl")
+    if (p.group.backend() == "nccl") {
       p.work->wait();
-    else
+      detail::keep_awaited({p.work, p.out.numel(), p.group});
+    } else {
       p.work->wait(p.group.timeout());
+    }
   } catch (const std::exception& e) {
-    throw SpmdError("crucible::wait_tensor: an all_reduce of " + std::to_string(p.out.numel()) +
-                    " elements failed on " + p.group.describe() + " after at most " +
-                    std::to_string(p.group.timeout().count() / 1000) +
-                    " s: another rank died, timed out or issued other collectives (" + detail::message_of(e) + ")");
+    collective_failed(p.out.numel(), p.group, e);
   }
   if (p.divisor != 1) p.out.div_(p.divisor);
   return input;
@@ -245,5 +255,32 @@ TORCH_LIBRARY_IMPL(crucible, Meta, m) {
   m.impl("wait_tensor", &wait_tensor_meta);
   m.impl("tag_grad", &like_meta);
 }
+
+namespace detail {
+
+namespace {
+thread_local AwaitedCollectives* innermost = nullptr;
+}
+
+AwaitedCollectives::AwaitedCollectives() : outer_(innermost) { innermost = this; }
+AwaitedCollectives::~AwaitedCollectives() { innermost = outer_; }
+
+void AwaitedCollectives::await() {
+  std::vector<Entry> entries = std::move(entries_);
+  entries_.clear();
+  for (Entry& e : entries) {
+    try {
+      e.work->wait(e.group.timeout());
+    } catch (const std::exception& err) {
+      collective_failed(e.numel, e.group, err);
+    }
+  }
+}
+
+void keep_awaited(AwaitedCollectives::Entry entry) {
+  if (innermost != nullptr) innermost->entries_.push_back(std::move(entry));
+}
+
+}  // namespace detail
 
 }  // namespace crucible::spmd

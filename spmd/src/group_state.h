@@ -6,11 +6,13 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
 #include <cstdint>
 #include <exception>
 #include <string>
+#include <vector>
 
 namespace crucible::spmd::detail {
 
@@ -34,5 +36,36 @@ struct GroupState {
   // hash) are never read back as this call's.
   std::atomic<uint64_t> string_gathers{0};
 };
+
+/// The NCCL collectives whose wait_tensor only made the stream wait
+/// (Note [Waiting for NCCL]), kept while an object of this lives on the
+/// thread: an SpmdStep call makes one, and blocks on them once the step is
+/// launched, so a rank that died or hangs is an error within the group's
+/// timeout. Collectives not awaited when it goes are forgotten.
+class AwaitedCollectives {
+ public:
+  AwaitedCollectives();
+  ~AwaitedCollectives();
+  AwaitedCollectives(const AwaitedCollectives&) = delete;
+  AwaitedCollectives& operator=(const AwaitedCollectives&) = delete;
+  /// Blocks until every kept collective completes (each within its group's
+  /// timeout) and forgets them. Throws SpmdError naming the rank and the
+  /// group when one failed or timed out.
+  void await();
+
+  struct Entry {
+    c10::intrusive_ptr<c10d::Work> work;
+    int64_t numel = 0;
+    ProcessGroup group;
+  };
+
+ private:
+  std::vector<Entry> entries_;
+  AwaitedCollectives* outer_;
+  friend void keep_awaited(Entry entry);
+};
+
+/// Keeps `entry` in the thread's innermost AwaitedCollectives, if any.
+void keep_awaited(AwaitedCollectives::Entry entry);
 
 }  // namespace crucible::spmd::detail

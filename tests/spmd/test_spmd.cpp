@@ -392,7 +392,8 @@ TEST_CASE("launch reports the first failing rank's status", "[spmd]") {
   CHECK_THROWS_AS(spmd::launch(o), spmd::SpmdError);
 }
 
-TEST_CASE("2 ranks on CUDA tensors end where one process on the global batch ends", "[spmd][multiprocess][cuda]") {
+TEST_CASE("2 ranks on CUDA tensors end where one process on the global batch ends, and fail when one dies",
+          "[spmd][multiprocess][cuda]") {
   CRUCIBLE_REQUIRE_CUDA();
   // Gloo reduces CUDA tensors (through the host) on any number of GPUs;
   // NCCL needs one GPU per rank. Tolerances as on the CPU.
@@ -409,6 +410,15 @@ TEST_CASE("2 ranks on CUDA tensors end where one process on the global batch end
     REQUIRE_EQUAL_TENSORS(r1.params, r0.params);
     REQUIRE_CLOSE(r0.params, ref.params, 0.0, 1e-6);
     fs::remove_all(run.dir);
+    // A rank that dies: the other's step fails within the timeout (20 s,
+    // inside launch's grace of 40 s), naming it (Note [Waiting for NCCL]).
+    const Run died =
+        launch_workers("die", 2, "mlp", "sgd", 4096, {"CRUCIBLE_TEST_DEVICE=cuda", "CRUCIBLE_TEST_BACKEND=" + backend});
+    CHECK(died.code == 3);
+    const std::string err = read_file(died.dir / "rank0.err");
+    CHECK_THAT(err, CRUCIBLE_HAS_SUBSTR("rank 0 of 2"));
+    CHECK_THAT(err, CRUCIBLE_HAS_SUBSTR("all_reduce"));
+    fs::remove_all(died.dir);
   }
 }
 
