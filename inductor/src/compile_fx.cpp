@@ -5,10 +5,12 @@
 #include "cpp_builder.h"
 #include "cuda_builder.h"
 #include "cuda_graphs.h"
+#include "graph_cache.h"
 #include "rewrites.h"
 
 #include <crucible/ir/graph.h>
 #include <crucible/ir/interpreter.h>
+#include <crucible/runtime/instruments.h>
 
 #include <ATen/core/List.h>
 #include <ATen/core/stack.h>
@@ -139,7 +141,7 @@ Plan::~Plan() {
 
 class Planner {
  public:
-  Planner(Plan& p, const detail::Schedule& s) : p_(p), s_(s) {}
+  Planner(Plan& p, const detail::CompiledSchedule& s) : p_(p), s_(s) {}
 
   void plan() {
     const ir::Graph& g = *p_.graph;
@@ -219,7 +221,7 @@ class Planner {
     p_.steps.push_back(std::move(st));
   }
 
-  void plan_kernel(const detail::KernelSignature& k) {
+  void plan_kernel(const detail::KernelPlan& k) {
     auto step_index = static_cast<uint32_t>(p_.steps.size());
     Step st;
     st.kernel_name = k.name;
@@ -230,28 +232,28 @@ class Planner {
     } else {
       st.fn = reinterpret_cast<KernelFn>(detail::symbol(p_.library, k.name));
     }
-    st.kernel_args.resize(k.buffers.size());
+    st.kernel_args.resize(k.operands.size());
     // Reads first: a kernel never reads a slot it defines.
     for (int pass = 0; pass < 2; ++pass)
-      for (size_t i = 0; i < k.buffers.size(); ++i) {
-        if (k.written[i] != (pass == 1)) continue;
-        const detail::Buffer& b = s_.program.buffers[k.buffers[i]];
+      for (size_t i = 0; i < k.operands.size(); ++i) {
+        const detail::KernelOperand& o = k.operands[i];
+        if (o.written != (pass == 1)) continue;
         KernelArg& a = st.kernel_args[i];
-        a.written = k.written[i];
-        a.sizes = b.sizes;
-        a.strides = b.strides;
-        a.dtype = b.dtype;
-        a.host_scalar = b.host_scalar;
-        if (a.written && b.kind != detail::Buffer::Input)
-          a.slot = define(b.value);
+        a.written = o.written;
+        a.sizes = o.sizes;
+        a.strides = o.strides;
+        a.dtype = o.dtype;
+        a.host_scalar = o.host_scalar;
+        if (a.written && !o.input)
+          a.slot = define(o.value);
         else
-          a.source = source(b.value, step_index);  // read, or written in place
+          a.source = source(o.value, step_index);  // read, or written in place
       }
     p_.steps.push_back(std::move(st));
   }
 
   Plan& p_;
-  const detail::Schedule& s_;
+  const detail::CompiledSchedule& s_;
   std::unordered_map<const ir::Value*, uint32_t> slots_;
   std::unordered_map<const ir::Value*, const c10::IValue*> constants_;
   std::unordered_map<uint32_t, uint32_t> last_;
@@ -409,17 +411,32 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
   plan->graph = std::make_shared<ir::Graph>(prepared(graph));
   if (!plan->graph->output_node())
     throw InductorError("inductor: the graph has no output node; call Graph::set_output first");
-  detail::Schedule s;
+  // See graph_cache.h; counted as torch/_inductor counts its FxGraphCache.
+  runtime::Counters& counters = runtime::default_counters();
+  const std::optional<std::string> key = detail::graph_cache_key(*plan->graph, options);
+  std::optional<detail::CompiledSchedule> cached;
   try {
-    s = detail::compile_schedule(*plan->graph, options.threads);
-  } catch (const std::exception& e) {
-    // A node lowering did not expect (an argument of an unusual kind): the
-    // graph is still valid, so it runs on the interpreter rather than fail.
-    TORCH_WARN("inductor: lowering failed (", e.what(), "); this graph runs on the interpreter");
+    if (key) cached = detail::load_schedule(*key, *plan->graph, options);
+  } catch (const InductorError&) {  // an unusable cache directory
+    if (!options.fallback_to_eager) throw;
     return ir::interpret(graph);
   }
+  counters.add("inductor", !key ? "fxgraph_cache_bypass" : cached ? "fxgraph_cache_hit" : "fxgraph_cache_miss");
+  detail::CompiledSchedule s;
+  if (cached) {
+    s = std::move(*cached);
+  } else {
+    try {
+      s = detail::compiled_schedule(detail::compile_schedule(*plan->graph, options.threads));
+    } catch (const std::exception& e) {
+      // A node lowering did not expect (an argument of an unusual kind): the
+      // graph is still valid, so it runs on the interpreter rather than fail.
+      TORCH_WARN("inductor: lowering failed (", e.what(), "); this graph runs on the interpreter");
+      return ir::interpret(graph);
+    }
+  }
   const std::string& source = s.source;
-  plan->device = s.program.device;
+  plan->device = s.device;
   if (options.print_generated_code && !source.empty()) std::cerr << source;
   try {
     if (!source.empty() && plan->device.is_cuda()) {
@@ -441,6 +458,15 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
     Planner(*plan, s).plan();
   } catch (const InductorError&) {
     return ir::interpret(graph);  // a graph the plan cannot express: the interpreter runs it, or names the fault
+  }
+  // Stored once it has built and planned: an entry always compiles. A
+  // failed write costs the next process a compile, not this one its graph.
+  if (key && !cached) {
+    try {
+      detail::store_schedule(*key, s, *plan->graph, options);
+    } catch (const InductorError& e) {
+      TORCH_WARN("inductor: the graph cache entry was not written: ", e.what());
+    }
   }
   plan->profile = options.profile;
   if (plan->profile) plan->times.resize(plan->steps.size());

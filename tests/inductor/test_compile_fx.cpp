@@ -1,11 +1,13 @@
 // compile_fx_inner against eager LibTorch: fused pointwise chains over
 // several shapes and dtypes, extern kernels between them, inputs whose
-// layout differs from the graph's, compiler failures and the kernel cache.
+// layout differs from the graph's, compiler failures, the kernel cache and
+// the graph cache.
 #include <crucible/inductor/compile_fx.h>
 #include <crucible/inductor/error.h>
 #include <crucible/ir/graph.h>
 #include <crucible/ir/interpreter.h>
 #include <crucible/ir/propagate_meta.h>
+#include <crucible/runtime/instruments.h>
 
 #include "catch.h"
 #include "graph_testing.h"
@@ -225,6 +227,55 @@ TEST_CASE("the kernel cache: a second compile loads the library without running 
   got = run(inductor::compile_fx_inner(g, {x, b}, o), {x, b});
   REQUIRE(runs() == 2);
   REQUIRE_CLOSE(got[0], chain_eager(x, b)[0], 1e-5, 1e-6);
+}
+
+TEST_CASE("the graph cache: a graph compiled before skips lowering; a corrupt entry is compiled again", "[inductor]") {
+  fs::path dir = fs::path(test_cache()) / "graphs";
+  fs::create_directory(dir);
+  fs::permissions(dir, fs::perms::owner_all, fs::perm_options::replace);
+  inductor::InductorOptions o;
+  o.cache_dir = dir.string();
+  // relu(x @ w + b) * 2 and a sum: generated kernels around an extern one.
+  auto graph = [](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+    ir::Graph g;
+    ir::Value* px = g.add_placeholder("x", ir::TensorMeta::of(x));
+    ir::Value* pw = g.add_placeholder("w", ir::TensorMeta::of(w));
+    ir::Value* pb = g.add_placeholder("b", ir::TensorMeta::of(b));
+    ir::Value* mm = g.add_call("aten::mm", {px, pw})->result();
+    ir::Value* r =
+        g.add_call("aten::relu", {g.add_call("aten::add.Tensor", {mm, pb, c10::Scalar(1)})->result()})->result();
+    ir::Value* y = g.add_call("aten::mul.Scalar", {r, c10::Scalar(2.0)})->result();
+    g.set_output({y, g.add_call("aten::sum", {y, c10::IValue()})->result()});
+    ir::propagate_meta(g);
+    return g;
+  };
+  auto check = [&](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+    const ir::Graph g = graph(x, w, b);
+    const std::vector<at::Tensor> got = run(inductor::compile_fx_inner(g, {x, w, b}, o), {x, w, b});
+    const at::Tensor y = at::relu(at::mm(x, w) + b) * 2;
+    REQUIRE_CLOSE(got.at(0), y, 1e-5, 1e-6);
+    REQUIRE_CLOSE(got.at(1), y.sum(), 1e-5, 1e-5);
+  };
+  runtime::Counters& counters = runtime::default_counters();
+  auto hits = [&] { return counters.get("inductor", "fxgraph_cache_hit"); };
+  auto misses = [&] { return counters.get("inductor", "fxgraph_cache_miss"); };
+  const at::Tensor x = at::randn({5, 7}), w = at::randn({7, 3}), b = at::randn({3});
+  const int64_t hit0 = hits(), miss0 = misses();
+  check(x, w, b);
+  CHECK((hits() == hit0 && misses() == miss0 + 1));
+  // Other values of the same layout: the entry serves them (fresh inputs).
+  check(at::randn({5, 7}), at::randn({7, 3}), at::randn({3}));
+  CHECK((hits() == hit0 + 1 && misses() == miss0 + 1));
+  // Other sizes are another graph.
+  check(at::randn({4, 7}), w, b);
+  CHECK((hits() == hit0 + 1 && misses() == miss0 + 2));
+  // A truncated entry misses, compiles again, and is written whole again.
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".json") fs::resize_file(e.path(), fs::file_size(e.path()) / 2);
+  check(x, w, b);
+  CHECK((hits() == hit0 + 1 && misses() == miss0 + 3));
+  check(x, w, b);
+  CHECK((hits() == hit0 + 2 && misses() == miss0 + 3));
 }
 
 TEST_CASE("a cache directory others can write is refused", "[inductor]") {

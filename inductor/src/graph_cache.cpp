@@ -1,0 +1,150 @@
+// See graph_cache.h.
+#include "graph_cache.h"
+
+#include "cpp_builder.h"
+
+#include <crucible/inductor/error.h>
+#include <crucible/ir/hash.h>
+
+#include <nlohmann/json.hpp>
+
+#include <unordered_map>
+
+namespace crucible::inductor::detail {
+
+namespace {
+
+using nlohmann::json;
+
+// Nodes and values by position in graph order: what an entry names them by.
+struct Positions {
+  std::vector<const ir::Node*> nodes;
+  std::vector<const ir::Value*> values;
+  std::unordered_map<const ir::Node*, int64_t> node_index;
+  std::unordered_map<const ir::Value*, int64_t> value_index;
+
+  explicit Positions(const ir::Graph& g) {
+    for (const ir::Node* n : g.nodes()) {
+      node_index.emplace(n, static_cast<int64_t>(nodes.size()));
+      nodes.push_back(n);
+      for (size_t r = 0; r < n->num_results(); ++r) {
+        value_index.emplace(n->result(r), static_cast<int64_t>(values.size()));
+        values.push_back(n->result(r));
+      }
+    }
+  }
+};
+
+std::string entry_path(const std::string& key, const InductorOptions& options) {
+  return cache_dir(options) + "/g" + key + ".json";
+}
+
+}  // namespace
+
+CompiledSchedule compiled_schedule(const Schedule& s) {
+  CompiledSchedule c;
+  c.device = s.program.device;
+  c.source = s.source;
+  c.steps = s.steps;
+  for (const KernelSignature& k : s.kernels) {
+    KernelPlan kp{k.name, k.fuses, k.launch, {}};
+    for (size_t i = 0; i < k.buffers.size(); ++i) {
+      const Buffer& b = s.program.buffers[k.buffers[i]];
+      kp.operands.push_back(
+          KernelOperand{b.value, k.written[i], b.kind == Buffer::Input, b.host_scalar, b.sizes, b.strides, b.dtype});
+    }
+    c.kernels.push_back(std::move(kp));
+  }
+  return c;
+}
+
+std::optional<std::string> graph_cache_key(const ir::Graph& graph, const InductorOptions& options) {
+  std::string hash;
+  try {
+    hash = ir::graph_hash(graph).hex();
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  return cache_key("graph " + hash + " threads " + std::to_string(options.threads));
+}
+
+void store_schedule(const std::string& key, const CompiledSchedule& s, const ir::Graph& graph,
+                    const InductorOptions& options) {
+  const Positions at(graph);
+  json steps = json::array(), kernels = json::array();
+  for (const Schedule::Step& st : s.steps)
+    steps.push_back(st.extern_node ? json{{"node", at.node_index.at(st.extern_node)}} : json{{"kernel", st.kernel}});
+  for (const KernelPlan& k : s.kernels) {
+    json operands = json::array();
+    for (const KernelOperand& o : k.operands)
+      operands.push_back({{"value", o.value ? at.value_index.at(o.value) : -1},
+                          {"written", o.written},
+                          {"input", o.input},
+                          {"host_scalar", o.host_scalar},
+                          {"sizes", o.sizes},
+                          {"strides", o.strides},
+                          {"dtype", static_cast<int>(o.dtype)}});
+    const Launch& l = k.launch;
+    kernels.push_back({{"name", k.name},
+                       {"fuses", k.fuses},
+                       {"launch", {l.block, l.units, l.per_block, l.shared_bytes, l.exact}},
+                       {"operands", std::move(operands)}});
+  }
+  const json entry = {{"version", kCodegenVersion}, {"key", key},     {"device", s.device.str()},
+                      {"source", s.source},         {"steps", steps}, {"kernels", kernels}};
+  write_atomically(entry_path(key, options), entry.dump());
+}
+
+std::optional<CompiledSchedule> load_schedule(const std::string& key, const ir::Graph& graph,
+                                              const InductorOptions& options) {
+  const std::string text = read_all(entry_path(key, options));
+  if (text.empty()) return std::nullopt;
+  // Anything that does not parse or fit is a miss: the entry is then
+  // compiled again and overwritten (a truncated write, a disk error, an
+  // older format).
+  try {
+    const json e = json::parse(text);
+    if (e.at("version").get<std::string>() != kCodegenVersion || e.at("key").get<std::string>() != key)
+      return std::nullopt;
+    const Positions at(graph);
+    CompiledSchedule s;
+    s.device = c10::Device(e.at("device").get<std::string>());
+    s.source = e.at("source").get<std::string>();
+    for (const json& k : e.at("kernels")) {
+      KernelPlan kp;
+      kp.name = k.at("name").get<std::string>();
+      kp.fuses = k.at("fuses").get<std::string>();
+      const json& l = k.at("launch");
+      kp.launch = Launch{l.at(0).get<int>(), l.at(1).get<int64_t>(), l.at(2).get<int64_t>(), l.at(3).get<int>(),
+                         l.at(4).get<bool>()};
+      for (const json& o : k.at("operands")) {
+        const auto v = o.at("value").get<int64_t>();
+        const int dtype = o.at("dtype").get<int>();
+        if (v < -1 || v >= static_cast<int64_t>(at.values.size()) || dtype < 0 ||
+            dtype >= static_cast<int>(c10::ScalarType::NumOptions))
+          return std::nullopt;
+        kp.operands.push_back(
+            KernelOperand{v < 0 ? nullptr : at.values[v], o.at("written").get<bool>(), o.at("input").get<bool>(),
+                          o.at("host_scalar").get<bool>(), o.at("sizes").get<std::vector<int64_t>>(),
+                          o.at("strides").get<std::vector<int64_t>>(), static_cast<c10::ScalarType>(dtype)});
+      }
+      s.kernels.push_back(std::move(kp));
+    }
+    for (const json& st : e.at("steps")) {
+      if (st.contains("node")) {
+        const auto n = st.at("node").get<int64_t>();
+        if (n < 0 || n >= static_cast<int64_t>(at.nodes.size()) || !at.nodes[n]->is_call()) return std::nullopt;
+        s.steps.push_back({at.nodes[n], -1});
+      } else {
+        const int k = st.at("kernel").get<int>();
+        if (k < 0 || k >= static_cast<int>(s.kernels.size())) return std::nullopt;
+        s.steps.push_back({nullptr, k});
+      }
+    }
+    return s;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace crucible::inductor::detail
