@@ -6,8 +6,15 @@
 #include <crucible/inductor/error.h>
 #include <crucible/ir/hash.h>
 
+#include <elf.h>
+#include <link.h>
 #include <nlohmann/json.hpp>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <unordered_map>
 
 namespace crucible::inductor::detail {
@@ -35,6 +42,70 @@ struct Positions {
   }
 };
 
+// The code generator's identity beyond kCodegenVersion: the build of the
+// binary that holds it, as torch/_inductor keys its caches on a hash of its
+// own sources (torch_key). A schedule embeds generated code, so one written
+// by another build of the generator (a lowering fixed since, the version not
+// bumped) must never be served. The linker's GNU build ID (a hash of the
+// linked binary, which Debian's and Ubuntu's toolchains write by default)
+// costs nothing to read; a binary without one is hashed whole (28 MB with
+// debug information: tens of milliseconds, once per process). Empty when
+// neither can be read: the cache is then bypassed.
+struct ObjectSearch {
+  const void* address;
+  std::string build_id;
+  std::string path;
+};
+
+int find_object(dl_phdr_info* info, size_t, void* data) {
+  auto* search = static_cast<ObjectSearch*>(data);
+  const auto address = reinterpret_cast<ElfW(Addr)>(search->address);
+  bool contains = false;
+  for (int i = 0; i < info->dlpi_phnum && !contains; ++i) {
+    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    const ElfW(Addr) begin = info->dlpi_addr + ph.p_vaddr;
+    contains = ph.p_type == PT_LOAD && address >= begin && address < begin + ph.p_memsz;
+  }
+  if (!contains) return 0;
+  search->path = info->dlpi_name;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    if (ph.p_type != PT_NOTE) continue;
+    const char* p = reinterpret_cast<const char*>(info->dlpi_addr + ph.p_vaddr);
+    const char* end = p + ph.p_memsz;
+    while (p + sizeof(ElfW(Nhdr)) <= end) {
+      const auto* note = reinterpret_cast<const ElfW(Nhdr)*>(p);
+      const char* name = p + sizeof(ElfW(Nhdr));
+      const char* desc = name + ((note->n_namesz + 3) & ~3u);
+      if (note->n_type == NT_GNU_BUILD_ID && note->n_namesz == 4 && std::memcmp(name, "GNU", 4) == 0) {
+        for (uint32_t b = 0; b < note->n_descsz; ++b) {
+          char byte[3];
+          std::snprintf(byte, sizeof byte, "%02x", static_cast<unsigned char>(desc[b]));
+          search->build_id += byte;
+        }
+        return 1;
+      }
+      p = desc + ((note->n_descsz + 3) & ~3u);
+    }
+  }
+  return 1;
+}
+
+const std::string& generator_identity() {
+  static const std::string id = [] {
+    ObjectSearch search{reinterpret_cast<const void*>(&compiled_schedule), {}, {}};
+    ::dl_iterate_phdr(find_object, &search);
+    if (!search.build_id.empty()) return "build-id " + search.build_id;
+    // The main program has an empty name here: read it through /proc.
+    const std::string bytes = read_all(search.path.empty() ? "/proc/self/exe" : search.path);
+    if (bytes.empty()) return std::string();
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits(bytes.data(), bytes.size())));
+    return "binary " + std::string(hex);
+  }();
+  return id;
+}
+
 std::string entry_path(const std::string& key, const InductorOptions& options) {
   return cache_dir(options) + "/g" + key + ".json";
 }
@@ -59,13 +130,15 @@ CompiledSchedule compiled_schedule(const Schedule& s) {
 }
 
 std::optional<std::string> graph_cache_key(const ir::Graph& graph, const InductorOptions& options) {
+  if (generator_identity().empty()) return std::nullopt;
   std::string hash;
   try {
     hash = ir::graph_hash(graph).hex();
   } catch (const std::exception&) {
     return std::nullopt;
   }
-  return cache_key("graph " + hash + " threads " + std::to_string(options.threads));
+  return cache_key("graph " + hash + " threads " + std::to_string(options.threads) + " generator " +
+                   generator_identity());
 }
 
 void store_schedule(const std::string& key, const CompiledSchedule& s, const ir::Graph& graph,
