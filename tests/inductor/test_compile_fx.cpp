@@ -195,27 +195,37 @@ TEST_CASE("a compiler failure names the generated source and the compiler's mess
   REQUIRE_CLOSE(got[0], chain_eager(x, b)[0], 1e-5, 1e-6);
 }
 
-TEST_CASE("the kernel cache: a second compile loads the library without running the compiler", "[inductor]") {
-  fs::path dir = fs::path(test_cache()) / "counted";
-  fs::create_directory(dir);
-  fs::permissions(dir, fs::perms::owner_all, fs::perm_options::replace);
-  fs::path script = dir / "counting-g++";
-  fs::path count = dir / "runs";
-  {
-    std::ofstream f(script);
-    f << "#!/bin/sh\necho run >> '" << count.string() << "'\nexec g++ \"$@\"\n";
+namespace {
+
+// g++ behind a script that counts its runs, in a fresh directory (0700)
+// under the test cache, with an empty cache directory `cache` beside it.
+struct CountingCompiler {
+  explicit CountingCompiler(const std::string& name) : dir(fs::path(test_cache()) / name) {
+    fs::create_directory(dir);
+    fs::permissions(dir, fs::perms::owner_all, fs::perm_options::replace);
+    std::ofstream(script()) << "#!/bin/sh\necho run >> '" << (dir / "runs").string() << "'\nexec g++ \"$@\"\n";
+    fs::permissions(script(), fs::perms::owner_all, fs::perm_options::replace);
   }
-  fs::permissions(script, fs::perms::owner_all, fs::perm_options::replace);
+  fs::path script() const { return dir / "counting-g++"; }
+  std::string cache() const { return (dir / "cache").string(); }
+  int64_t runs() const {
+    std::ifstream f(dir / "runs");
+    return std::count(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>(), '\n');
+  }
+  fs::path dir;
+};
+
+}  // namespace
+
+TEST_CASE("the kernel cache: a second compile loads the library without running the compiler", "[inductor]") {
+  const CountingCompiler cc("counted");
   inductor::InductorOptions o;
-  o.cache_dir = (dir / "cache").string();
-  o.compiler = script.string();
+  o.cache_dir = cc.cache();
+  o.compiler = cc.script().string();
   at::Tensor x = at::randn({9});
   at::Tensor b = at::randn({9});
   ir::Graph g = chain(x, b);
-  auto runs = [&] {
-    std::ifstream f(count);
-    return std::count(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>(), '\n');
-  };
+  auto runs = [&] { return cc.runs(); };
   run(inductor::compile_fx_inner(g, {x, b}, o), {x, b});
   REQUIRE(runs() == 1);
   auto got = run(inductor::compile_fx_inner(g, {x, b}, o), {x, b});
@@ -276,6 +286,35 @@ TEST_CASE("the graph cache: a graph compiled before skips lowering; a corrupt en
   CHECK((hits() == hit0 + 1 && misses() == miss0 + 3));
   check(x, w, b);
   CHECK((hits() == hit0 + 2 && misses() == miss0 + 3));
+}
+
+TEST_CASE(
+    "the caches across processes: two compiling one graph at once both succeed, a third hits without the compiler",
+    "[inductor]") {
+  const char* worker = std::getenv("CRUCIBLE_COMPILE_WORKER");
+  if (worker == nullptr) CRUCIBLE_SKIP("CRUCIBLE_COMPILE_WORKER is not set (meson test sets it)");
+  const CountingCompiler cc("processes");
+  auto command = [&](int i) {
+    return "'" + std::string(worker) + "' '" + cc.cache() + "' '" + cc.script().string() + "' > '" +
+           (cc.dir / ("out" + std::to_string(i))).string() + "'";
+  };
+  auto outcome = [&](int i) {
+    std::ifstream f(cc.dir / ("out" + std::to_string(i)));
+    std::string word;
+    f >> word;
+    return word;
+  };
+  // Both write the same entries at once (temporary names renamed over the
+  // final ones): each computes eager's values, and neither sees half a file.
+  const std::string both = command(0) + " & a=$!; " + command(1) + " & b=$!; wait $a && wait $b";
+  REQUIRE(std::system(both.c_str()) == 0);
+  CHECK((outcome(0) == "miss" || outcome(1) == "miss"));
+  const int64_t compiled = cc.runs();
+  CHECK((compiled == 1 || compiled == 2));
+  // A new process finds the schedule and the library: no lowering, no compiler.
+  REQUIRE(std::system(command(2).c_str()) == 0);
+  CHECK(outcome(2) == "hit");
+  CHECK(cc.runs() == compiled);
 }
 
 TEST_CASE("a cache directory others can write is refused", "[inductor]") {
