@@ -78,9 +78,13 @@ class SpmdStep {
   /// the global batch's loss is the mean over ranks for a mean loss).
   /// Compiles first, as pipeline::TrainStep does. Batch tensors that are
   /// views at a storage offset (a slice of the global batch) are copied
-  /// first, so that every rank compiles the same graph. Throws SpmdError when a
-  /// collective fails (naming the rank), or when the ranks' graphs differ at
-  /// compile time (naming the ranks); what TrainStep throws otherwise.
+  /// first, so that every rank compiles the same graph. On NCCL it returns
+  /// once the step is launched and its collectives have completed, each
+  /// within the group's timeout (the update may still be running on the
+  /// GPU; Note [Waiting for NCCL] in src/collectives.cpp). Throws SpmdError
+  /// when a collective fails or times out (naming the rank), or when the
+  /// ranks' graphs differ at compile time (naming the ranks); what
+  /// TrainStep throws otherwise.
   at::Tensor operator()(const std::vector<at::Tensor>& batch) const;
   /// Compiles for `batch` without running a step (TrainStep::compile):
   /// every rank must call it, as it compares the ranks' graphs.
