@@ -30,6 +30,15 @@ struct Positions {
   std::unordered_map<const ir::Node*, int64_t> node_index;
   std::unordered_map<const ir::Value*, int64_t> value_index;
 
+  // A schedule only names the graph's own nodes and values; anything else
+  // cannot be stored (the entry is then not written).
+  template <typename T>
+  static int64_t position(const std::unordered_map<const T*, int64_t>& index, const T* item) {
+    auto it = index.find(item);
+    if (it == index.end()) throw InductorError("inductor: a schedule names a node or value outside its graph");
+    return it->second;
+  }
+
   explicit Positions(const ir::Graph& g) {
     for (const ir::Node* n : g.nodes()) {
       node_index.emplace(n, static_cast<int64_t>(nodes.size()));
@@ -146,11 +155,12 @@ void store_schedule(const std::string& key, const CompiledSchedule& s, const ir:
   const Positions at(graph);
   json steps = json::array(), kernels = json::array();
   for (const Schedule::Step& st : s.steps)
-    steps.push_back(st.extern_node ? json{{"node", at.node_index.at(st.extern_node)}} : json{{"kernel", st.kernel}});
+    steps.push_back(st.extern_node ? json{{"node", Positions::position(at.node_index, st.extern_node)}}
+                                   : json{{"kernel", st.kernel}});
   for (const KernelPlan& k : s.kernels) {
     json operands = json::array();
     for (const KernelOperand& o : k.operands)
-      operands.push_back({{"value", o.value ? at.value_index.at(o.value) : -1},
+      operands.push_back({{"value", o.value ? Positions::position(at.value_index, o.value) : -1},
                           {"written", o.written},
                           {"input", o.input},
                           {"host_scalar", o.host_scalar},
