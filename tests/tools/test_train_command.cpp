@@ -232,4 +232,13 @@ TEST_CASE("crucible launch starts the ranks with the torchrun environment and re
   const auto bad = run_cli("launch --nproc 2 -- sh -c 'exit 7'");
   CHECK(bad.exit_code == 7);
   CHECK_THAT(bad.err, CRUCIBLE_HAS_SUBSTR("exited with 7"));
+  // --grace: rank 0 ends a second after rank 1 failed; inside a grace of
+  // 20 s it ends on its own and says so, with none it is stopped first.
+  const std::string late = " -- sh -c 'if [ $RANK = 1 ]; then exit 7; fi; sleep 1; echo rank0-ended'";
+  const auto graced = run_cli("launch --nproc 2 --grace 20" + late);
+  CHECK(graced.exit_code == 7);
+  CHECK_THAT(graced.out, CRUCIBLE_HAS_SUBSTR("rank0-ended"));
+  const auto stopped = run_cli("launch --nproc 2 --grace 0" + late);
+  CHECK(stopped.exit_code == 7);
+  CHECK(stopped.out.find("rank0-ended") == std::string::npos);
 }
