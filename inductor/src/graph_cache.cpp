@@ -9,8 +9,6 @@
 #include <elf.h>
 #include <link.h>
 #include <nlohmann/json.hpp>
-#define XXH_INLINE_ALL
-#include <xxhash.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -57,13 +55,11 @@ struct Positions {
 // by another build of the generator (a lowering fixed since, the version not
 // bumped) must never be served. The linker's GNU build ID (a hash of the
 // linked binary, which Debian's and Ubuntu's toolchains write by default)
-// costs nothing to read; a binary without one is hashed whole (28 MB with
-// debug information: tens of milliseconds, once per process). Empty when
-// neither can be read: the cache is then bypassed.
+// costs nothing to read. Empty for a binary linked without one: the cache
+// is then bypassed rather than keyed on something that may not change.
 struct ObjectSearch {
   const void* address;
   std::string build_id;
-  std::string path;
 };
 
 int find_object(dl_phdr_info* info, size_t, void* data) {
@@ -76,7 +72,6 @@ int find_object(dl_phdr_info* info, size_t, void* data) {
     contains = ph.p_type == PT_LOAD && address >= begin && address < begin + ph.p_memsz;
   }
   if (!contains) return 0;
-  search->path = info->dlpi_name;
   for (int i = 0; i < info->dlpi_phnum; ++i) {
     const ElfW(Phdr)& ph = info->dlpi_phdr[i];
     if (ph.p_type != PT_NOTE) continue;
@@ -102,15 +97,9 @@ int find_object(dl_phdr_info* info, size_t, void* data) {
 
 const std::string& generator_identity() {
   static const std::string id = [] {
-    ObjectSearch search{reinterpret_cast<const void*>(&compiled_schedule), {}, {}};
+    ObjectSearch search{reinterpret_cast<const void*>(&compiled_schedule), {}};
     ::dl_iterate_phdr(find_object, &search);
-    if (!search.build_id.empty()) return "build-id " + search.build_id;
-    // The main program has an empty name here: read it through /proc.
-    const std::string bytes = read_all(search.path.empty() ? "/proc/self/exe" : search.path);
-    if (bytes.empty()) return std::string();
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits(bytes.data(), bytes.size())));
-    return "binary " + std::string(hex);
+    return search.build_id;
   }();
   return id;
 }
@@ -146,7 +135,7 @@ std::optional<std::string> graph_cache_key(const ir::Graph& graph, const Inducto
   } catch (const std::exception&) {
     return std::nullopt;
   }
-  return cache_key("graph " + hash + " threads " + std::to_string(options.threads) + " generator " +
+  return cache_key("graph " + hash + " threads " + std::to_string(options.threads) + " build-id " +
                    generator_identity());
 }
 

@@ -50,12 +50,12 @@ CompiledSchedule compiled_schedule(const Schedule& s);
 
 /// The key of `graph` (the graph compile_fx_inner lowers) compiled with
 /// `options`: a hash of ir::graph_hash (everything a backend computes
-/// with), the OpenMP thread count, the code generator's version and a hash
-/// of the binary it runs from (another build never reads this one's
-/// entries). The compiler and its flags are not part of it: they key the
-/// kernel cache, which builds the source. nullopt, and the graph bypasses
-/// the cache, when the graph cannot be hashed (a constant the text form
-/// cannot hold) or the binary cannot be read.
+/// with), the OpenMP thread count, the code generator's version and the GNU
+/// build ID of the binary it runs from (another build never reads this
+/// one's entries). The compiler and its flags are not part of it: they key
+/// the kernel cache, which builds the source. nullopt, and the graph
+/// bypasses the cache, when the graph cannot be hashed (a constant the text
+/// form cannot hold) or the binary has no build ID.
 std::optional<std::string> graph_cache_key(const ir::Graph& graph, const InductorOptions& options);
 
 /// The schedule stored under `key`, with its nodes and values resolved in
