@@ -245,8 +245,10 @@ class WithLoss(nn.Module):
 # --- timing --------------------------------------------------------------------------------
 
 
-def time_row(name, size, batch_size, mode, steps, device, memory_format=torch.contiguous_format, autocast=None):
-    """(ms per timed step, seconds of the first step) of a fresh model in `mode`."""
+def time_row(name, size, batch_size, mode, steps, device, memory_format=torch.contiguous_format, autocast=None,
+             profile=0):
+    """(ms per timed step, seconds of the first step) of a fresh model in `mode`; with profile > 0, then prints
+    the `profile` kernels that take the most GPU time over 3 more steps (torch.profiler)."""
     torch.manual_seed(0)
     model, example_batch = make_model(name, size)
     model.to(device).train()
@@ -275,7 +277,16 @@ def time_row(name, size, batch_size, mode, steps, device, memory_format=torch.co
     start = time.perf_counter()
     for _ in range(steps):
         step()
-    return (time.perf_counter() - start) / steps * 1e3, first
+    ms = (time.perf_counter() - start) / steps * 1e3
+    if profile > 0:
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities) as prof:
+            for _ in range(3):
+                step()
+        print(f"-- {mode} {name}: the {profile} kernels with the most GPU time over 3 steps", flush=True)
+        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=profile, max_name_column_width=90),
+              flush=True)
+    return ms, first
 
 
 def parse_batches(items):
@@ -306,6 +317,8 @@ def main():
                     help="channels-last: the model's 4-D parameters and the images, as crucible_spmd_bench's flag")
     ap.add_argument("--autocast", choices=["off", "bf16", "f16"], default="off",
                     help="the forward and the loss under torch.autocast (crucible_spmd_bench's --autocast)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after each row, the N kernels with the most GPU time over 3 steps (torch.profiler)")
     args = ap.parse_args()
     autocast = {"off": None, "bf16": torch.bfloat16, "f16": torch.float16}[args.autocast]
     models, modes = args.models.split(","), args.modes.split(",")
@@ -327,7 +340,8 @@ def main():
         for mode in modes:
             torch.compiler.reset()
             try:
-                ms, first = time_row(name, args.size, batch[name], mode, args.steps, device, memory_format, autocast)
+                ms, first = time_row(name, args.size, batch[name], mode, args.steps, device, memory_format, autocast,
+                                     args.profile)
             except Exception as e:  # a failing mode is a row too
                 msg = (str(e).strip().splitlines() or [""])[0]
                 print(f"{mode:28s} {name:10s} failed: {type(e).__name__}: {msg}", flush=True)

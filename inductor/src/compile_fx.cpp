@@ -27,6 +27,7 @@
 #include <iomanip>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <unordered_map>
@@ -136,6 +137,21 @@ Plan::~Plan() {
     os << std::setprecision(3) << std::setw(9) << times[order[k]].ms / calls << std::setprecision(1) << std::setw(7)
        << 100 * times[order[k]].ms / std::max(total, 1e-12) << "%  " << what.substr(0, 160) << "\n";
   }
+  // The same time summed by what ran, as torch.profiler's key_averages: one
+  // line per extern op, one for all generated kernels.
+  std::map<std::string, StepTime> by_target;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    StepTime& t = by_target[steps[i].node ? "extern " + steps[i].node->target() : "generated kernels"];
+    t.ms += times[i].ms;
+    t.calls += 1;
+  }
+  std::vector<std::pair<std::string, StepTime>> totals(by_target.begin(), by_target.end());
+  std::sort(totals.begin(), totals.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+  os << "  ms/call   share  steps  summed by op\n";
+  for (size_t k = 0; k < std::min<size_t>(totals.size(), 15); ++k)
+    os << std::setprecision(3) << std::setw(9) << totals[k].second.ms / calls << std::setprecision(1) << std::setw(7)
+       << 100 * totals[k].second.ms / std::max(total, 1e-12) << "%" << std::setw(7) << totals[k].second.calls << "  "
+       << totals[k].first << "\n";
   std::cerr << os.str();
 }
 
