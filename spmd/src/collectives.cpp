@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <iterator>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -138,7 +139,31 @@ at::Tensor all_reduce_bucket_kernel(const at::TensorList inputs, c10::string_vie
 // waits. A timeout aborts the communicator and becomes an SpmdError naming
 // the rank, as on Gloo, which completes on the host and waits with the
 // timeout at wait_tensor itself.
+//
+// Note [A failed collective]
+// Once one collective of a group failed, none of its others can complete.
+// The first failure forgets the group's other pending collectives, whose
+// results are lost with it (on two H100s, a Gloo survivor that kept them
+// crashed at exit) and aborts the backend (ncclCommAbort for NCCL; Gloo,
+// whose pairs are already closed, has nothing to abort). An aborted NCCL
+// backend is then never destroyed: ProcessGroupNCCL's destructor joins its
+// watchdog, which stays on the dead peer's work (a survivor wrote its
+// error, then hung at exit until launch killed it). The group stays
+// registered, and its later collectives fail.
+void abandon(const ProcessGroup& group) {
+  const c10::intrusive_ptr<c10d::Backend>& backend = group.state()->backend;
+  try {
+    backend->abort();
+  } catch (const std::exception&) {  // already broken: nothing more to stop
+  }
+  if (group.backend() == "nccl") static_cast<void>(new c10::intrusive_ptr<c10d::Backend>(backend));  // leaked
+  std::lock_guard lock(pending_mu);
+  for (auto it = pending().begin(); it != pending().end();)
+    it = it->second.group.state() == group.state() ? pending().erase(it) : std::next(it);
+}
+
 [[noreturn]] void collective_failed(int64_t numel, const ProcessGroup& group, const std::exception& e) {
+  abandon(group);
   throw SpmdError("crucible::wait_tensor: an all_reduce of " + std::to_string(numel) + " elements failed on " +
                   group.describe() + " after at most " + std::to_string(group.timeout().count() / 1000) +
                   " s: another rank died, timed out or issued other collectives (" + detail::message_of(e) + ")");

@@ -411,10 +411,13 @@ TEST_CASE("2 ranks on CUDA tensors end where one process on the global batch end
     REQUIRE_CLOSE(r0.params, ref.params, 0.0, 1e-6);
     fs::remove_all(run.dir);
     // A rank that dies: the other's step fails within the timeout (20 s,
-    // inside launch's grace of 40 s), naming it (Note [Waiting for NCCL]).
+    // inside launch's grace of 40 s), naming it (Note [Waiting for NCCL]),
+    // and the survivor then ends with 1 (Note [A failed collective]): not
+    // killed by launch (143) nor crashed (139). Either may be reaped first:
+    // the dead rank's CUDA context takes a while to go.
     const Run died =
         launch_workers("die", 2, "mlp", "sgd", 4096, {"CRUCIBLE_TEST_DEVICE=cuda", "CRUCIBLE_TEST_BACKEND=" + backend});
-    CHECK(died.code == 3);
+    CHECK((died.code == 3 || died.code == 1));
     const std::string err = read_file(died.dir / "rank0.err");
     CHECK_THAT(err, CRUCIBLE_HAS_SUBSTR("rank 0 of 2"));
     CHECK_THAT(err, CRUCIBLE_HAS_SUBSTR("all_reduce"));
