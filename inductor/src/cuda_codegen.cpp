@@ -2,6 +2,7 @@
 #include "render.h"
 
 #include <algorithm>
+#include <cctype>
 #include <unordered_map>
 
 namespace crucible::inductor::detail {
@@ -39,6 +40,7 @@ constexpr int kWarp = 32;
 constexpr int kColumnRows = 16;  // a column tile: kWarp kept indices × kColumnRows reduced
 constexpr int kMaxRowBlock = 512;
 constexpr int64_t kRowElements = 8;
+constexpr int64_t kMaxPersistentSlots = 8;           // elements of a row a thread holds (Note [Persistent rows])
 constexpr int64_t kMaxPartBlocks = 1024;             // a part of a combined launch (Note [Combined launches])
 constexpr int64_t kSharedBudget = 48 * 1024;         // what a block gets without opting in
 constexpr int64_t kIndex32Limit = int64_t{1} << 30;  // headroom for a grid stride past the end
@@ -188,6 +190,27 @@ std::string render_column(const Program& p, const Group& g, const GroupInfo& inf
   return kernel(name, block, params, text);
 }
 
+// Note [Persistent rows]
+// A row of at most kMaxPersistentSlots elements a thread is held in
+// registers, as torch/_inductor's persistent reductions hold theirs: every
+// stage walks a thread's elements r = threadIdx.x + j·B (j < K) in a fully
+// unrolled loop, and a value an earlier stage computed that a later stage
+// reads again (the row's loads; a softmax's scaled and masked scores) is
+// kept in a K-slot register array instead of being loaded and computed
+// once per stage. A softmax then reads its row once, not three times, and
+// its backward once, not four. Each thread still combines its elements in
+// the order the looped form does, so the results are the same bits.
+bool mentions(const std::string& text, const std::string& name) {
+  for (size_t at = text.find(name); at != std::string::npos; at = text.find(name, at + 1)) {
+    const bool starts = at == 0 || !(std::isalnum(static_cast<unsigned char>(text[at - 1])) || text[at - 1] == '_');
+    const size_t after = at + name.size();
+    const bool ends =
+        after == text.size() || !(std::isalnum(static_cast<unsigned char>(text[after])) || text[after] == '_');
+    if (starts && ends) return true;
+  }
+  return false;
+}
+
 std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const std::string& name,
                         KernelSignature& sig) {
   // Scratch rows: inner-stage values read only inside the group. Too many
@@ -207,58 +230,133 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
     bytes = 0;
   }
   const int block = row_block(g.inner);
+  const int64_t slots = (g.inner + block - 1) / block;
+  const bool persistent = slots <= kMaxPersistentSlots;
   const std::string B = std::to_string(block), INNER = std::to_string(g.inner);
   CBody body(p, g, info);
+  if (persistent) body.keep_inner_values();
   Expr o = Expr::var("o", g.outer);
   Expr r = Expr::var("r", g.inner);
-  std::string per_outer;
+  // The row's program: text run once per row, and loops over its elements
+  // (a stage's statements and the level-2 values they define).
+  struct Piece {
+    std::string text;
+    bool over_row = false;
+    std::vector<CBody::Def> defs;
+  };
+  std::vector<Piece> pieces;
+  auto once = [&](std::string text) { pieces.push_back({std::move(text), false, {}}); };
+  auto over_row = [&](std::string text) { pieces.push_back({std::move(text), true, body.take_defs()}); };
+  struct ScratchStore {
+    size_t piece;
+    int buffer;
+    std::string line;
+  };
+  std::vector<ScratchStore> scratch_stores;
   int acc_counter = 0;
-  const std::string r_loop = "for (idx_t r = static_cast<idx_t>(threadIdx.x); r < " + INNER + "; r += " + B + ") {\n";
   for (int li : g.loops) {
     const Loop& l = p.loops[li];
     const Buffer& buf = p.buffers[l.buffer];
     const std::string T = ctype_of(buf.dtype);
     const bool external = info.external.contains(l.buffer);
     // An in-place write-back: every thread has done its reads of the old values.
-    if (buf.kind == Buffer::Input) per_outer += "__syncthreads();\n";
+    if (buf.kind == Buffer::Input) once("__syncthreads();\n");
     Val v = body_value(body, l, g.outer, g.inner);
     switch (stage_of(l, g)) {
-      case Stage::Scalar:
-        per_outer += body.take(1);
+      case Stage::Scalar: {
+        std::string text = body.take(1);
         if (external) {
-          per_outer += "if (threadIdx.x == 0) " + body.store(l.buffer, store_offset(p, l, o), v.name);
+          text += "if (threadIdx.x == 0) " + body.store(l.buffer, store_offset(p, l, o), v.name);
           body.stored(l.buffer);
         }
         body.set_local(l.buffer, v.name);
+        once(std::move(text));
         break;
+      }
       case Stage::Inner: {
         std::string inner_lines = body.take(2);
-        per_outer += body.take(1);
-        std::string store;
+        once(body.take(1));
+        std::string scratch_store;
         if (external) {
-          store = body.store(l.buffer, store_offset(p, l, o * g.inner + r), v.name);
+          inner_lines += body.store(l.buffer, store_offset(p, l, o * g.inner + r), v.name);
           body.stored(l.buffer);
+        } else if (persistent) {
+          // Kept only if a later stage reads the row at another element.
+          scratch_store = "row_" + buf.name + "[r] = " + v.name + ";\n";
+          body.set_row_local(l.buffer, v);
         } else {
-          store = body.scratch(l.buffer) + "[r] = " + v.name + ";\n";
+          inner_lines += body.scratch(l.buffer) + "[r] = " + v.name + ";\n";
         }
-        per_outer += r_loop + indent(inner_lines + store, 2) + "}\n__syncthreads();\n";
+        over_row(std::move(inner_lines));
+        if (!scratch_store.empty()) scratch_stores.push_back({pieces.size() - 1, l.buffer, std::move(scratch_store)});
+        once("__syncthreads();\n");
         break;
       }
       case Stage::Reduce: {
         std::string inner_lines = body.take(2);
-        per_outer += body.take(1);
         const std::string A = acc_type(T), acc = "acc" + std::to_string(acc_counter++), f = combiner(l.rtype);
-        per_outer += A + " " + acc + " = " + init_of(l.rtype, A) + ";\n" + r_loop +
-                     indent(inner_lines + acc + " = " + f + "()(" + acc + ", " + A + "(" + v.name + "));\n", 2) +
-                     "}\n" + acc + " = crucible_block_reduce(" + acc + ", " + f + "());\n";
+        once(body.take(1) + A + " " + acc + " = " + init_of(l.rtype, A) + ";\n");
+        over_row(inner_lines + acc + " = " + f + "()(" + acc + ", " + A + "(" + v.name + "));\n");
         std::string value = "static_cast<" + T + ">(" + acc + ")";
         if (!l.finalize.empty()) value = substitute(l.finalize, value);
         const std::string red = "red_" + buf.name;
-        per_outer += "const " + T + " " + red + " = " + value + ";\n";
-        if (external) per_outer += "if (threadIdx.x == 0) " + body.store(l.buffer, store_offset(p, l, o), red);
+        std::string text = acc + " = crucible_block_reduce(" + acc + ", " + f + "());\n";
+        text += "const " + T + " " + red + " = " + value + ";\n";
+        if (external) text += "if (threadIdx.x == 0) " + body.store(l.buffer, store_offset(p, l, o), red);
         body.set_local(l.buffer, red);
+        once(std::move(text));
         break;
       }
+    }
+  }
+  // A persistent row's scratch rows hold only what is read at another
+  // element than the thread's own.
+  if (persistent) {
+    for (const ScratchStore& st : scratch_stores)
+      if (body.scratch_.contains(st.buffer)) pieces[st.piece].text += st.line;
+    std::erase_if(scratch, [&](int b) { return !body.scratch_.contains(b); });
+    bytes = 0;
+    for (int b : scratch) bytes += (g.inner * scratch_size_of(p.buffers[b].dtype) + 15) / 16 * 16;
+  }
+  // Rendered: a looped row strides over its elements; a persistent one
+  // unrolls them, keeping what a later loop reads again in register arrays.
+  std::string per_outer;
+  if (!persistent) {
+    for (const Piece& piece : pieces)
+      per_outer += piece.over_row ? "for (idx_t r = static_cast<idx_t>(threadIdx.x); r < " + INNER + "; r += " + B +
+                                        ") {\n" + indent(piece.text, 2) + "}\n"
+                                  : piece.text;
+  } else {
+    const std::string K = std::to_string(slots);
+    std::vector<std::vector<bool>> kept(pieces.size());
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      kept[i].resize(pieces[i].defs.size());
+      for (size_t d = 0; d < pieces[i].defs.size(); ++d)
+        for (size_t k = i + 1; k < pieces.size() && !kept[i][d]; ++k)
+          kept[i][d] = pieces[k].over_row && mentions(pieces[k].text, pieces[i].defs[d].name);
+      for (size_t d = 0; d < pieces[i].defs.size(); ++d)
+        if (kept[i][d]) per_outer += pieces[i].defs[d].ctype + " " + pieces[i].defs[d].name + "_row[" + K + "];\n";
+    }
+    const bool ragged = slots * block != g.inner;
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      const Piece& piece = pieces[k];
+      if (!piece.over_row) {
+        per_outer += piece.text;
+        continue;
+      }
+      std::string element;
+      for (size_t i = 0; i < k; ++i)
+        for (size_t d = 0; d < pieces[i].defs.size(); ++d)
+          if (kept[i][d] && mentions(piece.text, pieces[i].defs[d].name))
+            element += "const " + pieces[i].defs[d].ctype + " " + pieces[i].defs[d].name + " = " +
+                       pieces[i].defs[d].name + "_row[j];\n";
+      element += piece.text;
+      for (size_t d = 0; d < piece.defs.size(); ++d)
+        if (kept[k][d]) element += piece.defs[d].name + "_row[j] = " + piece.defs[d].name + ";\n";
+      per_outer += "#pragma unroll\nfor (int j = 0; j < " + K +
+                   "; ++j) {\n  const idx_t r = static_cast<idx_t>(threadIdx.x) + " + B + " * j;\n" +
+                   (ragged ? "  if (r < " + INNER + ") {\n" + indent(element, 4) + "  }\n" : indent(element, 2)) +
+                   "}\n";
     }
   }
   const std::string params = parameters(p, body, info, sig);

@@ -10,6 +10,7 @@
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 namespace crucible::inductor::detail {
@@ -53,6 +54,8 @@ class CBody : public Body {
       if (stage_of(l, g_) == Stage::Inner) {
         Expr flat = iteration_position(p_, b, index);
         Expr at = mod(flat, g_.inner);
+        // The thread's own element of a persistent row: still in a register.
+        if (auto it = row_locals_.find(b); it != row_locals_.end() && at.str() == "r") return it->second;
         return compute(scratch(b) + "[" + at.str() + "]", level_of(at), T);
       }
       return locals_.at(b);
@@ -76,8 +79,20 @@ class CBody : public Body {
     std::string name = "t" + std::to_string(counter_++);
     cache.emplace(expr, name);
     lines_[level] += "const " + ctype + " " + name + " = " + expr + ";\n";
+    if (level == 2) defs_.emplace_back(name, ctype);
     return {name, level};
   }
+
+  /// A level-2 value: its name and C++ type.
+  struct Def {
+    std::string name, ctype;
+  };
+  /// The level-2 values defined since the last call, in order.
+  std::vector<Def> take_defs() { return std::exchange(defs_, {}); }
+
+  /// Level-2 values stay named after take(2), for kernels that keep them
+  /// from one inner loop to the next (Note [Persistent rows]).
+  void keep_inner_values() { keep_inner_ = true; }
 
   // A store to `b`: loads of it cached before (an in-place write's old
   // values) must not stand for what later stages read.
@@ -93,7 +108,7 @@ class CBody : public Body {
   std::string take(int level) {
     std::string s = std::move(lines_[level]);
     lines_[level].clear();
-    if (level == 2) cache_[2].clear();
+    if (level == 2 && !keep_inner_) cache_[2].clear();
     return s;
   }
 
@@ -120,6 +135,11 @@ class CBody : public Body {
   /// (1: once per outer index, as most are; 2: in a split loop's inner one).
   void set_local(int b, const std::string& name, int level = 1) { locals_[b] = {name, level}; }
 
+  /// Buffer `b`, an inner stage of a persistent row, has the value `v` at
+  /// the thread's element r (Note [Persistent rows]): reads of it there take
+  /// `v`; reads elsewhere in the row still go through its scratch row.
+  void set_row_local(int b, const Val& v) { row_locals_[b] = v; }
+
   std::vector<int> args;
   std::unordered_set<int> scratch_;
 
@@ -128,9 +148,12 @@ class CBody : public Body {
   const Group& g_;
   const GroupInfo& info_;
   std::unordered_map<int, Val> locals_;
+  std::unordered_map<int, Val> row_locals_;
   std::unordered_map<std::string, std::string> cache_[3];
   std::unordered_map<int, std::string> arg_names_;
   std::string lines_[3];
+  std::vector<Def> defs_;
+  bool keep_inner_ = false;
   int counter_ = 0;
 };
 

@@ -1203,3 +1203,48 @@ TEST_CASE("lowering: bf16 and f16 loops load as float, compute in float and stor
             std::string::npos);
   }
 }
+
+TEST_CASE("lowering: attention rows under bf16 autocast (scaled, masked softmax and its backward), of any length",
+          "[inductor][lowering][reduced]") {
+  // The rows of GPT-2's attention as autocast traces them: bf16 scores
+  // widened, scaled and masked; the softmax in f32, rounded to bf16; its
+  // backward (decomposed: y·g − y·Σ y·g) from a bf16 gradient. Rows short
+  // enough are held in registers by the CUDA kernels (Note [Persistent
+  // rows]: 64, 1000 and 1024 elements), longer ones walked in stages (6000).
+  const double u = unit_roundoff(at::kBFloat16);
+  for (int64_t n : {64, 1000, 1024, 6000}) {
+    CAPTURE(n);
+    const at::Tensor scores = (3 * at::randn({2, 3, 8, n})).to(at::kBFloat16);
+    const at::Tensor grad = at::randn({2, 3, 8, n}).to(at::kBFloat16);
+    // Causal-style: row i keeps its first n/8·(i+1) keys, none all masked.
+    const at::Tensor mask = (at::arange(n).unsqueeze(0) < (at::arange(1, 9).unsqueeze(1) * n / 8)).to(at::kFloat);
+    const double scale = 0.125;
+    Builder g;
+    ir::Value *ps = g.input(scores), *pg = g.input(grad), *pm = g.input(mask);
+    ir::Value* x = g.call("aten::mul.Scalar", {g.call("aten::_to_copy", {ps, at::kFloat}), c10::Scalar(scale)});
+    ir::Value* masked =
+        g.call("aten::masked_fill.Scalar", {x, g.call("aten::eq.Scalar", {pm, c10::Scalar(0)}), c10::Scalar(-kInf)});
+    ir::Value* y = softmax_rows(g, masked, -1);
+    ir::Value* y16 = g.call("aten::_to_copy", {y, at::kBFloat16});
+    ir::Value* gy = g.call("aten::mul.Tensor", {g.call("aten::_to_copy", {pg, at::kFloat}), y});
+    ir::Value* s = g.call("aten::sum.dim_IntList", {gy, Dims{-1}, true});
+    ir::Value* gi = g.call("aten::sub.Tensor", {gy, g.call("aten::mul.Tensor", {y, s}), c10::Scalar(1)});
+    ir::Value* gi16 = g.call("aten::_to_copy", {gi, at::kBFloat16});
+    const at::Tensor y_e = at::softmax((scores.to(at::kFloat) * scale).masked_fill(mask == 0, -kInf), -1);
+    const at::Tensor gy_e = grad.to(at::kFloat) * y_e, s_e = gy_e.sum(-1, true);
+    const at::Tensor gi_e = gy_e - y_e * s_e;
+    // Each side rounds its f32 result to bf16 once (2u of it, one ulp either
+    // way), after a softmax within softmax_bound; the backward's row sum
+    // differs by red_rtol of Σ|y·g|, which reaches gi through y, and its
+    // products by a few f32 ulps of the terms.
+    const at::Tensor gi_bound = 2 * u * mag(gi_e) + mag(y_e) * reduced(at::kFloat, mag(gy_e).sum(-1, true)) +
+                                2 * rtol(at::kFloat) * (mag(gy_e) + mag(y_e * s_e)) + softmax_bound(y_e) * mag(grad) +
+                                atol(at::kFloat);
+    check(g, {
+                 {"softmax rows, to bf16", y16, y_e.to(at::kBFloat16), 2 * u * mag(y_e) + softmax_bound(y_e)},
+                 {"their backward, to bf16", gi16, gi_e.to(at::kBFloat16), gi_bound},
+             });
+    const inductor::GeneratedCode code = inductor::generate_code(g.g);
+    if (code.cuda) CHECK((code.source.find("#pragma unroll") != std::string::npos) == (n <= 4096));
+  }
+}
