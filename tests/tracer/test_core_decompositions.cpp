@@ -18,6 +18,7 @@
 #include <ATen/core/Reduction.h>
 
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -149,8 +150,10 @@ TEST_CASE("core decompositions: nll_loss forward and backward, every reduction, 
         for (const bool batched : {true, false}) {
           INFO("reduction " << reduction << (weighted ? " weighted" : "") << (batched ? " [N, C]" : " [C]"));
           const auto opt = at::TensorOptions().dtype(dtype);
-          const at::Tensor x =
-              batched ? at::log_softmax(at::randn({6, 5}, opt), 1) : at::log_softmax(at::randn({5}, opt), 0);
+          at::Tensor x = batched ? at::log_softmax(at::randn({6, 5}, opt), 1) : at::log_softmax(at::randn({5}, opt), 0);
+          // A masked class (log-probability -inf) beside a target: picking
+          // the target's entry must not multiply the -inf by zero.
+          (batched ? x[0][1] : x[1]).fill_(-std::numeric_limits<double>::infinity());
           // Class 2 is ignored; the batch holds it twice.
           const at::Tensor target =
               batched ? at::tensor({0, 2, 4, 1, 2, 3}, at::kLong) : at::scalar_tensor(3, at::kLong);

@@ -204,20 +204,26 @@ void native_layer_norm(const c10::OperatorHandle&, std::vector<c10::IValue>& sta
 // nll_loss_forward(x, target, weight?, reduction, ignore_index) -> (loss,
 // total_weight), x of [N, C] or [C]: minus the target class's entry, weighted,
 // zero where target == ignore_index; summed, or divided by the total weight
-// for the mean.
+// for the mean. The target's entry is picked by a sum over the class
+// dimension of the entries whose class index equals the target (zeros
+// elsewhere, so the sum is the entry, exactly), not by a gather: a fusing
+// backend then reads x in the row loop that makes it (a log_softmax over a
+// vocabulary) and never writes x to memory for the gather to read.
 void nll_loss_forward(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
   const at::Tensor x = stack[0].toTensor(), target = stack[1].toTensor();
   const auto weight = stack[2].toOptional<at::Tensor>();
   const int64_t reduction = stack[3].toInt(), ignore_index = stack[4].toInt();
   const int64_t channel_dim = x.dim() < 2 ? 0 : 1;
   const at::Tensor keep = target != ignore_index;
-  const at::Tensor safe_target = at::where(keep, target, 0).unsqueeze(channel_dim);
-  at::Tensor loss = -at::gather(x, channel_dim, safe_target).squeeze(channel_dim);
+  std::vector<int64_t> shape(static_cast<size_t>(x.dim()), 1);
+  shape[static_cast<size_t>(channel_dim)] = x.size(channel_dim);
+  const at::Tensor classes = at::arange(x.size(channel_dim), target.options()).reshape(shape);
+  const at::Tensor picked = classes == at::where(keep, target, 0).unsqueeze(channel_dim);
+  const at::Tensor zero = at::zeros({}, x.options());
+  at::Tensor loss = -at::where(picked, x, zero).sum(channel_dim);
   at::Tensor w;
   if (weight && weight->defined()) {
-    std::vector<int64_t> shape(static_cast<size_t>(x.dim()), 1);
-    shape[static_cast<size_t>(channel_dim)] = x.size(channel_dim);
-    w = at::gather(weight->reshape(shape).expand(x.sizes()), channel_dim, safe_target).squeeze(channel_dim);
+    w = at::where(picked, weight->reshape(shape), at::zeros({}, weight->options())).sum(channel_dim);
     loss = loss * w;
   }
   loss = at::where(keep, loss, 0);
