@@ -31,6 +31,7 @@
 #include <memory>
 #include <sstream>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace crucible::inductor {
 
@@ -114,6 +115,21 @@ struct Plan {
   std::vector<StepTime> times;  // per step, with profile
 };
 
+// The ATen ops a kernel's `fuses` text names ("%v (aten::op) ..."), each
+// once, in order, without the namespace: "amax sub exp sum div".
+std::string fused_ops(const std::string& fuses) {
+  std::string ops;
+  std::unordered_set<std::string> seen;
+  for (size_t at = fuses.find("(aten::"); at != std::string::npos; at = fuses.find("(aten::", at + 1)) {
+    const size_t end = fuses.find(')', at);
+    if (end == std::string::npos) break;
+    std::string op = fuses.substr(at + 7, end - at - 7);
+    op = op.substr(0, op.find('.'));
+    if (seen.insert(op).second) ops += (ops.empty() ? "" : " ") + op;
+  }
+  return ops;
+}
+
 Plan::~Plan() {
   if (!profile || times.empty() || times.front().calls == 0) return;
   std::vector<size_t> order(steps.size());
@@ -138,20 +154,22 @@ Plan::~Plan() {
        << 100 * times[order[k]].ms / std::max(total, 1e-12) << "%  " << what.substr(0, 160) << "\n";
   }
   // The same time summed by what ran, as torch.profiler's key_averages: one
-  // line per extern op, one for all generated kernels.
+  // line per extern op, and one per kind of generated kernel, named by the
+  // ops it fuses as TorchInductor names its kernels (a layer's softmax rows
+  // are one kind across the layers).
   std::map<std::string, StepTime> by_target;
   for (size_t i = 0; i < steps.size(); ++i) {
-    StepTime& t = by_target[steps[i].node ? "extern " + steps[i].node->target() : "generated kernels"];
+    StepTime& t = by_target[steps[i].node ? "extern " + steps[i].node->target() : "fused " + fused_ops(steps[i].fuses)];
     t.ms += times[i].ms;
     t.calls += 1;
   }
   std::vector<std::pair<std::string, StepTime>> totals(by_target.begin(), by_target.end());
   std::sort(totals.begin(), totals.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
   os << "  ms/call   share  steps  summed by op\n";
-  for (size_t k = 0; k < std::min<size_t>(totals.size(), 15); ++k)
+  for (size_t k = 0; k < std::min<size_t>(totals.size(), 25); ++k)
     os << std::setprecision(3) << std::setw(9) << totals[k].second.ms / calls << std::setprecision(1) << std::setw(7)
        << 100 * totals[k].second.ms / std::max(total, 1e-12) << "%" << std::setw(7) << totals[k].second.calls << "  "
-       << totals[k].first << "\n";
+       << totals[k].first.substr(0, 160) << "\n";
   std::cerr << os.str();
 }
 
