@@ -1248,3 +1248,34 @@ TEST_CASE("lowering: attention rows under bf16 autocast (scaled, masked softmax 
     if (code.cuda) CHECK((code.source.find("#pragma unroll") != std::string::npos) == (n <= 4096));
   }
 }
+
+TEST_CASE("lowering: column reductions over long ranges (a bias's gradient), split across blocks on a GPU",
+          "[inductor][lowering][reduction]") {
+  // Summed over the 4096 (or 3000) rows of a [rows, 40] gradient, with an
+  // epilogue on the kept indices: the CUDA kernels split the rows across
+  // blocks and combine the partials in a fixed order (Note [Split column
+  // reductions]); 40 kept indices leave the second tile of 32 half empty.
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t rows : {4096, 3000}) {
+      CAPTURE(dtype, rows);
+      const at::Tensor x = at::randn({rows, 40}).to(dtype);
+      Builder g;
+      ir::Value* px = g.input(x);
+      ir::Value* sum = g.call("aten::sum.dim_IntList", {px, Dims{0}, false});
+      ir::Value* twice = g.call("aten::mul.Scalar", {sum, c10::Scalar(2.0)});
+      ir::Value* amax = g.call("aten::amax", {px, Dims{0}, false});
+      ir::Value* mean = g.call("aten::mean.dim", {g.call("aten::_to_copy", {px, at::kFloat}), Dims{0}, false});
+      const at::Tensor xf = x.to(at::kFloat);
+      // bf16 results: each side rounds its float sum once (2u of it).
+      const double round = dtype == at::kBFloat16 ? 2 * unit_roundoff(dtype) : 0.0;
+      const at::Tensor sum_e = x.sum(0);
+      check(g, {
+                   {"sum over the rows", sum, sum_e, round * mag(sum_e) + reduced(at::kFloat, mag(xf).sum(0))},
+                   {"2 * sum (an epilogue)", twice, sum_e * 2,
+                    2 * (round * mag(sum_e) + reduced(at::kFloat, mag(xf).sum(0)))},
+                   exactly("amax over the rows", amax, x.amax(0)),
+                   reduction("mean over the rows, in f32", mean, xf.mean(0), mag(xf).mean(0)),
+               });
+    }
+  }
+}
