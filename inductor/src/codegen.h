@@ -25,13 +25,17 @@ struct Group {
 /// blocks to cover `units` work items at `per_block` items a block (unless
 /// `exact`, the runtime caps the grid at a few waves of the device; kernels
 /// loop over what a grid does not cover). `shared_bytes` of dynamic shared
-/// memory.
+/// memory. A split column reduction (Note [Split column reductions]) also
+/// takes, after its buffers, a workspace of `partial_bytes` and `arrivals`
+/// zeroed unsigned counters, made by the runtime for each launch.
 struct Launch {
   int block = 0;
   int64_t units = 0;
   int64_t per_block = 1;
   int shared_bytes = 0;
   bool exact = false;  // exactly units / per_block blocks, never capped (combined launches)
+  int64_t partial_bytes = 0;
+  int64_t arrivals = 0;
 };
 
 /// A generated kernel's signature as the runtime needs it: the buffers

@@ -14,13 +14,16 @@
 
 #include <ATen/core/List.h>
 #include <ATen/core/stack.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -391,6 +394,17 @@ void run_kernel(const Plan& plan, const Step& st, std::vector<c10::IValue>& slot
     std::vector<void*> args(ptrs.size());
     for (size_t i = 0; i < ptrs.size(); ++i)
       args[i] = st.kernel_args[i].host_scalar ? static_cast<void*>(&scalars[i]) : static_cast<void*>(&ptrs[i]);
+    // A split column reduction's partials and zeroed arrival counts, made
+    // on this stream (Note [Split column reductions] in cuda_codegen.cpp).
+    std::array<void*, 2> workspace{};
+    if (st.launch.arrivals > 0) {
+      keep.push_back(at::empty({st.launch.partial_bytes}, device.dtype(at::kByte)));
+      workspace[0] = keep.back().data_ptr();
+      keep.push_back(at::zeros({st.launch.arrivals}, device.dtype(at::kInt)));
+      workspace[1] = keep.back().data_ptr();
+      args.push_back(&workspace[0]);
+      args.push_back(&workspace[1]);
+    }
     plan.cuda->launch(st.cuda_kernel, st.kernel_name, st.launch, stream, args.data());
   }
   for (auto& [caller, written] : write_back) caller.copy_(written);

@@ -15,7 +15,7 @@ std::string cache_dir(const InductorOptions& options);
 
 /// Bumped when generated code or its calling convention changes: part of
 /// every cache key.
-inline constexpr const char* kCodegenVersion = "crucible-inductor-2";
+inline constexpr const char* kCodegenVersion = "crucible-inductor-3";
 
 /// 16 hex digits hashing `identity` (what makes an artifact: source,
 /// compiler, flags) with kCodegenVersion: the stem of a cache entry.

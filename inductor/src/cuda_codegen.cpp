@@ -82,6 +82,8 @@ std::string init_of(ReductionType t, const std::string& A) {
 }
 // Shuffles move no bool: bool reductions accumulate in int.
 std::string acc_type(const std::string& T) { return T == "bool" ? "int" : T; }
+// Bytes of an accumulator of C++ type `A` (acc_type of a ctype_of).
+int64_t acc_bytes(const std::string& A) { return A == "double" || A == "int64_t" ? 8 : 4; }
 
 // The kernel's parameters, one pointer a buffer in body.args order; fills
 // the signature the runtime passes them by.
@@ -156,14 +158,15 @@ std::string render_pointwise(const Program& p, const Group& g, const GroupInfo& 
 // bias gradients took 8 ms a step so, against 1.3 ms in torch.compile's).
 // Such a reduction is split along its reduced range as well: each of a
 // tile's `splits` blocks combines its share of the rows into a partial per
-// kept index, written to a __device__ array of the module; the block that
-// finishes a tile last (an arrival count per tile, atomically incremented
-// after a fence, as CUDA's threadFenceReduction sample does) combines the
-// tile's partials in split order and runs the epilogues, then resets the
-// count for the next launch. The partials are combined in the same order
-// whichever block is last, so the results are the same bits every run. The
-// arrays belong to the kernel: one compiled graph must not run on two
-// streams at once (a graph's kernels run on its stream one after another).
+// kept index, written to a workspace; the block that finishes a tile last
+// (an arrival count per tile, atomically incremented after a fence, as
+// CUDA's threadFenceReduction sample does) combines the tile's partials in
+// split order and runs the epilogues. The partials are combined in the
+// same order whichever block is last, so the results are the same bits
+// every run. The runtime makes the workspace and the zeroed counts for
+// each launch, on the launch's stream (Launch::partial_bytes, ::arrivals),
+// so calls on several streams, and captured CUDA graphs, each have their
+// own.
 int64_t column_splits(int64_t tiles, int64_t inner) {
   const int64_t most = std::max<int64_t>(1, inner / (kColumnRows * kMinSplitRows));
   return std::clamp<int64_t>(kColumnBlocks / std::max<int64_t>(tiles, 1), 1, most);
@@ -178,7 +181,7 @@ std::string render_column(const Program& p, const Group& g, const GroupInfo& inf
   const std::string W = std::to_string(kWarp), R = std::to_string(kColumnRows), OUTER = std::to_string(g.outer);
   const int64_t tiles = (g.outer + kWarp - 1) / kWarp;
   const int64_t splits = column_splits(tiles, g.inner);
-  const std::string S = std::to_string(splits), TILES = std::to_string(tiles);
+  const std::string S = std::to_string(splits);
   const int64_t chunk = (g.inner + splits - 1) / splits;
   Val v = body_value(body, red, g.outer, g.inner);
   // Lane x of the tile's row y: kept index ob + x, reduced indices y,
@@ -211,25 +214,22 @@ std::string render_column(const Program& p, const Group& g, const GroupInfo& inf
     body.set_local(l.buffer, e.name);
   }
   const std::string rows = "for (int y = 1; y < " + R + "; ++y) acc = " + f + "()(acc, partial[y][threadIdx.x]);\n";
-  std::string globals;
   if (splits == 1) {
     per_tile +=
         "if (threadIdx.x < " + W + " && o < " + OUTER + ") {\n" + indent(rows + epilogue, 2) + "}\n__syncthreads();\n";
   } else {  // Note [Split column reductions]
-    const std::string parts = name + "_partials", arrivals = name + "_arrivals";
-    globals = "__device__ " + A + " " + parts + "[" + std::to_string(splits * g.outer) + "];\n__device__ unsigned " +
-              arrivals + "[" + TILES + "];\n";
-    per_tile += "if (threadIdx.x < " + W + ") {\n" + indent(rows, 2) + "  if (o < " + OUTER + ") " + parts + "[s * " +
-                OUTER + " + o] = acc;\n  __threadfence();\n}\n__syncthreads();\n";
-    per_tile += "if (threadIdx.x == 0) last = atomicAdd(&" + arrivals + "[u / " + S +
+    per_tile += "if (threadIdx.x < " + W + ") {\n" + indent(rows, 2) + "  if (o < " + OUTER +
+                ") crucible_partials[s * " + OUTER + " + o] = acc;\n  __threadfence();\n}\n__syncthreads();\n";
+    per_tile += "if (threadIdx.x == 0) last = atomicAdd(&crucible_arrivals[u / " + S +
                 "], 1u) == " + std::to_string(splits - 1) + "u;\n__syncthreads();\n";
     per_tile += "if (last && threadIdx.x < " + W + ") {\n  __threadfence();\n  acc = " + init_of(red.rtype, A) +
                 ";\n  if (o < " + OUTER + ") {\n    for (int k = 0; k < " + S + "; ++k) acc = " + f +
-                "()(acc, __ldcg(&" + parts + "[k * " + OUTER + " + o]));\n" + indent(epilogue, 4) +
-                "  }\n  if (threadIdx.x == 0) " + arrivals + "[u / " + S + "] = 0u;\n}\n__syncthreads();\n";
+                "()(acc, __ldcg(&crucible_partials[k * " + OUTER + " + o]));\n" + indent(epilogue, 4) +
+                "  }\n}\n__syncthreads();\n";
   }
   const int block = kWarp * kColumnRows;
-  const std::string params = parameters(p, body, info, sig);
+  std::string params = parameters(p, body, info, sig);
+  if (splits > 1) params += ", " + A + "* __restrict__ crucible_partials, unsigned* __restrict__ crucible_arrivals";
   std::string text =
       "  typedef " + index_type(p, g, body) + " idx_t;\n  __shared__ " + A + " partial[" + R + "][" + W + " + 1];\n";
   if (splits > 1) text += "  __shared__ bool last;\n";
@@ -243,8 +243,10 @@ std::string render_column(const Program& p, const Group& g, const GroupInfo& inf
             "; u += static_cast<idx_t>(gridDim.x)) {\n    const idx_t ob = (u / " + S + ") * " + W + ", s = u % " + S +
             ";\n" + indent(per_tile, 4) + "  }\n";
     sig.launch = {block, tiles * splits, 1, 0};
+    sig.launch.partial_bytes = splits * g.outer * acc_bytes(A);
+    sig.launch.arrivals = tiles;
   }
-  return globals + kernel(name, block, params, text);
+  return kernel(name, block, params, text);
 }
 
 // Note [Persistent rows]

@@ -157,10 +157,11 @@ void store_schedule(const std::string& key, const CompiledSchedule& s, const ir:
                           {"strides", o.strides},
                           {"dtype", static_cast<int>(o.dtype)}});
     const Launch& l = k.launch;
-    kernels.push_back({{"name", k.name},
-                       {"fuses", k.fuses},
-                       {"launch", {l.block, l.units, l.per_block, l.shared_bytes, l.exact}},
-                       {"operands", std::move(operands)}});
+    kernels.push_back(
+        {{"name", k.name},
+         {"fuses", k.fuses},
+         {"launch", {l.block, l.units, l.per_block, l.shared_bytes, l.exact, l.partial_bytes, l.arrivals}},
+         {"operands", std::move(operands)}});
   }
   const json entry = {{"version", kCodegenVersion}, {"key", key},     {"device", s.device.str()},
                       {"source", s.source},         {"steps", steps}, {"kernels", kernels}};
@@ -187,8 +188,8 @@ std::optional<CompiledSchedule> load_schedule(const std::string& key, const ir::
       kp.name = k.at("name").get<std::string>();
       kp.fuses = k.at("fuses").get<std::string>();
       const json& l = k.at("launch");
-      kp.launch = Launch{l.at(0).get<int>(), l.at(1).get<int64_t>(), l.at(2).get<int64_t>(), l.at(3).get<int>(),
-                         l.at(4).get<bool>()};
+      kp.launch = Launch{l.at(0).get<int>(),  l.at(1).get<int64_t>(), l.at(2).get<int64_t>(), l.at(3).get<int>(),
+                         l.at(4).get<bool>(), l.at(5).get<int64_t>(), l.at(6).get<int64_t>()};
       for (const json& o : k.at("operands")) {
         const auto v = o.at("value").get<int64_t>();
         const int dtype = o.at("dtype").get<int>();

@@ -37,9 +37,6 @@ namespace crucible::inductor {
 /// that do not depend on it. A graph the plan cannot express (or a
 /// lowering failure, reported with a c10 warning) runs on the interpreter.
 /// The CompiledFn keeps its own copy of the graph and of the loaded code.
-/// On a GPU its calls must not overlap on two streams at once: split column
-/// reductions keep their partials in the loaded module (Note [Split column
-/// reductions]), as captured CUDA graphs keep their static buffers.
 /// Inputs whose strides or dtype differ from the graph's metadata are
 /// copied to the expected layout first. `example_inputs` is unused
 /// (metadata come from the graph) and may be empty.
