@@ -2,6 +2,7 @@
 #include "render.h"
 
 #include <algorithm>
+#include <cctype>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -24,6 +25,43 @@ std::string substitute(const std::string& finalize, const std::string& acc) {
   std::string out;
   for (char c : finalize) out += c == '$' ? acc : std::string(1, c);
   return out;
+}
+
+namespace {
+// Whether `text` names `name` as a whole identifier.
+bool mentions(const std::string& text, const std::string& name) {
+  auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (size_t at = text.find(name); at != std::string::npos; at = text.find(name, at + 1)) {
+    const size_t after = at + name.size();
+    if ((at == 0 || !word(text[at - 1])) && (after == text.size() || !word(text[after]))) return true;
+  }
+  return false;
+}
+}  // namespace
+
+std::vector<std::vector<bool>> read_later(const std::vector<RowPiece>& pieces) {
+  std::vector<std::vector<bool>> kept(pieces.size());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    kept[i].resize(pieces[i].defs.size());
+    for (size_t d = 0; d < pieces[i].defs.size(); ++d)
+      for (size_t k = i + 1; k < pieces.size() && !kept[i][d]; ++k)
+        kept[i][d] = pieces[k].over_row && mentions(pieces[k].text, pieces[i].defs[d].name);
+  }
+  return kept;
+}
+
+std::string with_kept_values(const std::vector<RowPiece>& pieces, const std::vector<std::vector<bool>>& kept, size_t k,
+                             const std::function<std::string(const std::string&)>& slot) {
+  std::string text;
+  for (size_t i = 0; i < k; ++i)
+    for (size_t d = 0; d < pieces[i].defs.size(); ++d)
+      if (kept[i][d] && mentions(pieces[k].text, pieces[i].defs[d].name))
+        text += "const " + pieces[i].defs[d].ctype + " " + pieces[i].defs[d].name + " = " +
+                slot(pieces[i].defs[d].name) + ";\n";
+  text += pieces[k].text;
+  for (size_t d = 0; d < pieces[k].defs.size(); ++d)
+    if (kept[k][d]) text += slot(pieces[k].defs[d].name) + " = " + pieces[k].defs[d].name + ";\n";
+  return text;
 }
 
 namespace {

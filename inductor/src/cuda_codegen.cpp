@@ -2,7 +2,6 @@
 #include "render.h"
 
 #include <algorithm>
-#include <cctype>
 #include <unordered_map>
 
 namespace crucible::inductor::detail {
@@ -259,17 +258,6 @@ std::string render_column(const Program& p, const Group& g, const GroupInfo& inf
 // once per stage. A softmax then reads its row once, not three times, and
 // its backward once, not four. Each thread still combines its elements in
 // the order the looped form does, so the results are the same bits.
-bool mentions(const std::string& text, const std::string& name) {
-  for (size_t at = text.find(name); at != std::string::npos; at = text.find(name, at + 1)) {
-    const bool starts = at == 0 || !(std::isalnum(static_cast<unsigned char>(text[at - 1])) || text[at - 1] == '_');
-    const size_t after = at + name.size();
-    const bool ends =
-        after == text.size() || !(std::isalnum(static_cast<unsigned char>(text[after])) || text[after] == '_');
-    if (starts && ends) return true;
-  }
-  return false;
-}
-
 std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const std::string& name,
                         KernelSignature& sig) {
   // Scratch rows: inner-stage values read only inside the group. Too many
@@ -298,12 +286,7 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
   Expr r = Expr::var("r", g.inner);
   // The row's program: text run once per row, and loops over its elements
   // (a stage's statements and the level-2 values they define).
-  struct Piece {
-    std::string text;
-    bool over_row = false;
-    std::vector<CBody::Def> defs;
-  };
-  std::vector<Piece> pieces;
+  std::vector<RowPiece> pieces;
   auto once = [&](std::string text) { pieces.push_back({std::move(text), false, {}}); };
   auto over_row = [&](std::string text) { pieces.push_back({std::move(text), true, body.take_defs()}); };
   struct ScratchStore {
@@ -381,37 +364,23 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
   // unrolls them, keeping what a later loop reads again in register arrays.
   std::string per_outer;
   if (!persistent) {
-    for (const Piece& piece : pieces)
+    for (const RowPiece& piece : pieces)
       per_outer += piece.over_row ? "for (idx_t r = static_cast<idx_t>(threadIdx.x); r < " + INNER + "; r += " + B +
                                         ") {\n" + indent(piece.text, 2) + "}\n"
                                   : piece.text;
   } else {
     const std::string K = std::to_string(slots);
-    std::vector<std::vector<bool>> kept(pieces.size());
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      kept[i].resize(pieces[i].defs.size());
-      for (size_t d = 0; d < pieces[i].defs.size(); ++d)
-        for (size_t k = i + 1; k < pieces.size() && !kept[i][d]; ++k)
-          kept[i][d] = pieces[k].over_row && mentions(pieces[k].text, pieces[i].defs[d].name);
+    const std::vector<std::vector<bool>> kept = read_later(pieces);
+    for (size_t i = 0; i < pieces.size(); ++i)
       for (size_t d = 0; d < pieces[i].defs.size(); ++d)
         if (kept[i][d]) per_outer += pieces[i].defs[d].ctype + " " + pieces[i].defs[d].name + "_row[" + K + "];\n";
-    }
     const bool ragged = slots * block != g.inner;
     for (size_t k = 0; k < pieces.size(); ++k) {
-      const Piece& piece = pieces[k];
-      if (!piece.over_row) {
-        per_outer += piece.text;
+      if (!pieces[k].over_row) {
+        per_outer += pieces[k].text;
         continue;
       }
-      std::string element;
-      for (size_t i = 0; i < k; ++i)
-        for (size_t d = 0; d < pieces[i].defs.size(); ++d)
-          if (kept[i][d] && mentions(piece.text, pieces[i].defs[d].name))
-            element += "const " + pieces[i].defs[d].ctype + " " + pieces[i].defs[d].name + " = " +
-                       pieces[i].defs[d].name + "_row[j];\n";
-      element += piece.text;
-      for (size_t d = 0; d < piece.defs.size(); ++d)
-        if (kept[k][d]) element += piece.defs[d].name + "_row[j] = " + piece.defs[d].name + ";\n";
+      const std::string element = with_kept_values(pieces, kept, k, [](const std::string& v) { return v + "_row[j]"; });
       per_outer += "#pragma unroll\nfor (int j = 0; j < " + K +
                    "; ++j) {\n  const idx_t r = static_cast<idx_t>(threadIdx.x) + " + B + " * j;\n" +
                    (ragged ? "  if (r < " + INNER + ") {\n" + indent(element, 4) + "  }\n" : indent(element, 2)) +

@@ -7,6 +7,7 @@
 
 #include "codegen.h"
 
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -156,6 +157,25 @@ class CBody : public Body {
   bool keep_inner_ = false;
   int counter_ = 0;
 };
+
+/// A row group's program in pieces: text run once per row, or a loop over
+/// the row's elements (a stage's statements and the level-2 values they
+/// define), for renderers that keep values from one loop to the next
+/// (Note [Persistent rows] in cuda_codegen.cpp).
+struct RowPiece {
+  std::string text;
+  bool over_row = false;
+  std::vector<CBody::Def> defs;
+};
+
+/// For each piece, for each value it defines: whether a later loop reads it.
+std::vector<std::vector<bool>> read_later(const std::vector<RowPiece>& pieces);
+
+/// Piece k's statements with the kept values of earlier loops it reads
+/// taken from their slots first (`const T t = slot(t);`) and its own kept
+/// values put in theirs after (`slot(t) = t;`).
+std::string with_kept_values(const std::vector<RowPiece>& pieces, const std::vector<std::vector<bool>>& kept, size_t k,
+                             const std::function<std::string(const std::string&)>& slot);
 
 /// `text` with every line indented by `spaces`.
 std::string indent(const std::string& text, int spaces);
