@@ -51,16 +51,21 @@ std::vector<std::vector<bool>> read_later(const std::vector<RowPiece>& pieces) {
 }
 
 std::string with_kept_values(const std::vector<RowPiece>& pieces, const std::vector<std::vector<bool>>& kept, size_t k,
-                             const std::function<std::string(const std::string&)>& slot) {
+                             const std::function<KeptSlot(const CBody::Def&)>& slot) {
   std::string text;
   for (size_t i = 0; i < k; ++i)
-    for (size_t d = 0; d < pieces[i].defs.size(); ++d)
-      if (kept[i][d] && mentions(pieces[k].text, pieces[i].defs[d].name))
-        text += "const " + pieces[i].defs[d].ctype + " " + pieces[i].defs[d].name + " = " +
-                slot(pieces[i].defs[d].name) + ";\n";
+    for (size_t d = 0; d < pieces[i].defs.size(); ++d) {
+      const CBody::Def& def = pieces[i].defs[d];
+      if (kept[i][d] && mentions(pieces[k].text, def.name))
+        text += "const " + def.ctype + " " + def.name + " = " + slot(def).read + ";\n";
+    }
   text += pieces[k].text;
-  for (size_t d = 0; d < pieces[k].defs.size(); ++d)
-    if (kept[k][d]) text += slot(pieces[k].defs[d].name) + " = " + pieces[k].defs[d].name + ";\n";
+  for (size_t d = 0; d < pieces[k].defs.size(); ++d) {
+    const CBody::Def& def = pieces[k].defs[d];
+    if (!kept[k][d]) continue;
+    const std::string write = slot(def).write;
+    if (!write.empty()) text += write + " = " + def.name + ";\n";
+  }
   return text;
 }
 
@@ -377,12 +382,29 @@ Split split_loops(const Program& p, const Group& g, const GroupInfo& info) {
   return {};
 }
 
+// Note [Kept row values]
+// A row group's stages each walk the row, and without more, each computes
+// again what it reads of an earlier stage's values: a softmax's third loop
+// loads x and takes exp(x - max) a second time. In a row of at most
+// kMaxKeptRow elements, a value that a later loop reads again is kept in a
+// per-thread row instead (as the CUDA kernels keep theirs in registers,
+// Note [Persistent rows] in cuda_codegen.cpp), read back from L1 where it
+// would have been recomputed. A value that is a load of memory is loaded
+// again under its name instead, which costs what reading a copy would. Loads of memory are not kept: a later loop
+// loads them again, which costs what reading a kept copy would.
 std::string render_group(const Program& p, const Group& g, const GroupInfo& info, const std::string& name, int threads,
                          KernelSignature& sig) {
   if (p.loops[g.loops.front()].column) return render_column_group(p, g, info, name, threads, sig);
+  constexpr int64_t kMaxKeptRow = 4096;
   CBody body(p, g, info);
-  std::string per_outer;  // the body of the outer loop
-  std::string per_inner;  // a split pointwise kernel: the body of its inner loop
+  const bool keep = g.tiled && g.inner <= kMaxKeptRow;
+  if (keep) body.keep_inner_values();
+  std::vector<RowPiece> pieces;  // the outer loop's body
+  std::string per_inner;         // a split pointwise kernel: the body of its inner loop
+  auto once = [&](std::string text) { pieces.push_back({std::move(text), false, {}, {}}); };
+  auto over_row = [&](std::string pragma, std::string text) {
+    pieces.push_back({std::move(text), true, body.take_defs(), std::move(pragma)});
+  };
   int acc_counter = 0;
   const Split split = split_loops(p, g, info);
   const LoopVars vars = loop_vars(g.outer, g.inner, split.outer, split.inner);
@@ -409,46 +431,62 @@ std::string render_group(const Program& p, const Group& g, const GroupInfo& info
     if (stage == Stage::Scalar) {
       // Split, lines that depend on ol go to the inner loop; those of oh
       // alone before it (they never read what the inner loop computes).
-      per_outer += body.take(1);
-      std::string& lines = split.outer ? per_inner : per_outer;
-      lines += body.take(2);
+      std::string text = body.take(1);
+      std::string lines = body.take(2);
+      body.take_defs();  // level-2 values here are per outer index (split): never kept
       if (external) {
         Expr at = store_offset(p, l, o);
         lines += body.store(l.buffer, at, v.name);
         body.stored(l.buffer);
       }
+      (split.outer ? per_inner : text) += lines;
+      once(std::move(text));
       body.set_local(l.buffer, v.name, std::max(v.level, 1));
     } else if (stage == Stage::Inner) {
       std::string inner_lines = body.take(2);
-      per_outer += body.take(1);
-      std::string store;
+      once(body.take(1));
       if (external) {
         Expr at = store_offset(p, l, o * g.inner + r);
-        store = body.store(l.buffer, at, v.name);
+        inner_lines += body.store(l.buffer, at, v.name);
         body.stored(l.buffer);
       } else {
-        store = body.scratch(l.buffer) + "[" + r.str() + "] = " + v.name + ";\n";
+        inner_lines += body.scratch(l.buffer) + "[" + r.str() + "] = " + v.name + ";\n";
       }
-      per_outer += inner_loop("#pragma omp simd\n", inner_lines + store);
+      over_row("#pragma omp simd\n", std::move(inner_lines));
     } else {
       std::string inner_lines = body.take(2);
-      per_outer += body.take(1);
       std::string acc = "acc" + std::to_string(acc_counter++);
       std::string A = T == "float" && l.rtype == ReductionType::Sum ? "double" : T;
       Combine c = combine_of(l.rtype, A, acc, v.name);
-      per_outer +=
-          A + " " + acc + " = " + c.init + ";\n" + c.extra_decl + inner_loop(c.pragma, inner_lines + c.combine);
+      once(body.take(1) + A + " " + acc + " = " + c.init + ";\n" + c.extra_decl);
+      over_row(c.pragma, inner_lines + c.combine);
       std::string value = c.result.empty() ? "static_cast<" + T + ">(" + acc + ")" : c.result;
       if (!l.finalize.empty()) value = substitute(l.finalize, value);
       std::string red = "red_" + buf.name;
-      per_outer += "const " + T + " " + red + " = " + value + ";\n";
+      std::string text = "const " + T + " " + red + " = " + value + ";\n";
       if (external) {
         Expr at = store_offset(p, l, o);
-        per_outer += body.store(l.buffer, at, red);
+        text += body.store(l.buffer, at, red);
       }
+      once(std::move(text));
       body.set_local(l.buffer, red);
     }
   }
+  // Assembled: each row loop with the kept values it reads and keeps.
+  const std::vector<std::vector<bool>> kept = read_later(pieces);
+  std::vector<CBody::Def> kept_rows;
+  for (size_t i = 0; i < pieces.size(); ++i)
+    for (size_t d = 0; d < pieces[i].defs.size(); ++d)
+      if (kept[i][d] && !pieces[i].defs[d].load) kept_rows.push_back(pieces[i].defs[d]);
+  const std::string at_r = "[" + r.str() + "]";
+  std::string per_outer;
+  for (size_t k = 0; k < pieces.size(); ++k)
+    per_outer += !pieces[k].over_row
+                     ? pieces[k].text
+                     : inner_loop(pieces[k].pragma, with_kept_values(pieces, kept, k, [&](const CBody::Def& d) {
+                                    if (d.load) return KeptSlot{d.expr, ""};  // loaded again
+                                    return KeptSlot{"keep_" + d.name + at_r, "keep_" + d.name + at_r};
+                                  }));
   std::string decls = signature(p, body, info, sig);
   std::string out = "extern \"C\" void " + name + "(void* const* b) {\n" + indent(decls + body.take(0), 2);
   const int64_t work = g.outer * g.inner;
@@ -463,12 +501,14 @@ std::string render_group(const Program& p, const Group& g, const GroupInfo& info
     out += "  for (int64_t o = 0; o < " + literal_int(g.outer) + "; ++o) {\n" + indent(per_outer, 4) + "  }\n";
   } else {
     out += "#pragma omp parallel" + parallel_if + omp_threads + "\n  {\n";
-    for (int b : body.scratch_) {
-      const std::string T = ctype_of(p.buffers[b].dtype);
-      out += "    std::vector<" + T + "> row_storage_" + p.buffers[b].name + "(" + literal_int(g.inner) + ");\n";
-      out +=
-          "    " + T + "* __restrict row_" + p.buffers[b].name + " = row_storage_" + p.buffers[b].name + ".data();\n";
-    }
+    // A per-thread row of `inner` elements of C++ type T, named `name` (an
+    // array, not a std::vector: a std::vector<bool> has no data()).
+    auto row = [&](const std::string& T, const std::string& name) {
+      return "    const std::unique_ptr<" + T + "[]> " + name + "_storage(new " + T + "[" + literal_int(g.inner) +
+             "]);\n    " + T + "* __restrict " + name + " = " + name + "_storage.get();\n";
+    };
+    for (int b : body.scratch_) out += row(ctype_of(p.buffers[b].dtype), "row_" + p.buffers[b].name);
+    for (const CBody::Def& d : kept_rows) out += row(d.ctype, "keep_" + d.name);  // Note [Kept row values]
     out += "#pragma omp for schedule(static)\n";
     out += "    for (int64_t o = 0; o < " + literal_int(g.outer) + "; ++o) {\n" + indent(per_outer, 6) + "    }\n  }\n";
   }
@@ -698,7 +738,7 @@ Schedule compile_schedule(const ir::Graph& graph, int threads) {
     s.source =
         "// Generated by crucible inductor: one function per fused kernel over raw\n"
         "// pointers (no ATen); b[i] is the i-th buffer of the kernel's signature.\n"
-        "#include <cmath>\n#include <cstdint>\n#include <cstring>\n#include <limits>\n#include <vector>\n\n" +
+        "#include <cmath>\n#include <cstdint>\n#include <cstring>\n#include <limits>\n#include <memory>\n\n" +
         std::string(kVectorMath) + (bf16 ? kBf16 : "") + (f16 ? kF16 : "") + "\n" + s.source;
   return s;
 }

@@ -287,8 +287,8 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
   // The row's program: text run once per row, and loops over its elements
   // (a stage's statements and the level-2 values they define).
   std::vector<RowPiece> pieces;
-  auto once = [&](std::string text) { pieces.push_back({std::move(text), false, {}}); };
-  auto over_row = [&](std::string text) { pieces.push_back({std::move(text), true, body.take_defs()}); };
+  auto once = [&](std::string text) { pieces.push_back({std::move(text), false, {}, {}}); };
+  auto over_row = [&](std::string text) { pieces.push_back({std::move(text), true, body.take_defs(), {}}); };
   struct ScratchStore {
     size_t piece;
     int buffer;
@@ -380,7 +380,9 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
         per_outer += pieces[k].text;
         continue;
       }
-      const std::string element = with_kept_values(pieces, kept, k, [](const std::string& v) { return v + "_row[j]"; });
+      const std::string element = with_kept_values(pieces, kept, k, [](const CBody::Def& d) {
+        return KeptSlot{d.name + "_row[j]", d.name + "_row[j]"};
+      });
       per_outer += "#pragma unroll\nfor (int j = 0; j < " + K +
                    "; ++j) {\n  const idx_t r = static_cast<idx_t>(threadIdx.x) + " + B + " * j;\n" +
                    (ragged ? "  if (r < " + INNER + ") {\n" + indent(element, 4) + "  }\n" : indent(element, 2)) +

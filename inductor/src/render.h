@@ -65,7 +65,9 @@ class CBody : public Body {
     // iteration that wrote it.
     Expr storage = dot(index, buf.strides);
     int level = std::max(level_of(storage), info_.produced.contains(b) ? 1 : 0);
-    return compute(from_storage(buf.dtype, arg(b) + "[" + storage.str() + "]"), level, T);
+    const std::string expr = from_storage(buf.dtype, arg(b) + "[" + storage.str() + "]");
+    if (level == 2) loads_.insert(expr);
+    return compute(expr, level, T);
   }
 
   /// The statement storing `value` (of the buffer's ctype_of) at element
@@ -80,13 +82,15 @@ class CBody : public Body {
     std::string name = "t" + std::to_string(counter_++);
     cache.emplace(expr, name);
     lines_[level] += "const " + ctype + " " + name + " = " + expr + ";\n";
-    if (level == 2) defs_.emplace_back(name, ctype);
+    if (level == 2) defs_.push_back({name, ctype, expr, loads_.contains(expr)});
     return {name, level};
   }
 
-  /// A level-2 value: its name and C++ type.
+  /// A level-2 value: its name, C++ type and expression, and whether that
+  /// is a load of memory.
   struct Def {
-    std::string name, ctype;
+    std::string name, ctype, expr;
+    bool load = false;
   };
   /// The level-2 values defined since the last call, in order.
   std::vector<Def> take_defs() { return std::exchange(defs_, {}); }
@@ -154,6 +158,7 @@ class CBody : public Body {
   std::unordered_map<int, std::string> arg_names_;
   std::string lines_[3];
   std::vector<Def> defs_;
+  std::unordered_set<std::string> loads_;  // level-2 expressions that load memory
   bool keep_inner_ = false;
   int counter_ = 0;
 };
@@ -166,16 +171,23 @@ struct RowPiece {
   std::string text;
   bool over_row = false;
   std::vector<CBody::Def> defs;
+  std::string pragma;  // the C++ renderer's pragma for the loop
 };
 
 /// For each piece, for each value it defines: whether a later loop reads it.
 std::vector<std::vector<bool>> read_later(const std::vector<RowPiece>& pieces);
 
+/// Where a renderer keeps a value between loops: read back as `read`, and
+/// stored by `write` (empty: not stored; `read` computes it again).
+struct KeptSlot {
+  std::string read, write;
+};
+
 /// Piece k's statements with the kept values of earlier loops it reads
-/// taken from their slots first (`const T t = slot(t);`) and its own kept
-/// values put in theirs after (`slot(t) = t;`).
+/// taken back first (`const T t = read;`) and its own kept values stored
+/// after (`write = t;`).
 std::string with_kept_values(const std::vector<RowPiece>& pieces, const std::vector<std::vector<bool>>& kept, size_t k,
-                             const std::function<std::string(const std::string&)>& slot);
+                             const std::function<KeptSlot(const CBody::Def&)>& slot);
 
 /// `text` with every line indented by `spaces`.
 std::string indent(const std::string& text, int spaces);
