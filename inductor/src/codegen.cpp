@@ -50,6 +50,14 @@ std::vector<std::vector<bool>> read_later(const std::vector<RowPiece>& pieces) {
   return kept;
 }
 
+std::vector<CBody::Def> kept_defs(const std::vector<RowPiece>& pieces, const std::vector<std::vector<bool>>& kept) {
+  std::vector<CBody::Def> defs;
+  for (size_t i = 0; i < pieces.size(); ++i)
+    for (size_t d = 0; d < pieces[i].defs.size(); ++d)
+      if (kept[i][d]) defs.push_back(pieces[i].defs[d]);
+  return defs;
+}
+
 std::string with_kept_values(const std::vector<RowPiece>& pieces, const std::vector<std::vector<bool>>& kept, size_t k,
                              const std::function<KeptSlot(const CBody::Def&)>& slot) {
   std::string text;
@@ -474,10 +482,8 @@ std::string render_group(const Program& p, const Group& g, const GroupInfo& info
   }
   // Assembled: each row loop with the kept values it reads and keeps.
   const std::vector<std::vector<bool>> kept = read_later(pieces);
-  std::vector<CBody::Def> kept_rows;
-  for (size_t i = 0; i < pieces.size(); ++i)
-    for (size_t d = 0; d < pieces[i].defs.size(); ++d)
-      if (kept[i][d] && !pieces[i].defs[d].load) kept_rows.push_back(pieces[i].defs[d]);
+  std::vector<CBody::Def> kept_rows = kept_defs(pieces, kept);
+  std::erase_if(kept_rows, [](const CBody::Def& d) { return d.load; });  // loaded again, not kept
   const std::string at_r = "[" + r.str() + "]";
   std::string per_outer;
   for (size_t k = 0; k < pieces.size(); ++k)

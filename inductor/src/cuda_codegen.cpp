@@ -191,12 +191,12 @@ std::string render_column(const Program& p, const Group& g, const GroupInfo& inf
   const std::string r_begin = splits == 1
                                   ? "static_cast<idx_t>(threadIdx.x / " + W + ")"
                                   : "s * " + std::to_string(chunk) + " + static_cast<idx_t>(threadIdx.x / " + W + ")";
-  const std::string r_end = splits == 1 ? std::to_string(g.inner)
-                                        : "(s + 1) * " + std::to_string(chunk) + " < " + std::to_string(g.inner) +
-                                              " ? (s + 1) * " + std::to_string(chunk) + " : " + std::to_string(g.inner);
-  per_tile += "  for (idx_t r = " + r_begin + "; r < " + (splits == 1 ? r_end : "(" + r_end + ")") + "; r += " + R +
-              ") {\n" + indent(body.take_inner() + "acc = " + f + "()(acc, " + A + "(" + v.name + "));\n", 4) +
-              "  }\n}\n";
+  const std::string r_end = splits == 1
+                                ? std::to_string(g.inner)
+                                : "((s + 1) * " + std::to_string(chunk) + " < " + std::to_string(g.inner) +
+                                      " ? (s + 1) * " + std::to_string(chunk) + " : " + std::to_string(g.inner) + ")";
+  per_tile += "  for (idx_t r = " + r_begin + "; r < " + r_end + "; r += " + R + ") {\n" +
+              indent(body.take_inner() + "acc = " + f + "()(acc, " + A + "(" + v.name + "));\n", 4) + "  }\n}\n";
   per_tile += "partial[threadIdx.x / " + W + "][threadIdx.x % " + W + "] = acc;\n__syncthreads();\n";
   std::string value = "static_cast<" + T + ">(acc)";
   if (!red.finalize.empty()) value = substitute(red.finalize, value);
@@ -263,12 +263,14 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
   // Scratch rows: inner-stage values read only inside the group. Too many
   // bytes for shared memory, and they become buffers of their own.
   std::vector<int> scratch;
+  // A scratch row's bytes in shared memory, 16-byte aligned.
+  auto row_bytes = [&](int b) { return (g.inner * scratch_size_of(p.buffers[b].dtype) + 15) / 16 * 16; };
   int64_t bytes = 0;
   for (int li : g.loops) {
     const Loop& l = p.loops[li];
     if (stage_of(l, g) == Stage::Inner && !info.external.contains(l.buffer)) {
       scratch.push_back(l.buffer);
-      bytes += (g.inner * scratch_size_of(p.buffers[l.buffer].dtype) + 15) / 16 * 16;
+      bytes += row_bytes(l.buffer);
     }
   }
   if (bytes > kSharedBudget) {
@@ -358,7 +360,7 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
       if (body.scratch_.contains(st.buffer)) pieces[st.piece].text += st.line;
     std::erase_if(scratch, [&](int b) { return !body.scratch_.contains(b); });
     bytes = 0;
-    for (int b : scratch) bytes += (g.inner * scratch_size_of(p.buffers[b].dtype) + 15) / 16 * 16;
+    for (int b : scratch) bytes += row_bytes(b);
   }
   // Rendered: a looped row strides over its elements; a persistent one
   // unrolls them, keeping what a later loop reads again in register arrays.
@@ -371,9 +373,7 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
   } else {
     const std::string K = std::to_string(slots);
     const std::vector<std::vector<bool>> kept = read_later(pieces);
-    for (size_t i = 0; i < pieces.size(); ++i)
-      for (size_t d = 0; d < pieces[i].defs.size(); ++d)
-        if (kept[i][d]) per_outer += pieces[i].defs[d].ctype + " " + pieces[i].defs[d].name + "_row[" + K + "];\n";
+    for (const CBody::Def& d : kept_defs(pieces, kept)) per_outer += d.ctype + " " + d.name + "_row[" + K + "];\n";
     const bool ragged = slots * block != g.inner;
     for (size_t k = 0; k < pieces.size(); ++k) {
       if (!pieces[k].over_row) {
@@ -399,7 +399,7 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
       const std::string T = ctype_of(buf.dtype);
       text += "  " + T + "* __restrict__ row_" + buf.name + " = reinterpret_cast<" + T + "*>(crucible_smem + " +
               std::to_string(offset) + ");\n";
-      offset += (g.inner * scratch_size_of(buf.dtype) + 15) / 16 * 16;
+      offset += row_bytes(b);
     }
   }
   text += indent(body.take(0), 2);

@@ -177,6 +177,9 @@ struct RowPiece {
 /// For each piece, for each value it defines: whether a later loop reads it.
 std::vector<std::vector<bool>> read_later(const std::vector<RowPiece>& pieces);
 
+/// The values `kept` marks, in the order the pieces define them.
+std::vector<CBody::Def> kept_defs(const std::vector<RowPiece>& pieces, const std::vector<std::vector<bool>>& kept);
+
 /// Where a renderer keeps a value between loops: read back as `read`, and
 /// stored by `write` (empty: not stored; `read` computes it again).
 struct KeptSlot {

@@ -7,7 +7,6 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include <iterator>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -158,8 +157,7 @@ void abandon(const ProcessGroup& group) {
   }
   if (group.backend() == "nccl") static_cast<void>(new c10::intrusive_ptr<c10d::Backend>(backend));  // leaked
   std::lock_guard lock(pending_mu);
-  for (auto it = pending().begin(); it != pending().end();)
-    it = it->second.group.state() == group.state() ? pending().erase(it) : std::next(it);
+  std::erase_if(pending(), [&](const auto& kv) { return kv.second.group.state() == group.state(); });
 }
 
 [[noreturn]] void collective_failed(int64_t numel, const ProcessGroup& group, const std::exception& e) {
