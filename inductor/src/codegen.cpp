@@ -577,6 +577,8 @@ static inline float crucible_erf(float x) {
   return xc * p / q;
 }
 static inline double crucible_erf(double x) { return std::erf(x); }
+static inline float crucible_div(float a, float b) { return a / b; }
+static inline double crucible_div(double a, double b) { return a / b; }
 )";
 
 // Note [Reduced-precision loops]'s conversions, where a translation unit

@@ -31,7 +31,8 @@ namespace crucible::inductor::detail {
 // (division and remainder by a constant cost several times more in 64
 // bits), 64-bit otherwise. Float sums accumulate in float, as ATen's CUDA
 // reductions do (the C++ renderer sums floats in double); max and min
-// propagate NaN as ATen's do.
+// propagate NaN as ATen's do; floats divide as Triton's do (Note
+// [Division]).
 namespace {
 
 constexpr int kPointwiseBlock = 256;
@@ -470,6 +471,19 @@ std::string render_cuda_combined(const Program& p, const std::vector<const Group
   return parts + kernel(name, kPointwiseBlock, params, "  const int b = static_cast<int>(blockIdx.x);\n" + dispatch);
 }
 
+// Note [Division]
+// The lowering table writes every division as crucible_div(a, b). The C++
+// prelude divides as C++ does (IEEE, as ATen's CPU kernels). The CUDA
+// prelude divides floats with PTX's div.full.f32, at most 2 ulp from the
+// rounded quotient over the whole float range: what Triton's `/` lowers to
+// in the kernels torch.compile generates (triton-lang/triton#10661). `/`
+// in CUDA C is div.rn.f32, a dozen instructions and a slow path, and a
+// softmax divides every element of its rows: on an H100 IEEE division made
+// GPT-2's attention softmax rows 1.6x (forward) and 1.9x (backward, which
+// recomputes the forward's quotient) slower than div.full (0.27 against
+// 0.17 ms, 0.44 against 0.23 ms a layer, in a microbenchmark of the
+// generated kernels). Doubles keep IEEE division.
+
 // NVRTC compiles without a standard library: the integer types, the
 // std:: math functions and numeric limits the loop bodies name (Note
 // [Lowering]'s table writes them for the C++ renderer) are supplied here,
@@ -525,6 +539,13 @@ __device__ __forceinline__ float crucible_exp(float x) { return ::expf(x); }
 __device__ __forceinline__ double crucible_exp(double x) { return ::exp(x); }
 __device__ __forceinline__ float crucible_erf(float x) { return ::erff(x); }
 __device__ __forceinline__ double crucible_erf(double x) { return ::erf(x); }
+// Note [Division]: float division as Triton's, double division IEEE.
+__device__ __forceinline__ float crucible_div(float a, float b) {
+  float q;
+  asm("div.full.f32 %0, %1, %2;" : "=f"(q) : "f"(a), "f"(b));
+  return q;
+}
+__device__ __forceinline__ double crucible_div(double a, double b) { return a / b; }
 // Initial values of max and min: infinities for floating types, the
 // extreme values for integers.
 template <class T> __device__ __forceinline__ T crucible_lowest() { return std::numeric_limits<T>::lowest(); }
@@ -560,14 +581,22 @@ template <class T, class F> __device__ __forceinline__ T crucible_block_reduce(T
 }
 
 const char* cuda_reduced_precision_prelude() {
-  return R"(// bf16 widened exactly and rounded to nearest even (a NaN stays a quiet
-// NaN), as c10::BFloat16 converts; f16 through the PTX conversions.
+  return R"(// bf16 widened exactly and rounded to nearest even as c10::BFloat16
+// converts on the device: from sm_80 by the PTX conversion (__float2bfloat16,
+// a NaN becomes the canonical NaN), before it in software (a NaN stays a
+// quiet NaN); f16 through the PTX conversions.
 __device__ __forceinline__ float crucible_bf16_to_float(uint16_t h) {
   return __uint_as_float(static_cast<unsigned>(h) << 16);
 }
 __device__ __forceinline__ uint16_t crucible_float_to_bf16(float f) {
+#if __CUDA_ARCH__ >= 800
+  uint16_t h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+#else
   const unsigned u = __float_as_uint(f);
   return f != f ? static_cast<uint16_t>(0x7fc0) : static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
 }
 __device__ __forceinline__ float crucible_f16_to_float(uint16_t h) {
   float f;

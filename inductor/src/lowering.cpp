@@ -118,6 +118,9 @@ Render binary_scalar(std::string op) {
   return [op](const Ctx& c) { return "(" + c.x[0] + " " + op + " " + lit(c, 1) + ")"; };
 }
 
+// a / b as the preludes define it (Note [Division]).
+std::string divide(const std::string& a, const std::string& b) { return "crucible_div(" + a + ", " + b + ")"; }
+
 Render identity() {
   return [](const Ctx& c) { return c.x[0]; };
 }
@@ -143,7 +146,7 @@ const std::unordered_map<std::string, PointwiseOp>& table() {
       {"aten::rsub.Tensor",
        {{0, 1}, {2}, [](const Ctx& c) { return "(" + c.x[1] + " - " + scaled(c, 2, c.x[0]) + ")"; }, false, true}},
       {"aten::mul.Tensor", {{0, 1}, {}, binary("*"), false, true}},
-      {"aten::div.Tensor", {{0, 1}, {}, binary("/")}},
+      {"aten::div.Tensor", {{0, 1}, {}, [](const Ctx& c) { return divide(c.x[0], c.x[1]); }}},
       {"aten::add.Scalar",
        {{0}, {1, 2}, [](const Ctx& c) { return "(" + c.x[0] + " + " + scaled(c, 2, lit(c, 1)) + ")"; }, false, true}},
       {"aten::sub.Scalar",
@@ -151,7 +154,7 @@ const std::unordered_map<std::string, PointwiseOp>& table() {
       {"aten::rsub.Scalar",
        {{0}, {1, 2}, [](const Ctx& c) { return "(" + lit(c, 1) + " - " + scaled(c, 2, c.x[0]) + ")"; }, false, true}},
       {"aten::mul.Scalar", {{0}, {1}, binary_scalar("*"), false, true}},
-      {"aten::div.Scalar", {{0}, {1}, binary_scalar("/")}},
+      {"aten::div.Scalar", {{0}, {1}, [](const Ctx& c) { return divide(c.x[0], lit(c, 1)); }}},
       {"aten::neg", {{0}, {}, [](const Ctx& c) { return "(-" + c.x[0] + ")"; }, false, true}},
       // NaN < 0 is false, so relu(NaN) is NaN as in ATen's clamp_min.
       {"aten::relu",
@@ -168,10 +171,10 @@ const std::unordered_map<std::string, PointwiseOp>& table() {
       {"aten::floor", {{0}, {}, unary("std::floor")}},
       {"aten::ceil", {{0}, {}, unary("std::ceil")}},
       {"aten::abs", {{0}, {}, unary("std::abs")}},
-      {"aten::rsqrt", {{0}, {}, [](const Ctx& c) { return "(" + c.T + "(1) / std::sqrt(" + c.x[0] + "))"; }}},
-      {"aten::reciprocal", {{0}, {}, [](const Ctx& c) { return "(" + c.T + "(1) / " + c.x[0] + ")"; }}},
+      {"aten::rsqrt", {{0}, {}, [](const Ctx& c) { return divide(c.T + "(1)", "std::sqrt(" + c.x[0] + ")"); }}},
+      {"aten::reciprocal", {{0}, {}, [](const Ctx& c) { return divide(c.T + "(1)", c.x[0]); }}},
       {"aten::sigmoid",
-       {{0}, {}, [](const Ctx& c) { return "(" + c.T + "(1) / (" + c.T + "(1) + crucible_exp(-" + c.x[0] + ")))"; }}},
+       {{0}, {}, [](const Ctx& c) { return divide(c.T + "(1)", "(" + c.T + "(1) + crucible_exp(-" + c.x[0] + "))"); }}},
       {"aten::pow.Tensor_Scalar",
        {{0},
         {1},
