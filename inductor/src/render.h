@@ -7,7 +7,9 @@
 
 #include "codegen.h"
 
+#include <algorithm>
 #include <functional>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -65,6 +67,19 @@ class CBody : public Body {
     // iteration that wrote it.
     Expr storage = dot(index, buf.strides);
     int level = std::max(level_of(storage), info_.produced.contains(b) ? 1 : 0);
+    if (level == 2 && width_ > 1) {
+      if (std::optional<Expr> base = vector_base(storage)) {
+        const std::string key = "vector " + arg(b) + "[" + base->str() + "]";
+        const int vlevel = std::max(level_of(*base), info_.produced.contains(b) ? 1 : 0);
+        auto [it, fresh] = cache_[vlevel].emplace(key, "v" + std::to_string(counter_));
+        if (fresh) {
+          ++counter_;
+          lines_[vlevel] += vector_decl(b, it->second) + "crucible_move_vector<" + std::to_string(width_) + ">(" +
+                            it->second + ", " + arg(b) + " + " + base->str() + ", crucible_aligned);\n";
+        }
+        return compute(from_storage(buf.dtype, it->second + "[ol]"), 2, T);
+      }
+    }
     const std::string expr = from_storage(buf.dtype, arg(b) + "[" + storage.str() + "]");
     if (level == 2) loads_.insert(expr);
     return compute(expr, level, T);
@@ -73,8 +88,32 @@ class CBody : public Body {
   /// The statement storing `value` (of the buffer's ctype_of) at element
   /// offset `at` of buffer `b`, converted to its dtype in memory.
   std::string store(int b, const Expr& at, const std::string& value) {
+    if (width_ > 1 && level_of(at) == 2) {
+      if (std::optional<Expr> base = vector_base(at)) {
+        const std::string name = "s" + std::to_string(counter_++);
+        lines_[std::max(level_of(*base), 1)] += vector_decl(b, name);
+        after_ += "crucible_move_vector<" + std::to_string(width_) + ">(" + arg(b) + " + " + base->str() + ", " + name +
+                  ", crucible_aligned);\n";
+        return name + "[ol] = " + to_storage(p_.buffers[b].dtype, value) + ";\n";
+      }
+    }
     return arg(b) + "[" + at.str() + "] = " + to_storage(p_.buffers[b].dtype, value) + ";\n";
   }
+
+  /// Vector mode (Note [Vectorized pointwise kernels] in cuda_codegen.cpp):
+  /// the innermost loop variable `ol` counts `width` consecutive elements,
+  /// and a load or store of element base + ol, base a multiple of `width`,
+  /// becomes one access of the whole vector: a load before the innermost
+  /// loop (into `v<n>`), a store after it (from `s<n>`, see take_after).
+  /// Both take the kernel's `crucible_aligned`, which the renderer defines.
+  void vectorize(int64_t width) { width_ = width; }
+
+  /// The statements that run after the innermost loop: vector stores.
+  std::string take_after() { return std::exchange(after_, {}); }
+
+  /// The buffers accessed as vectors, as argument names: those whose
+  /// pointers crucible_aligned tests.
+  const std::vector<std::string>& vector_args() const { return vector_args_; }
 
   Val compute(const std::string& expr, int level, const std::string& ctype) override {
     auto& cache = cache_[level];
@@ -149,6 +188,22 @@ class CBody : public Body {
   std::unordered_set<int> scratch_;
 
  private:
+  // base when `at` is base + ol with base a multiple of the vector width.
+  std::optional<Expr> vector_base(const Expr& at) const {
+    if (mod(at, width_).str() != "ol") return std::nullopt;
+    Expr base = at + Expr::var("ol", width_) * -1;
+    if (base.uses("ol")) return std::nullopt;
+    return base;
+  }
+
+  // A 16-byte-aligned array of a vector of buffer b's elements as stored.
+  std::string vector_decl(int b, const std::string& name) {
+    const std::string& a = arg(b);
+    if (std::find(vector_args_.begin(), vector_args_.end(), a) == vector_args_.end()) vector_args_.push_back(a);
+    return "__align__(16) " + storage_ctype_of(p_.buffers[b].dtype) + " " + name + "[" + std::to_string(width_) +
+           "];\n";
+  }
+
   const Program& p_;
   const Group& g_;
   const GroupInfo& info_;
@@ -161,6 +216,9 @@ class CBody : public Body {
   std::unordered_set<std::string> loads_;  // level-2 expressions that load memory
   bool keep_inner_ = false;
   int counter_ = 0;
+  int64_t width_ = 1;
+  std::string after_;
+  std::vector<std::string> vector_args_;
 };
 
 /// A row group's program in pieces: text run once per row, or a loop over

@@ -1245,10 +1245,52 @@ TEST_CASE("lowering: attention rows under bf16 autocast (scaled, masked softmax 
                  {"their backward, to bf16", gi16, gi_e.to(at::kBFloat16), gi_bound},
              });
     const inductor::GeneratedCode code = inductor::generate_code(g.g);
-    // Rows of up to 4096 keep what later stages read: in registers on a GPU
-    // (unrolled), in per-thread rows on the CPU (Note [Kept row values]).
-    const std::string kept = code.cuda ? "#pragma unroll" : "keep_";
+    // Rows of up to 4096 keep what later stages read: in register arrays on
+    // a GPU, in per-thread rows on the CPU (Note [Kept row values]).
+    const std::string kept = code.cuda ? "_row[" : "keep_";
     CHECK((code.source.find(kept) != std::string::npos) == (n <= 4096));
+  }
+}
+
+TEST_CASE("lowering: pointwise kernels move 16-byte vectors on a GPU and elements from inputs not 16-byte aligned",
+          "[inductor][lowering][reduced]") {
+  // A GELU over bf16 rows with a float bias (GPT-2's MLP): the CUDA kernel
+  // takes 8 consecutive elements a thread (Note [Vectorized pointwise
+  // kernels]), the bias read as two float vectors at 8·(oh mod 24) + ol.
+  // Run on inputs whose data starts 2 bytes past a 16-byte boundary (a view
+  // at storage offset 1), the same kernel moves them element by element.
+  const double u = unit_roundoff(at::kBFloat16);
+  for (bool aligned : {true, false}) {
+    CAPTURE(aligned);
+    const at::Tensor x = at::randn({64, 192}).to(at::kBFloat16), bias = at::randn({192});
+    Builder g;
+    ir::Value *px = g.input(x), *pb = g.input(bias);
+    if (!aligned && !compile_only()) {  // the same values, on the device at an odd element
+      at::Tensor storage = at::empty({x.numel() + 1}, g.inputs[0].options());
+      g.inputs[0] = storage.slice(0, 1).view(x.sizes()).copy_(g.inputs[0]);
+    }
+    ir::Value* h = g.call("aten::_to_copy", {g.call("aten::add.Tensor", {px, pb, c10::Scalar(1)}), at::kBFloat16});
+    ir::Value* hf = g.call("aten::_to_copy", {h, at::kFloat});
+    ir::Value* erf = g.call("aten::erf", {g.call("aten::mul.Scalar", {hf, c10::Scalar(M_SQRT1_2)})});
+    ir::Value* gelu = g.call("aten::mul.Tensor", {g.call("aten::mul.Scalar", {hf, c10::Scalar(0.5)}),
+                                                  g.call("aten::add.Scalar", {erf, c10::Scalar(1), c10::Scalar(1)})});
+    ir::Value* out = g.call("aten::_to_copy", {gelu, at::kBFloat16});
+    const at::Tensor h_e = (x.to(at::kFloat) + bias).to(at::kBFloat16).to(at::kFloat);
+    const at::Tensor gelu_e = h_e * 0.5 * (at::erf(h_e * M_SQRT1_2) + 1);
+    // h: each side rounds the same float sum once; the GELU: rounded to
+    // bf16 once on each side (2u), after erf within a few f32 ulps (rtol)
+    // of the same h.
+    check(g, {
+                 exactly("x + bias, to bf16", h, h_e.to(at::kBFloat16)),
+                 {"GELU, to bf16", out, gelu_e.to(at::kBFloat16),
+                  2 * u * mag(gelu_e) + 4 * rtol(at::kFloat) * mag(h_e) + atol(at::kFloat)},
+             });
+    const inductor::GeneratedCode code = inductor::generate_code(g.g);
+    if (code.cuda) {
+      INFO(code.source);
+      CHECK(code.source.find("crucible_move_vector<8>(v") != std::string::npos);    // a vector load
+      CHECK(code.source.find("crucible_move_vector<8>(buf") != std::string::npos);  // and a store
+    }
   }
 }
 
