@@ -2,6 +2,7 @@
 #include "render.h"
 
 #include <algorithm>
+#include <numeric>
 #include <unordered_map>
 
 namespace crucible::inductor::detail {
@@ -132,8 +133,9 @@ std::string kernel(const std::string& name, int block, const std::string& params
 // Groups of a number of elements the width does not divide, and groups
 // writing a graph input in place (Note [In-place write-backs]: a hoisted
 // load could move before a store), stay one element a thread.
-int64_t vector_width(const Program& p, const Group& g) {
-  if (g.outer <= 1) return 1;
+// The widest vector of at most 16 bytes of the group's narrowest buffer
+// (and at most 8 elements) whose width divides `count`; 1 for none.
+int64_t vector_width(const Program& p, const Group& g, int64_t count) {
   int64_t narrowest = 16;
   for (int li : g.loops) {
     const Loop& l = p.loops[li];
@@ -142,8 +144,19 @@ int64_t vector_width(const Program& p, const Group& g) {
     for (const Read& r : reads_of(p, l, g.outer, g.inner))
       narrowest = std::min<int64_t>(narrowest, c10::elementSize(p.buffers[r.buffer].dtype));
   }
-  const int64_t width = std::min<int64_t>(16 / narrowest, 8);
-  return g.outer % width == 0 ? width : 1;
+  int64_t width = std::min<int64_t>(16 / narrowest, 8);
+  while (width > 1 && count % width != 0) width /= 2;
+  return width;
+}
+
+// The statement defining crucible_aligned, which a vectorized kernel's
+// vector accesses take: whether every pointer they access is 16-byte
+// aligned. Empty when the kernel has none.
+std::string aligned_flag(const CBody& body) {
+  std::string bits;
+  for (const std::string& a : body.vector_args())
+    bits += std::string(bits.empty() ? "" : " | ") + "reinterpret_cast<unsigned long long>(" + a + ")";
+  return bits.empty() ? "" : "  const bool crucible_aligned = ((" + bits + ") & 15) == 0;\n";
 }
 
 // A pointwise group's loop over the blocks `bid` of `nblocks` (blockIdx.x
@@ -189,14 +202,7 @@ PointwiseText pointwise_text(const Program& p, const Group& g, const GroupInfo& 
   PointwiseText t;
   t.units = g.outer / width;
   t.params = parameters(p, body, info, sig);
-  t.body = "  typedef " + index_type(p, g, body) + " idx_t;\n";
-  if (!body.vector_args().empty()) {
-    std::string bits;
-    for (const std::string& a : body.vector_args())
-      bits += std::string(bits.empty() ? "" : " | ") + "reinterpret_cast<unsigned long long>(" + a + ")";
-    t.body += "  const bool crucible_aligned = ((" + bits + ") & 15) == 0;\n";
-  }
-  t.body += indent(body.take(0), 2);
+  t.body = "  typedef " + index_type(p, g, body) + " idx_t;\n" + aligned_flag(body) + indent(body.take(0), 2);
   std::string per_thread = per_element;
   if (vector)
     per_thread = body.take(1) + "#pragma unroll\nfor (int ol = 0; ol < " + std::to_string(width) + "; ++ol) {\n" +
@@ -209,7 +215,7 @@ PointwiseText pointwise_text(const Program& p, const Group& g, const GroupInfo& 
 
 std::string render_pointwise(const Program& p, const Group& g, const GroupInfo& info, const std::string& name,
                              KernelSignature& sig) {
-  const PointwiseText t = pointwise_text(p, g, info, sig, "blockIdx.x", "gridDim.x", vector_width(p, g));
+  const PointwiseText t = pointwise_text(p, g, info, sig, "blockIdx.x", "gridDim.x", vector_width(p, g, g.outer));
   sig.launch = {kPointwiseBlock, t.units, kPointwiseBlock, 0};
   return kernel(name, kPointwiseBlock, t.params, t.body);
 }
@@ -320,8 +326,11 @@ std::string render_column(const Program& p, const Group& g, const GroupInfo& inf
 // reads again (the row's loads; a softmax's scaled and masked scores) is
 // kept in a K-slot register array instead of being loaded and computed
 // once per stage. A softmax then reads its row once, not three times, and
-// its backward once, not four. Each thread still combines its elements in
-// the order the looped form does, so the results are the same bits.
+// its backward once, not four. Where the row's length and the thread's K
+// elements allow, a thread holds K/V vectors of V consecutive elements
+// instead, r = V·rh + rl with rh = threadIdx.x + c·B, and moves them with
+// 16-byte accesses (Note [Vectorized pointwise kernels]); its elements
+// are then combined in that order, which is not the looped form's.
 std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const std::string& name,
                         KernelSignature& sig) {
   // Scratch rows: inner-stage values read only inside the group. Too many
@@ -345,16 +354,26 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
   const int block = row_block(g.inner);
   const int64_t slots = (g.inner + block - 1) / block;
   const bool persistent = slots <= kMaxPersistentSlots;
+  // A persistent row's thread holds vectors of `width` consecutive elements
+  // (Note [Vectorized pointwise kernels]): r = width·rh + rl.
+  const int64_t width = persistent ? vector_width(p, g, std::gcd(slots, g.inner)) : 1;
+  const LoopVars vars = loop_vars(g.outer, g.inner, 0, width > 1 ? width : 0);
   const std::string B = std::to_string(block), INNER = std::to_string(g.inner);
   CBody body(p, g, info);
   if (persistent) body.keep_inner_values();
-  Expr o = Expr::var("o", g.outer);
-  Expr r = Expr::var("r", g.inner);
+  if (width > 1) {
+    body.vectorize(width, "rl");
+    body.set_row_element(vars.r);
+  }
+  const Expr& o = vars.o;
+  const Expr& r = vars.r;
   // The row's program: text run once per row, and loops over its elements
   // (a stage's statements and the level-2 values they define).
   std::vector<RowPiece> pieces;
   auto once = [&](std::string text) { pieces.push_back({std::move(text), false, {}, {}}); };
-  auto over_row = [&](std::string text) { pieces.push_back({std::move(text), true, body.take_defs(), {}}); };
+  auto over_row = [&](std::string text) {
+    pieces.push_back({std::move(text), true, body.take_defs(), {}, body.take_vector_lines(), body.take_after()});
+  };
   struct ScratchStore {
     size_t piece;
     int buffer;
@@ -369,7 +388,7 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
     const bool external = info.external.contains(l.buffer);
     // An in-place write-back: every thread has done its reads of the old values.
     if (buf.kind == Buffer::Input) once("__syncthreads();\n");
-    Val v = body_value(body, l, g.outer, g.inner);
+    Val v = body_value(body, l, vars);
     switch (stage_of(l, g)) {
       case Stage::Scalar: {
         std::string text = body.take(1);
@@ -390,7 +409,7 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
           body.stored(l.buffer);
         } else if (persistent) {
           // Kept only if a later stage reads the row at another element.
-          scratch_store = "row_" + buf.name + "[r] = " + v.name + ";\n";
+          scratch_store = "row_" + buf.name + "[" + r.str() + "] = " + v.name + ";\n";
           body.set_row_local(l.buffer, v);
         } else {
           inner_lines += body.scratch(l.buffer) + "[r] = " + v.name + ";\n";
@@ -447,14 +466,27 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
       const std::string element = with_kept_values(pieces, kept, k, [](const CBody::Def& d) {
         return KeptSlot{d.name + "_row[j]", d.name + "_row[j]"};
       });
-      per_outer += "#pragma unroll\nfor (int j = 0; j < " + K +
-                   "; ++j) {\n  const idx_t r = static_cast<idx_t>(threadIdx.x) + " + B + " * j;\n" +
-                   (ragged ? "  if (r < " + INNER + ") {\n" + indent(element, 4) + "  }\n" : indent(element, 2)) +
+      if (width == 1) {
+        per_outer += "#pragma unroll\nfor (int j = 0; j < " + K +
+                     "; ++j) {\n  const idx_t r = static_cast<idx_t>(threadIdx.x) + " + B + " * j;\n" +
+                     (ragged ? "  if (r < " + INNER + ") {\n" + indent(element, 4) + "  }\n" : indent(element, 2)) +
+                     "}\n";
+        continue;
+      }
+      // Vector c of the thread's slots / width: its loads, its lanes, its stores.
+      const std::string W = std::to_string(width);
+      const std::string lanes = pieces[k].before_lanes + "#pragma unroll\nfor (int rl = 0; rl < " + W +
+                                "; ++rl) {\n  const int j = c * " + W + " + rl;\n" + indent(element, 2) + "}\n" +
+                                pieces[k].after_lanes;
+      per_outer += "#pragma unroll\nfor (int c = 0; c < " + std::to_string(slots / width) +
+                   "; ++c) {\n  const idx_t rh = static_cast<idx_t>(threadIdx.x) + " + B + " * c;\n" +
+                   (ragged ? "  if (rh < " + std::to_string(g.inner / width) + ") {\n" + indent(lanes, 4) + "  }\n"
+                           : indent(lanes, 2)) +
                    "}\n";
     }
   }
   const std::string params = parameters(p, body, info, sig);
-  std::string text = "  typedef " + index_type(p, g, body) + " idx_t;\n";
+  std::string text = "  typedef " + index_type(p, g, body) + " idx_t;\n" + aligned_flag(body);
   if (!scratch.empty()) {
     text += "  extern __shared__ __align__(16) unsigned char crucible_smem[];\n";
     int64_t offset = 0;
@@ -504,8 +536,8 @@ std::string render_cuda_combined(const Program& p, const std::vector<const Group
   for (size_t k = 0; k < groups.size(); ++k) {
     KernelSignature part;
     const std::string part_name = name + "_part" + std::to_string(k);
-    const PointwiseText t =
-        pointwise_text(p, *groups[k], *infos[k], part, "crucible_bid", "crucible_nblocks", vector_width(p, *groups[k]));
+    const PointwiseText t = pointwise_text(p, *groups[k], *infos[k], part, "crucible_bid", "crucible_nblocks",
+                                           vector_width(p, *groups[k], groups[k]->outer));
     parts += "__device__ __forceinline__ void " + part_name + "(" + t.params + (t.params.empty() ? "" : ", ") +
              "int crucible_bid, int crucible_nblocks) {\n" + t.body + "}\n\n";
     std::string args;

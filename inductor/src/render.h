@@ -58,7 +58,7 @@ class CBody : public Body {
         Expr flat = iteration_position(p_, b, index);
         Expr at = mod(flat, g_.inner);
         // The thread's own element of a persistent row: still in a register.
-        if (auto it = row_locals_.find(b); it != row_locals_.end() && at.str() == "r") return it->second;
+        if (auto it = row_locals_.find(b); it != row_locals_.end() && at.str() == row_element_) return it->second;
         return compute(scratch(b) + "[" + at.str() + "]", level_of(at), T);
       }
       return locals_.at(b);
@@ -74,10 +74,10 @@ class CBody : public Body {
         auto [it, fresh] = cache_[vlevel].emplace(key, "v" + std::to_string(counter_));
         if (fresh) {
           ++counter_;
-          lines_[vlevel] += vector_decl(b, it->second) + "crucible_move_vector<" + std::to_string(width_) + ">(" +
-                            it->second + ", " + arg(b) + " + " + base->str() + ", crucible_aligned);\n";
+          vector_lines(vlevel) += vector_decl(b, it->second) + "crucible_move_vector<" + std::to_string(width_) + ">(" +
+                                  it->second + ", " + arg(b) + " + " + base->str() + ", crucible_aligned);\n";
         }
-        return compute(from_storage(buf.dtype, it->second + "[ol]"), 2, T);
+        return compute(from_storage(buf.dtype, it->second + "[" + lane_ + "]"), 2, T);
       }
     }
     const std::string expr = from_storage(buf.dtype, arg(b) + "[" + storage.str() + "]");
@@ -91,25 +91,39 @@ class CBody : public Body {
     if (width_ > 1 && level_of(at) == 2) {
       if (std::optional<Expr> base = vector_base(at)) {
         const std::string name = "s" + std::to_string(counter_++);
-        lines_[std::max(level_of(*base), 1)] += vector_decl(b, name);
+        vector_lines(std::max(level_of(*base), 1)) += vector_decl(b, name);
         after_ += "crucible_move_vector<" + std::to_string(width_) + ">(" + arg(b) + " + " + base->str() + ", " + name +
                   ", crucible_aligned);\n";
-        return name + "[ol] = " + to_storage(p_.buffers[b].dtype, value) + ";\n";
+        return name + "[" + lane_ + "] = " + to_storage(p_.buffers[b].dtype, value) + ";\n";
       }
     }
     return arg(b) + "[" + at.str() + "] = " + to_storage(p_.buffers[b].dtype, value) + ";\n";
   }
 
   /// Vector mode (Note [Vectorized pointwise kernels] in cuda_codegen.cpp):
-  /// the innermost loop variable `ol` counts `width` consecutive elements,
-  /// and a load or store of element base + ol, base a multiple of `width`,
-  /// becomes one access of the whole vector: a load before the innermost
-  /// loop (into `v<n>`), a store after it (from `s<n>`, see take_after).
-  /// Both take the kernel's `crucible_aligned`, which the renderer defines.
-  void vectorize(int64_t width) { width_ = width; }
+  /// the innermost loop variable `lane` (`ol`, or `rl` in a row) counts
+  /// `width` consecutive elements, and a load or store of element
+  /// base + lane, base a multiple of `width`, becomes one access of the
+  /// whole vector: a load before the innermost loop (into `v<n>`), a store
+  /// after it (from `s<n>`, see take_after). Both take the kernel's
+  /// `crucible_aligned`, which the renderer defines. A vector whose base
+  /// depends on level-2 variables (a row's `rh`) is loaded by the statements
+  /// take_vector_lines returns, which the renderer puts before its lanes.
+  void vectorize(int64_t width, std::string lane = "ol") {
+    width_ = width;
+    lane_ = std::move(lane);
+  }
 
   /// The statements that run after the innermost loop: vector stores.
   std::string take_after() { return std::exchange(after_, {}); }
+
+  /// The level-2 vector loads (and store arrays) made since the last call.
+  std::string take_vector_lines() { return std::exchange(vector_lines_, {}); }
+
+  /// A persistent row's element as its loads index it (`r`, or
+  /// `V*rh + rl` in a vectorized row): reads of a row local there take the
+  /// thread's own value (set_row_local).
+  void set_row_element(const Expr& r) { row_element_ = r.str(); }
 
   /// The buffers accessed as vectors, as argument names: those whose
   /// pointers crucible_aligned tests.
@@ -188,13 +202,16 @@ class CBody : public Body {
   std::unordered_set<int> scratch_;
 
  private:
-  // base when `at` is base + ol with base a multiple of the vector width.
+  // base when `at` is base + lane with base a multiple of the vector width.
   std::optional<Expr> vector_base(const Expr& at) const {
-    if (mod(at, width_).str() != "ol") return std::nullopt;
-    Expr base = at + Expr::var("ol", width_) * -1;
-    if (base.uses("ol")) return std::nullopt;
+    if (mod(at, width_).str() != lane_) return std::nullopt;
+    Expr base = at + Expr::var(lane_, width_) * -1;
+    if (base.uses(lane_)) return std::nullopt;
     return base;
   }
+
+  // Where a vector access's statements go: a level-2 one before the lanes.
+  std::string& vector_lines(int level) { return level == 2 ? vector_lines_ : lines_[level]; }
 
   // A 16-byte-aligned array of a vector of buffer b's elements as stored.
   std::string vector_decl(int b, const std::string& name) {
@@ -217,7 +234,9 @@ class CBody : public Body {
   bool keep_inner_ = false;
   int counter_ = 0;
   int64_t width_ = 1;
-  std::string after_;
+  std::string lane_ = "ol";
+  std::string row_element_ = "r";
+  std::string after_, vector_lines_;
   std::vector<std::string> vector_args_;
 };
 
@@ -230,6 +249,9 @@ struct RowPiece {
   bool over_row = false;
   std::vector<CBody::Def> defs;
   std::string pragma;  // the C++ renderer's pragma for the loop
+  // A vectorized row (CBody::vectorize): statements before a vector's
+  // lanes (its loads) and after them (its stores).
+  std::string before_lanes, after_lanes;
 };
 
 /// For each piece, for each value it defines: whether a later loop reads it.
