@@ -10,6 +10,8 @@
 //   BM_InductorLayerNorm/inductor       the decomposed graph: var_mean.dim, add eps, rsqrt, sub, mul, mul w, add b
 //   BM_InductorColumnSum/eager          at::sum over dim 0 of [8192, 1024] f32
 //   BM_InductorColumnSum/inductor       sum.dim_IntList over dim 0
+//   BM_InductorSum/eager                at::sum of every element of [8192, 1024] f32 (a loss's sum)
+//   BM_InductorSum/inductor             aten::sum: one reduction of outer size 1
 // bytes_per_second counts the minimum traffic of each computation (every
 // input read once, every output written once), the same for its eager and
 // inductor rows, so the figures compare directly.
@@ -116,6 +118,14 @@ ir::Graph column_sum_graph(const at::Tensor& x) {
   return g;
 }
 
+ir::Graph sum_graph(const at::Tensor& x) {
+  ir::Graph g;
+  ir::Value* px = g.add_placeholder("x", ir::TensorMeta::of(x));
+  g.set_output({g.add_call("aten::sum", {px, c10::IValue()})->result()});
+  ir::propagate_meta(g);
+  return g;
+}
+
 void set_bytes(benchmark::State& state, int64_t bytes_per_iteration) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * bytes_per_iteration);
 }
@@ -217,6 +227,22 @@ void BM_InductorColumnSum_inductor(benchmark::State& state) {
   set_bytes(state, kColumnSumBytes);
 }
 
+// --- a reduction of every element --------------------------------------------------------
+
+constexpr int64_t kSumBytes = kRows * kCols * kFloatBytes;
+
+void BM_InductorSum_eager(benchmark::State& state) {
+  at::Tensor x = at::randn({kRows, kCols});
+  for (auto _ : state) benchmark::DoNotOptimize(at::sum(x));
+  set_bytes(state, kSumBytes);
+}
+
+void BM_InductorSum_inductor(benchmark::State& state) {
+  at::Tensor x = at::randn({kRows, kCols});
+  run_compiled(state, inductor::compile_fx_inner(sum_graph(x), {x}), {x});
+  set_bytes(state, kSumBytes);
+}
+
 }  // namespace
 
 BENCHMARK(BM_InductorChain8_eager)->Name("BM_InductorChain8/eager")->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -245,3 +271,5 @@ BENCHMARK(BM_InductorColumnSum_inductor)
     ->Name("BM_InductorColumnSum/inductor")
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+BENCHMARK(BM_InductorSum_eager)->Name("BM_InductorSum/eager")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_InductorSum_inductor)->Name("BM_InductorSum/inductor")->Unit(benchmark::kMillisecond)->UseRealTime();

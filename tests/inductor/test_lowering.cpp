@@ -642,6 +642,39 @@ TEST_CASE("lowering: amax and amin propagate NaN like ATen", "[inductor][lowerin
   }
 }
 
+TEST_CASE("lowering: reductions of every element of a large tensor, split across threads on the CPU",
+          "[inductor][lowering][reduction]") {
+  // 300 × 211 elements (not a multiple of any thread count): the C++
+  // kernels fold one chunk a thread and combine the partials in thread
+  // order (Note [Split reductions]); amax sees a NaN in the last chunk
+  // only, amin one in the first only, so a partial that drops its NaN shows.
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    CAPTURE(dtype);
+    at::Tensor x = at::randn({300, 211}, of(dtype));
+    at::Tensor with_nan = x.clone();
+    with_nan[299][210].fill_(kNaN);
+    at::Tensor first_nan = x.clone();
+    first_nan[0][0].fill_(kNaN);
+    Builder g;
+    ir::Value *px = g.input(x), *pn = g.input(with_nan), *pf = g.input(first_nan);
+    ir::Value* sum = g.call("aten::sum", {px, c10::IValue()});
+    ir::Value* scaled = g.call("aten::mul.Scalar", {sum, c10::Scalar(0.5)});  // an epilogue
+    ir::Value* mean = g.call("aten::mean", {px, c10::IValue()});
+    check(g, {
+                 reduction("sum", sum, x.sum(), mag(x).sum()),
+                 reduction("sum * 0.5", scaled, x.sum() * 0.5, mag(x).sum() * 0.5),
+                 reduction("mean", mean, x.mean(), mag(x).mean()),
+                 exactly("amax, a NaN in the last chunk", g.call("aten::amax", {pn, Dims{}, false}),
+                         at::amax(with_nan, at::IntArrayRef{})),
+                 exactly("amin, a NaN in the first chunk", g.call("aten::amin", {pf, Dims{}, false}),
+                         at::amin(first_nan, at::IntArrayRef{})),
+                 exactly("amax", g.call("aten::amax", {px, Dims{}, false}), at::amax(x, at::IntArrayRef{})),
+             });
+    const inductor::GeneratedCode code = inductor::generate_code(g.g);
+    if (!code.cuda) CHECK(code.source.find("omp_get_thread_num()") != std::string::npos);
+  }
+}
+
 TEST_CASE("lowering: var_mean.dim and var_mean.correction", "[inductor][lowering][reduction]") {
   // The zoo's graphs call var_mean.dim(self, dim, unbiased, keepdim): check
   // that this LibTorch has that overload with that argument order.
