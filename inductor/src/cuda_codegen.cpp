@@ -133,6 +133,7 @@ std::string kernel(const std::string& name, int block, const std::string& params
 // Groups of a number of elements the width does not divide, and groups
 // writing a graph input in place (Note [In-place write-backs]: a hoisted
 // load could move before a store), stay one element a thread.
+
 // The widest vector of at most 16 bytes of the group's narrowest buffer
 // (and at most 8 elements) whose width divides `count`; 1 for none.
 int64_t vector_width(const Program& p, const Group& g, int64_t count) {
