@@ -17,7 +17,11 @@
 // (pre-grad passes by name, e.g. fuse_attention: Note [Pre-grad passes in a
 // training step]), --autocast off|bf16|f16 (the forward and the loss under
 // autocast on the step's device, as `with torch.autocast(...)` around them;
-// runtime::AutocastGuard).
+// runtime::AutocastGuard), --trace DIR (after a step row's timed steps,
+// three more steps each recorded by PyTorch's profiler (Kineto: host ops
+// and every GPU kernel, NCCL's included, with its stream) into
+// DIR/<row>_<model>[_<MB>].rank<R>.step<K>.json, Chrome trace format; bench/trace_overlap.py
+// reads them: how much of the all_reduce ran under the backward).
 //
 // On a GPU the step rows count peak_MiB: the most memory the caching
 // allocator had handed out during the timed steps (tensors, not its cache).
@@ -50,15 +54,18 @@
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>
 #include <benchmark/benchmark.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/nn/module.h>
 #include <torch/optim/adamw.h>
 
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -70,7 +77,7 @@ using namespace crucible;
 
 struct Flags {
   std::string model = "gpt", size = "small", device = "cpu", backend = "interpreter", matmul_precision = "highest",
-              memory_format = "contiguous", remat = "off", remat_ban = "off", pre_grad_passes, autocast = "off";
+              memory_format = "contiguous", remat = "off", remat_ban = "off", pre_grad_passes, autocast = "off", trace;
   int64_t batch = 8, steps = 20;
 };
 
@@ -86,7 +93,8 @@ Flags parse_flags(int& argc, char** argv) {
                                               {"--remat", &f.remat},
                                               {"--remat-ban", &f.remat_ban},
                                               {"--pre-grad-passes", &f.pre_grad_passes},
-                                              {"--autocast", &f.autocast}};
+                                              {"--autocast", &f.autocast},
+                                              {"--trace", &f.trace}};
   std::map<std::string, int64_t*> ints{{"--batch", &f.batch}, {"--steps", &f.steps}};
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
@@ -150,6 +158,12 @@ struct Replica {
   }
 };
 
+// The index of this rank's GPU.
+c10::DeviceIndex gpu_index() {
+  const at::Device& d = context().device;
+  return d.has_index() ? d.index() : at::accelerator::getDeviceIndex();
+}
+
 // Runs `step` a few times untimed (the caching allocator, cuBLAS and cuDNN
 // warm up), then once per iteration, reading the loss each time.
 template <typename Step>
@@ -157,17 +171,39 @@ void time_steps(benchmark::State& state, Step&& step) {
   for (int i = 0; i < 3; ++i) step().template item<double>();
   const Shared& c = context();
   const bool gpu = c.device.is_cuda();
-  const c10::DeviceIndex index = !gpu                   ? -1
-                                 : c.device.has_index() ? c.device.index()
-                                                        : at::accelerator::getDeviceIndex();
-  if (gpu) at::accelerator::resetPeakStats(index);
+  if (gpu) at::accelerator::resetPeakStats(gpu_index());
   for (auto _ : state) benchmark::DoNotOptimize(step().template item<double>());
   if (gpu) {
-    const auto stats = at::accelerator::getDeviceStats(index);
+    const auto stats = at::accelerator::getDeviceStats(gpu_index());
     state.counters["peak_MiB"] = static_cast<double>(stats.allocated_bytes[0].peak) / (1 << 20);
   }
   state.counters["samples/s"] =
       benchmark::Counter(static_cast<double>(c.flags.batch * c.world()), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// --trace: three steps after the timed ones, each alone in a trace of its
+// own (the device is idle before and after it, so the trace holds one whole
+// step), as torch.profiler.profile(activities=[CPU, CUDA]) records them.
+template <typename Step>
+void trace_steps(const std::string& row, Step&& step) {
+  const Shared& c = context();
+  if (c.flags.trace.empty()) return;
+  namespace prof = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  const std::set<ActivityType> activities = c.device.is_cuda()
+                                                ? std::set<ActivityType>{ActivityType::CPU, ActivityType::CUDA}
+                                                : std::set<ActivityType>{ActivityType::CPU};
+  const prof::ProfilerConfig config(prof::ProfilerState::KINETO);
+  std::filesystem::create_directories(c.flags.trace);
+  for (int k = 0; k < 3; ++k) {
+    if (c.device.is_cuda()) at::accelerator::synchronizeDevice(gpu_index());
+    prof::prepareProfiler(config, activities);
+    prof::enableProfiler(config, activities);
+    step().template item<double>();
+    if (c.device.is_cuda()) at::accelerator::synchronizeDevice(gpu_index());
+    prof::disableProfiler()->save(c.flags.trace + "/" + row + ".rank" + std::to_string(c.group ? c.group->rank() : 0) +
+                                  ".step" + std::to_string(k) + ".json");
+  }
 }
 
 // The bucket sizes (bytes) of the latest BM_SpmdStep per bucket size, for
@@ -219,6 +255,7 @@ void step_alone(benchmark::State& state) {
   pipeline::TrainStep step = builder().compile_train_step(r.model.module, *r.optimizer, loss_fn(r.model));
   step.compile(r.batch);
   time_steps(state, [&] { return step(r.batch); });
+  trace_steps("Step_" + context().flags.model, [&] { return step(r.batch); });
 }
 
 // models::eager_train_step, with loss_fn's loss.
@@ -243,6 +280,7 @@ void step_spmd(benchmark::State& state, int64_t bucket_mb) {
   spmd::SpmdStep step = spmd::compile(r.model.module, *r.optimizer, loss_fn(r.model), o);
   step.compile(r.batch);
   time_steps(state, [&] { return step(r.batch); });
+  trace_steps("SpmdStep_" + context().flags.model + "_" + std::to_string(bucket_mb), [&] { return step(r.batch); });
   buckets_of()[bucket_mb] = step.report().data_parallel.bucket_bytes;
   state.counters["buckets"] = static_cast<double>(buckets_of()[bucket_mb].size());
 }

@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # The data-parallel run on one machine with several GPUs, in one go: build
-# what it needs, the NCCL equality test, then GPT-2 small's training step at
-# 1 GPU and at N GPUs (Crucible's spmd step with inductor, and PyTorch's DDP
-# on a replica of the same model), each row's output kept under OUT.
+# what it needs, the NCCL equality test, then a zoo model's training step
+# (GPT-2 small by default) at 1 GPU and at N GPUs (Crucible's spmd step with
+# inductor, and PyTorch's DDP on a replica of the same model), each row's
+# output kept under OUT.
 #
 #   bench/spmd_gpu.sh OUT [PHASE...]
 #
 # PHASEs (default all, in this order): build test crucible ddp. The build is
 # incremental, so a later call on the same machine can run the rest alone.
 #
-# Environment: NPROC (default: every GPU), BATCH (per GPU, default 8),
-# STEPS (timed steps per row, default 20), BACKEND (default inductor).
+# Environment: NPROC (default: every GPU), MODEL (gpt or resnet18, full
+# size), BATCH (per GPU, default 8 for gpt, 64 for resnet18), STEPS (timed
+# steps per row, default 20), BACKEND (default inductor), FILTER (the N-GPU
+# call's --benchmark_filter: default every row), TRACE=1 (the step rows also
+# write one-step profiler traces under OUT/trace/<N>gpu, summarized by
+# bench/trace_overlap.py into OUT/overlap.txt).
 # Keeps NVLink multicast off (NCCL_NVLS_ENABLE=0), as machines whose GPUs
 # are shared with others require.
 set -uo pipefail
@@ -22,7 +27,8 @@ want() { [[ $phases == *" $1 "* ]]; }
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nproc=${NPROC:-$(nvidia-smi -L | wc -l)}
-batch=${BATCH:-8}
+model=${MODEL:-gpt}
+batch=${BATCH:-$([[ $model == gpt ]] && echo 8 || echo 64)}
 steps=${STEPS:-20}
 backend=${BACKEND:-inductor}
 log() { printf '\n== %s\n' "$*" | tee -a "$out/summary.txt"; }
@@ -42,20 +48,26 @@ if want test; then
 fi
 
 B=build/bench/crucible_spmd_bench
-flags=(--model=gpt --size=full "--batch=$batch" --device=cuda "--backend=$backend" "--steps=$steps"
+flags=(--model="$model" --size=full "--batch=$batch" --device=cuda "--backend=$backend" "--steps=$steps"
        --matmul-precision=high --benchmark_counters_tabular=true)
+trace() { [[ ${TRACE:-0} == 1 ]] && echo "--trace=$out/trace/$1" || echo --trace=; }
 if want crucible; then
   log "Crucible, 1 GPU"
-  timeout 300 "$B" "${flags[@]}" --benchmark_out="$out/crucible_1gpu.json" 2>&1 | tee "$out/crucible_1gpu.txt" |
+  timeout 300 "$B" "${flags[@]}" "$(trace 1gpu)" --benchmark_out="$out/crucible_1gpu.json" 2>&1 | tee "$out/crucible_1gpu.txt" |
     grep -E '^BM_' | tee -a "$out/summary.txt"
   log "Crucible, $nproc GPUs"
-  timeout 420 build/tools/crucible launch --nproc "$nproc" -- "$B" "${flags[@]}" \
-    --benchmark_out="$out/crucible_${nproc}gpu.json" 2>&1 | tee "$out/crucible_${nproc}gpu.txt" |
+  timeout 420 build/tools/crucible launch --nproc "$nproc" -- "$B" "${flags[@]}" "$(trace "${nproc}gpu")" \
+    "--benchmark_filter=${FILTER:-.}" --benchmark_out="$out/crucible_${nproc}gpu.json" 2>&1 | tee "$out/crucible_${nproc}gpu.txt" |
     grep -E '^BM_' | tee -a "$out/summary.txt"
+  if [[ ${TRACE:-0} == 1 ]]; then
+    log "traces: bench/trace_overlap.py"
+    python3 bench/trace_overlap.py --kernels "$out"/trace/*/*.json >"$out/overlap.txt" 2>&1
+    grep -v '^  ' "$out/overlap.txt" | tee -a "$out/summary.txt"
+  fi
 fi
 want ddp || exit 0
 log "PyTorch, 1 GPU and DDP on $nproc GPUs"
-timeout 90 python3 bench/ddp_gpt.py --size full --batch "$batch" --steps "$steps" --matmul-precision high 2>&1 |
+timeout 90 python3 bench/ddp_zoo.py --model "$model" --size full --batch "$batch" --steps "$steps" --matmul-precision high 2>&1 |
   tee "$out/ddp_1gpu.txt" | tail -2 | tee -a "$out/summary.txt"
-timeout 150 torchrun --nproc-per-node "$nproc" bench/ddp_gpt.py --size full --batch "$batch" --steps "$steps" \
+timeout 150 torchrun --nproc-per-node "$nproc" bench/ddp_zoo.py --model "$model" --size full --batch "$batch" --steps "$steps" \
   --matmul-precision high 2>&1 | tee "$out/ddp_${nproc}gpu.txt" | grep -E 'ddp/|torch ' | tee -a "$out/summary.txt"

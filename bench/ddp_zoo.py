@@ -1,19 +1,22 @@
 #!/usr/bin/env python3
 """PyTorch's own data parallelism (DistributedDataParallel) on a replica of
-the zoo's GPT (models/src/zoo.cpp), to set beside crucible_spmd_bench in one
+a zoo model (models/src/zoo.cpp), to set beside crucible_spmd_bench in one
 run on the same machine:
 
-  python3 bench/ddp_gpt.py --size full                         # one GPU, no DDP
-  torchrun --nproc-per-node 2 bench/ddp_gpt.py --size full     # DDP, buckets of 1, 4, 25, 100 MiB
+  python3 bench/ddp_zoo.py --size full                         # one GPU, no DDP
+  torchrun --nproc-per-node 2 bench/ddp_zoo.py --size full     # DDP, buckets of 1, 4, 25, 100 MiB
+  torchrun --nproc-per-node 4 bench/ddp_zoo.py --model resnet18 --size full --batch 64
 
-The replica (torch_zoo.py's GPT and GPT_SIZES, shared with that script) has
-the zoo's layout, sizes and initialization: nanoGPT's GPT-2
-(pre-LayerNorm blocks, attention written out as QK^T/sqrt(d), causal mask,
-softmax, @V; a 4x GELU MLP; the head tied to the token embedding). The step
-is the zoo's too: mean cross-entropy over every token, backward, AdamW(3e-4)
-(torch's default, the foreach implementation on CUDA). Each timed step ends by
-reading the loss, which waits for the step's kernels, as the C++ rows do. Rows
-are printed as `name  ms/step  samples/s` (samples of the global batch).
+The replicas are torch_zoo.py's (the zoo's layout, sizes and
+initialization; GPT is nanoGPT's GPT-2 with its head tied to the token
+embedding, ResNet-18 torchvision's at 224^2 with 1000 classes), and so is
+each rank's batch (the zoo's example batch, seeded by rank). The step is
+the zoo's too: mean cross-entropy, backward, AdamW(3e-4) (torch's default,
+the foreach implementation on CUDA). DDP keeps its defaults (BatchNorm's
+running statistics broadcast from rank 0 at every forward). Each timed
+step ends by reading the loss, which waits for the step's kernels, as the
+C++ rows do. Rows are printed as `name  ms/step  samples/s` (samples of the
+global batch).
 """
 import argparse
 import os
@@ -21,9 +24,7 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch_zoo import GPT
-from torch_zoo import GPT_SIZES as SIZES
+from torch_zoo import MODEL_NAMES, WithLoss, make_model
 
 
 def time_steps(name, model, batch, steps, global_batch, rank):
@@ -32,8 +33,7 @@ def time_steps(name, model, batch, steps, global_batch, rank):
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        logits = model(inputs)
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+        loss = model(inputs, targets)
         loss.backward()
         optimizer.step()
         return loss.item()
@@ -50,7 +50,8 @@ def time_steps(name, model, batch, steps, global_batch, rank):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size", choices=SIZES, default="small")
+    ap.add_argument("--model", choices=MODEL_NAMES, default="gpt")
+    ap.add_argument("--size", choices=("small", "full"), default="small")
     ap.add_argument("--batch", type=int, default=8, help="per GPU")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--buckets", default="1,4,25,100", help="DDP bucket_cap_mb values, comma-separated")
@@ -66,32 +67,31 @@ def main():
         torch.cuda.set_device(local)
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     device = torch.device("cuda", torch.cuda.current_device())
-    c = SIZES[args.size]
-    gen = torch.Generator().manual_seed(1 + rank)  # each rank a batch of its own
-    tokens = torch.randint(c["vocab_size"], (args.batch, c["block_size"] + 1), generator=gen)
-    batch = (tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device))
+    inputs, targets = make_model(args.model, args.size)[1](args.batch, 1 + rank)  # each rank a batch of its own
+    batch = (inputs.to(device), targets.to(device))
 
     def fresh():
         torch.manual_seed(0)
-        return GPT(c).to(device)
+        return WithLoss(make_model(args.model, args.size)[0]).to(device).train()
 
     if rank == 0:
         print(f"torch {torch.__version__}, {torch.cuda.get_device_name(device)}, {world} rank(s), "
-              f"gpt {args.size}, batch {args.batch} per GPU, matmul precision {args.matmul_precision}", flush=True)
+              f"{args.model} {args.size}, batch {args.batch} per GPU, matmul precision {args.matmul_precision}", flush=True)
     global_batch = args.batch * world
+    name = f"{args.model}-{args.size}"
     if not distributed:
-        time_steps(f"eager/gpt-{args.size}", fresh(), batch, args.steps, global_batch, rank)
+        time_steps(f"eager/{name}", fresh(), batch, args.steps, global_batch, rank)
         if args.compile:
-            time_steps(f"compile/gpt-{args.size}", torch.compile(fresh()), batch, args.steps, global_batch, rank)
+            time_steps(f"compile/{name}", torch.compile(fresh()), batch, args.steps, global_batch, rank)
         return
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     for mb in (float(b) for b in args.buckets.split(",")):
         model = DDP(fresh(), device_ids=[device.index], bucket_cap_mb=mb)
-        time_steps(f"ddp/gpt-{args.size}/{mb:g}", model, batch, args.steps, global_batch, rank)
+        time_steps(f"ddp/{name}/{mb:g}", model, batch, args.steps, global_batch, rank)
         if args.compile:
             model = torch.compile(DDP(fresh(), device_ids=[device.index], bucket_cap_mb=mb))
-            time_steps(f"ddp-compile/gpt-{args.size}/{mb:g}", model, batch, args.steps, global_batch, rank)
+            time_steps(f"ddp-compile/{name}/{mb:g}", model, batch, args.steps, global_batch, rank)
     dist.destroy_process_group()
 
 
