@@ -1,5 +1,6 @@
 #include "loop_ir.h"
 
+#include <crucible/ir/effects.h>
 #include <crucible/ir/tensor_meta.h>
 
 #include <c10/core/Scalar.h>
@@ -362,6 +363,7 @@ class Lowerer {
       for (const ir::Value* v : out->inputs()) --pending_[v];
     if (const ir::Node* out = g_.output_node())
       for (const ir::Value* v : out->inputs()) ensure_tensor(v);
+    sink_waits();
     return std::move(p_);
   }
 
@@ -404,7 +406,15 @@ class Lowerer {
   // parameter is written while the momentum still holds its old value, then
   // the momentum. A cycle (two copies that each read the other's input)
   // keeps graph order, and the realization before each write keeps it
-  // right.
+  // right. Among the copies free to go, the order also serves speed:
+  //  - first those that wait on no collective, then those whose
+  //    collective was issued earliest (Note [Sinking waits]), so that in a
+  //    data-parallel step the parameters whose gradients are reduced first
+  //    are updated while the last buckets are still on the wire;
+  //  - then a copy of the last one's size: a parameter's new value and its
+  //    optimizer state, one after the other, fuse into one loop group
+  //    (Note [Fusion]) that reads the gradient and the old state once;
+  //  - then graph order.
   static bool is_write_back(const ir::Node* n) {
     return n->is_call() && n->target() == "aten::copy_" && n->num_results() == 1 && !n->result()->has_users() &&
            n->arg(0).is_value() && n->arg(0).value()->node()->is_placeholder();
@@ -426,24 +436,35 @@ class Lowerer {
       probe.fn = l->second.fn;
       for (const Read& r : reads_of(p_, probe, probe.numel(), 1)) reads[i].insert(r.buffer);
     }
+    auto numel_of = [](const ir::Node* copy) {
+      const ir::Value* d = copy->arg(0).value();
+      return d->has_meta() ? d->meta().numel() : int64_t{-1};
+    };
+    // blockers[j]: the pending copies other than j that read what j overwrites.
+    std::vector<int> blockers(copies.size(), 0);
+    std::vector<size_t> ready(copies.size(), 0);  // 0: waits on nothing; else 1 + its collective's position
+    for (size_t i = 0; i < copies.size(); ++i) {
+      for (size_t j = 0; j < copies.size(); ++j)
+        if (i != j && dst[j] >= 0 && reads[i].contains(dst[j])) ++blockers[j];
+      for (int b : reads[i])
+        if (auto w = waited_.find(b); w != waited_.end()) ready[i] = std::max(ready[i], 1 + w->second);
+    }
     std::vector<const ir::Node*> order;
     std::vector<bool> done(copies.size(), false);
-    for (size_t emitted = 0; emitted < copies.size();) {
-      // The first copy in graph order whose input no other pending copy reads.
+    int64_t last_numel = -1;
+    while (order.size() < copies.size()) {
       size_t pick = copies.size();
-      for (size_t j = 0; j < copies.size() && pick == copies.size(); ++j) {
-        if (done[j]) continue;
-        bool read_by_other = false;
-        for (size_t i = 0; i < copies.size() && !read_by_other; ++i)
-          read_by_other = i != j && !done[i] && dst[j] >= 0 && reads[i].contains(dst[j]);
-        if (!read_by_other) pick = j;
-      }
+      auto key = [&](size_t j) { return std::make_tuple(ready[j], numel_of(copies[j]) != last_numel, j); };
+      for (size_t j = 0; j < copies.size(); ++j)
+        if (!done[j] && blockers[j] == 0 && (pick == copies.size() || key(j) < key(pick))) pick = j;
       if (pick == copies.size())  // a cycle: graph order
         for (size_t j = 0; j < copies.size() && pick == copies.size(); ++j)
           if (!done[j]) pick = j;
       done[pick] = true;
+      for (size_t j = 0; j < copies.size(); ++j)
+        if (j != pick && dst[j] >= 0 && reads[pick].contains(dst[j])) --blockers[j];
       order.push_back(copies[pick]);
-      ++emitted;
+      last_numel = numel_of(copies[pick]);
     }
     return order;
   }
@@ -1077,6 +1098,63 @@ class Lowerer {
     p_.items.push_back({n, -1});
     for (const auto& r : n->results())
       if (loop_tensor(r.get()) || host_scalar(r.get())) add_buffer(r.get(), Buffer::Extern);
+    if (is_wait(n) && n->arg(0).is_value())
+      for (const auto& r : n->results())
+        if (auto b = p_.buffer_of.find(r.get()); b != p_.buffer_of.end())
+          waited_.emplace(b->second, order_.at(n->arg(0).value()->node()));
+  }
+
+  // A wait for a collective (crucible::wait_tensor, _c10d_functional's).
+  static bool is_wait(const ir::Node* n) { return ir::is_collective(*n) && n->target().ends_with("::wait_tensor"); }
+
+  // Note [Sinking waits]
+  // A wait makes what follows it on the stream wait for a collective (on
+  // the host, for Gloo). Lowering meets it where the graph put it, before
+  // the first node that reads its result; but the loops reading it run
+  // where they are realized, often much later (an optimizer's update is
+  // computed at its parameter's write-back, Note [Trailing write-backs]).
+  // So each wait moves down the items to just before the first item that
+  // reads what it returns, and the work in between runs while the
+  // collective is in flight (torch/_inductor/comms.py's sink_waits). Waits
+  // do not write what other items read, and every rank lowers the same
+  // graph the same way, so the ranks still issue their collectives in one
+  // order.
+  void sink_waits() {
+    if (std::none_of(p_.items.begin(), p_.items.end(),
+                     [](const Item& it) { return it.extern_node && is_wait(it.extern_node); }))
+      return;
+    std::vector<Item> items;
+    items.reserve(p_.items.size());
+    std::vector<std::pair<Item, std::vector<int>>> held;  // waits not yet needed, and the buffers they return
+    auto buffers_of = [&](const ir::Node* n) {
+      std::vector<int> out;
+      for (const auto& r : n->results())
+        if (auto b = p_.buffer_of.find(r.get()); b != p_.buffer_of.end()) out.push_back(b->second);
+      return out;
+    };
+    for (const Item& it : p_.items) {
+      if (it.extern_node && is_wait(it.extern_node)) {
+        held.emplace_back(it, buffers_of(it.extern_node));
+        continue;
+      }
+      std::unordered_set<int> reads;
+      if (it.extern_node) {
+        for (const ir::Value* v : it.extern_node->inputs())
+          for (const ir::Value* u : {v, root(v)})
+            if (auto b = p_.buffer_of.find(u); b != p_.buffer_of.end()) reads.insert(b->second);
+      } else {
+        const Loop& l = p_.loops[static_cast<size_t>(it.loop)];
+        for (const Read& r : reads_of(p_, l, l.numel(), l.reduction ? l.rnumel() : 1)) reads.insert(r.buffer);
+      }
+      std::erase_if(held, [&](const auto& h) {
+        const bool needed = std::any_of(h.second.begin(), h.second.end(), [&](int b) { return reads.contains(b); });
+        if (needed) items.push_back(h.first);
+        return needed;
+      });
+      items.push_back(it);
+    }
+    for (const auto& h : held) items.push_back(h.first);
+    p_.items = std::move(items);
   }
 
   // Note [In-place write-backs]
@@ -1123,6 +1201,7 @@ class Lowerer {
   std::unordered_map<const ir::Node*, size_t> order_;
   std::unordered_map<const ir::Value*, Lazy> lazy_;
   std::unordered_map<const ir::Value*, int> pending_;
+  std::unordered_map<int, size_t> waited_;  // a wait's result buffer -> where its collective was issued
   std::unordered_set<const ir::Value*> outputs_;
 };
 

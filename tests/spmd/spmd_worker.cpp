@@ -11,11 +11,14 @@
 //             per gradient) was compiled on the same group.
 // Per-rank batch 4; batches are the model's example_batch(4 * world, step).
 // CRUCIBLE_TEST_DEVICE=cuda trains on cuda:(LOCAL_RANK mod GPUs), and
-// CRUCIBLE_TEST_BACKEND picks the group's backend (default: auto).
+// CRUCIBLE_TEST_BACKEND picks the group's backend (default: auto), and
+// CRUCIBLE_TEST_COMPILER the step's (default: interpreter; inductor traces
+// with the core decompositions, as crucible train does for it).
 #include <crucible/models/zoo.h>
 #include <crucible/spmd/api.h>
 #include <crucible/spmd/collectives.h>
 #include <crucible/spmd/process_group.h>
+#include <crucible/tracer/decomposition.h>
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -92,6 +95,10 @@ int main(int argc, char** argv) {
   }
   spmd::SpmdOptions options;
   options.parallel_mode.bucket_bytes = bucket_bytes;
+  if (const char* compiler = std::getenv("CRUCIBLE_TEST_COMPILER")) {
+    options.builder.backend(compiler);
+    if (std::string(compiler) == "inductor") options.builder.decompositions(tracer::core_aten_decompositions());
+  }
   spmd::SpmdStep step = spmd::compile(model.module, *opt, models::loss_of(model), options);
 
   std::vector<double> losses;
