@@ -485,9 +485,9 @@ std::string render_group(const Program& p, const Group& g, const GroupInfo& info
   if (keep) body.keep_inner_values();
   std::vector<RowPiece> pieces;  // the outer loop's body
   std::string per_inner;         // a split pointwise kernel: the body of its inner loop
-  auto once = [&](std::string text) { pieces.push_back({std::move(text), false, {}, {}}); };
+  auto once = [&](std::string text) { pieces.push_back({std::move(text), false, {}, {}, {}, {}}); };
   auto over_row = [&](std::string pragma, std::string text) {
-    pieces.push_back({std::move(text), true, body.take_defs(), std::move(pragma)});
+    pieces.push_back({std::move(text), true, body.take_defs(), std::move(pragma), {}, {}});
   };
   int acc_counter = 0;
   const Split split = split_loops(p, g, info);
@@ -754,7 +754,8 @@ Schedule compile_schedule(const ir::Graph& graph, int threads) {
     const Group& g = s.groups[gi];
     const std::string body = p.device.is_cuda() ? render_cuda_group(p, g, info[gi], sig.name, sig)
                                                 : render_group(p, g, info[gi], sig.name, threads, sig);
-    s.source += "// " + sig.name + " (" + shape(g) + ") fuses: " + sig.fuses + "\n" + body + "\n";
+    s.source += std::string(p.device.is_cuda() ? kCudaUnitBreak : "") + "// " + sig.name + " (" + shape(g) +
+                ") fuses: " + sig.fuses + "\n" + body + "\n";
     s.kernels.push_back(std::move(sig));
   };
   if (!p.device.is_cuda()) {
@@ -781,7 +782,7 @@ Schedule compile_schedule(const ir::Graph& graph, int threads) {
           comment += "//   kernel_" + std::to_string(gi) + " (" + shape(s.groups[gi]) + "): " + fuses(gi) + "\n";
           sig.fuses += std::string(sig.fuses.empty() ? "" : " | ") + fuses(gi);
         }
-        s.source += comment + render_cuda_combined(p, groups, infos, sig.name, sig) + "\n";
+        s.source += kCudaUnitBreak + comment + render_cuda_combined(p, groups, infos, sig.name, sig) + "\n";
         s.kernels.push_back(std::move(sig));
       }
       if (!run.empty()) steps.push_back({nullptr, static_cast<int>(s.kernels.size()) - 1});

@@ -84,6 +84,12 @@ std::string render_cuda_group(const Program& p, const Group& g, GroupInfo& info,
 std::string render_cuda_combined(const Program& p, const std::vector<const Group*>& groups,
                                  const std::vector<GroupInfo*>& infos, const std::string& name, KernelSignature& sig);
 
+/// The line the CUDA renderer puts before each kernel it renders: the
+/// source splits there into units NVRTC compiles side by side, each of
+/// them the prelude (everything before the first break) and some kernels
+/// (Note [Parallel NVRTC] in cuda_builder.cpp).
+inline constexpr const char* kCudaUnitBreak = "// ---- unit break (Note [Parallel NVRTC]) ----\n";
+
 /// What every generated CUDA translation unit starts with: the integer
 /// types and math functions the loop bodies name, for NVRTC, which has no
 /// standard library.

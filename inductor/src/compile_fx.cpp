@@ -446,11 +446,11 @@ InductorOptions InductorOptions::from_environment() {
   return o;
 }
 
-std::string compile_cuda(const ir::Graph& graph, const std::string& arch, const InductorOptions& options) {
+std::vector<std::string> compile_cuda(const ir::Graph& graph, const std::string& arch, const InductorOptions& options) {
   const ir::Graph g = prepared(graph);
   detail::Schedule s = detail::compile_schedule(g, 0);
   if (s.source.empty() || !s.program.device.is_cuda()) return {};
-  return detail::compile_cubin(s.source, arch, options);
+  return detail::compile_cubins(s.source, arch, options);
 }
 
 ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Tensor>& /*example_inputs*/,
@@ -494,7 +494,7 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
       c10::DeviceGuard guard(plan->device);
       const int index = plan->device.index() < 0 ? 0 : plan->device.index();
       const std::string arch = options.cuda_arch.empty() ? detail::device_arch(index) : options.cuda_arch;
-      plan->cuda = std::make_shared<detail::CudaLibrary>(detail::compile_cubin(source, arch, options), index);
+      plan->cuda = std::make_shared<detail::CudaLibrary>(detail::compile_cubins(source, arch, options), index);
     } else if (!source.empty()) {
       plan->library = detail::compile_and_load(source, options);
     }

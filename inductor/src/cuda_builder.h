@@ -10,11 +10,25 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace crucible::inductor::detail {
 
 /// Whether this build has NVRTC (found at configure time).
 bool have_nvrtc();
+
+/// The translation units of a generated CUDA source (Note [Parallel
+/// NVRTC] in cuda_builder.cpp): the prelude and a share of the kernels
+/// each, every kernel in one unit; the whole source when it has no unit
+/// break. Deterministic: the same source splits the same way on every
+/// machine, so each unit's cubin is found in the cache again.
+std::vector<std::string> cuda_units(const std::string& source);
+
+/// The cubins of `source`'s units (cuda_units), compiled by compile_cubin
+/// on up to one thread per hardware thread. Throws what compile_cubin
+/// throws for the first unit that fails.
+std::vector<std::string> compile_cubins(const std::string& source, const std::string& arch,
+                                        const InductorOptions& options);
 
 /// The cubin (its bytes) of CUDA C++ `source` compiled by NVRTC for `arch`
 /// ("sm_90"), through the cache: the key hashes the source, the
@@ -29,18 +43,18 @@ std::string compile_cubin(const std::string& source, const std::string& arch, co
 /// is newer than this NVRTC knows.
 std::string device_arch(int device);
 
-/// A cubin loaded for one device (the driver's context-independent
-/// library, cuLibraryLoadData), its kernels looked up by name.
+/// Cubins loaded for one device (the driver's context-independent
+/// libraries, cuLibraryLoadData), their kernels looked up by name.
 class CudaLibrary {
  public:
-  /// Throws InductorError when the driver rejects `cubin` (a corrupt file,
-  /// another architecture), quoting its error.
-  CudaLibrary(const std::string& cubin, int device);
+  /// Throws InductorError when the driver rejects one of `cubins` (a
+  /// corrupt file, another architecture), quoting its error.
+  CudaLibrary(const std::vector<std::string>& cubins, int device);
   ~CudaLibrary();
   CudaLibrary(const CudaLibrary&) = delete;
   CudaLibrary& operator=(const CudaLibrary&) = delete;
 
-  /// The kernel `name`. Throws InductorError if the cubin has none.
+  /// The kernel `name`. Throws InductorError if no cubin has it.
   void* kernel(const std::string& name) const;
 
   /// Launches `kernel` on `stream` (a cudaStream_t of this library's
@@ -52,7 +66,7 @@ class CudaLibrary {
   void launch(void* kernel, const std::string& name, const Launch& launch, void* stream, void** args) const;
 
  private:
-  void* library_ = nullptr;
+  std::vector<void*> libraries_;
   int device_ = 0;
   int64_t max_blocks_ = 0;
 };

@@ -371,7 +371,7 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
   // The row's program: text run once per row, and loops over its elements
   // (a stage's statements and the level-2 values they define).
   std::vector<RowPiece> pieces;
-  auto once = [&](std::string text) { pieces.push_back({std::move(text), false, {}, {}}); };
+  auto once = [&](std::string text) { pieces.push_back({std::move(text), false, {}, {}, {}, {}}); };
   auto over_row = [&](std::string text) {
     pieces.push_back({std::move(text), true, body.take_defs(), {}, body.take_vector_lines(), body.take_after()});
   };

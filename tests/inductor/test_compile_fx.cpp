@@ -623,3 +623,45 @@ TEST_CASE("channels-last convolutions: a GPU graph's convolution operands are co
   // The ReLU between the convolutions is computed channels-last.
   CHECK(occurrences(ir, "Float[2, 8, 16, 16] stride=[2048, 1, 128, 8]") >= 1);
 }
+
+TEST_CASE("a large graph's CUDA code compiles as several NVRTC units, each kernel in one of them",
+          "[inductor][nvrtc]") {
+  // Note [Parallel NVRTC]: 60 pointwise kernels, kept apart by matmuls,
+  // make more source than one unit holds. Compiled without a GPU.
+  ir::Graph g;
+  const at::Tensor x = at::randn({16, 16}), w = at::randn({16, 16});
+  ir::Value* v = g.add_placeholder("x", ir::TensorMeta::of(x));
+  ir::Value* pw = g.add_placeholder("w", ir::TensorMeta::of(w));
+  for (int i = 0; i < 60; ++i) {
+    ir::Value* scaled = g.add_call("aten::mul.Scalar", {v, c10::Scalar(1.0 + i)})->result();
+    ir::Value* shifted = g.add_call("aten::tanh", {scaled})->result();
+    v = g.add_call("aten::mm", {shifted, pw})->result();
+  }
+  g.set_output({v});
+  ir::propagate_meta(g);
+  crucible::testing::relabel_device(g, c10::Device(c10::kCUDA, 0));
+  const std::string source = inductor::generate_code(g).source;
+  std::vector<std::string> names;
+  for (size_t at = source.find("__global__ void "); at != std::string::npos;
+       at = source.find("__global__ void ", at + 1)) {
+    const size_t start = source.find(") ", at) + 2;  // after __launch_bounds__(...)
+    names.push_back(source.substr(start, source.find('(', start) - start));
+  }
+  REQUIRE(names.size() == 60);
+  inductor::InductorOptions o;
+  o.cache_dir = crucible::testing::temp_dir("crucible-nvrtc-units");
+  const std::vector<std::string> cubins = inductor::compile_cuda(g, "sm_90", o);
+  REQUIRE(cubins.size() >= 2);
+  for (const std::string& cubin : cubins)
+    REQUIRE(cubin.compare(0, 4,
+                          "\x7f"
+                          "ELF") == 0);
+  for (const std::string& name : names) {  // the symbol table names it, NUL-terminated
+    CAPTURE(name);
+    const std::string symbol = name + std::string(1, '\0');
+    CHECK(std::count_if(cubins.begin(), cubins.end(),
+                        [&](const std::string& c) { return c.find(symbol) != std::string::npos; }) == 1);
+  }
+  // The same source splits the same way: the second compile is all cache hits.
+  CHECK(inductor::compile_cuda(g, "sm_90", o) == cubins);
+}

@@ -70,11 +70,15 @@ struct GeneratedCode {
 /// Needs no GPU and no compiler.
 GeneratedCode generate_code(const ir::Graph& graph);
 
-/// The cubin NVRTC makes of `graph`'s CUDA code for `arch` (e.g. "sm_90"),
-/// through the cache of `options`; empty when `graph` generates no CUDA
-/// code. Runs without a GPU: the check that every generated kernel
-/// compiles. Throws InductorError as compile_fx_inner does for NVRTC.
-std::string compile_cuda(const ir::Graph& graph, const std::string& arch, const InductorOptions& options = {});
+/// The cubins NVRTC makes of `graph`'s CUDA code for `arch` (e.g.
+/// "sm_90"), one per translation unit (a large graph's kernels are split
+/// into units compiled side by side: Note [Parallel NVRTC] in
+/// src/cuda_builder.cpp), through the cache of `options`; empty when
+/// `graph` generates no CUDA code. Runs without a GPU: the check that
+/// every generated kernel compiles. Throws InductorError as
+/// compile_fx_inner does for NVRTC.
+std::vector<std::string> compile_cuda(const ir::Graph& graph, const std::string& arch,
+                                      const InductorOptions& options = {});
 
 /// The loop-level IR compile_fx_inner lowers `graph` to, as text: each
 /// extern kernel, and each loop with the buffer it writes (sizes, strides),
