@@ -7,7 +7,11 @@ src=$1 work=$2 torch=$3 extra=${4:-}
 mkdir -p "$work/project/subprojects"
 cp "$src/examples/consumer/meson.build" "$src/examples/consumer/main.cpp" "$work/project/"
 ln -sfn "$src" "$work/project/subprojects/crucible"
-args=("-Dcrucible:torch_prefix=$torch")
+# Crucible's sources compile as unity blocks here (meson's unity=subprojects):
+# the main build compiles each file alone already, and this build's job is
+# the subproject's wiring, which unity keeps; it halves this build's time
+# (6.4 to 3.6 min on the 2-core VM).
+args=("-Dcrucible:torch_prefix=$torch" -Dunity=subprojects)
 [ -n "$extra" ] && args+=("-Dcrucible:extra_prefix=$extra")
 if [ -f "$work/build/build.ninja" ]; then
   meson configure "$work/build" "${args[@]}" >/dev/null
