@@ -23,6 +23,8 @@
 // DIR/<row>_<model>[_<MB>].rank<R>.step<K>.json, Chrome trace format; bench/trace_overlap.py
 // reads them: how much of the all_reduce ran under the backward).
 //
+// Under `crucible launch` the step rows count slowest_rank_ms: the most
+// milliseconds a step took on any rank (each row is rank 0's own time).
 // On a GPU the step rows count peak_MiB: the most memory the caching
 // allocator had handed out during the timed steps (tensors, not its cache).
 //
@@ -58,6 +60,8 @@
 #include <torch/nn/module.h>
 #include <torch/optim/adamw.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -172,7 +176,17 @@ void time_steps(benchmark::State& state, Step&& step) {
   const Shared& c = context();
   const bool gpu = c.device.is_cuda();
   if (gpu) at::accelerator::resetPeakStats(gpu_index());
+  const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) benchmark::DoNotOptimize(step().template item<double>());
+  if (c.group) {
+    // Rank 0 reports its own time; a data-parallel step waits for the slowest.
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
+                      static_cast<double>(state.iterations());
+    double slowest = 0;
+    for (const std::string& v : c.group->all_gather_string("step_ms", std::to_string(ms)))
+      slowest = std::max(slowest, std::stod(v));
+    state.counters["slowest_rank_ms"] = slowest;
+  }
   if (gpu) {
     const auto stats = at::accelerator::getDeviceStats(gpu_index());
     state.counters["peak_MiB"] = static_cast<double>(stats.allocated_bytes[0].peak) / (1 << 20);
