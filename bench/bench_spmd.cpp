@@ -20,8 +20,9 @@
 // runtime::AutocastGuard), --trace DIR (after a step row's timed steps,
 // three more steps each recorded by PyTorch's profiler (Kineto: host ops
 // and every GPU kernel, NCCL's included, with its stream) into
-// DIR/<row>_<model>[_<MB>].rank<R>.step<K>.json, Chrome trace format; bench/trace_overlap.py
-// reads them: how much of the all_reduce ran under the backward).
+// DIR/<row>_<model>[_<MB>].rank<R>.step<K>.json, Chrome trace format;
+// bench/trace_overlap.py reads them: how much of the all_reduce ran under
+// the backward).
 //
 // Under `crucible launch` the step rows count slowest_rank_ms: the most
 // milliseconds a step took on any rank (each row is rank 0's own time).

@@ -141,9 +141,10 @@ at::Tensor all_reduce_bucket_kernel(const at::TensorList inputs, c10::string_vie
 // a timeout sleeps between its polls, which each rank then added to its
 // step at random, and the next step's first collective waited for the
 // slowest rank (ResNet-18 on 4 H200s: 13.5 ms a step through
-// WorkNCCL::wait, 8.9 ms polled here, 8.4 ms on one GPU). A timeout aborts the communicator and becomes an SpmdError
-// naming the rank, as on Gloo, which completes on the host and waits with
-// the timeout at wait_tensor itself.
+// WorkNCCL::wait, 8.9 ms polled here, 8.4 ms on one GPU). A timeout aborts
+// the communicator and becomes an SpmdError naming the rank, as on Gloo,
+// which completes on the host and waits with the timeout at wait_tensor
+// itself.
 //
 // Note [A failed collective]
 // Once one collective of a group failed, none of its others can complete.
