@@ -15,7 +15,6 @@
 #include <crucible/autograd/aot_module.h>
 #include <crucible/data/batcher.h>
 #include <crucible/data/fashion_mnist.h>
-#include <crucible/data/synthetic_tokens.h>
 #include <crucible/models/zoo.h>
 #include <crucible/pipeline/backend_registry.h>
 #include <crucible/pipeline/builder.h>
@@ -118,23 +117,20 @@ Data fashion_mnist_data(const TrainCommandOptions& o) {
 }
 
 Data synthetic_data(const TrainCommandOptions& o, const models::Model& model) {
+  // The model's own example batches, so that the data has the model's shapes
+  // at every --size (GPT-2 small's T = 1024 and vocabulary 50257 with --size
+  // full): batch `step` is example_batch(batch, seed + step), the held-out
+  // batches come from seeds far past any step.
   Data d;
-  if (o.model == "gpt") {
-    const models::GptConfig c;
-    const data::SyntheticTokenOptions train{c.vocab_size, c.block_size, o.batch, o.seed};
-    data::SyntheticTokenOptions test = train;
-    test.seed = o.seed + 1'000'003;  // another stream: held out
-    d.description = "synthetic token sequences (vocabulary " + std::to_string(c.vocab_size) + ", length " +
-                    std::to_string(c.block_size) + ")";
-    d.train_batch = [train](int64_t step) { return data::synthetic_token_batch(train, step); };
-    for (int64_t i = 0; i < 10; ++i) d.test_batches.push_back(data::synthetic_token_batch(test, i));
-  } else {
-    d.description = "synthetic images (N(0, 1) pixels, uniform labels: nothing to learn)";
-    d.train_batch = [examples = model.example_batch, b = o.batch, seed = o.seed](int64_t step) {
-      return examples(b, seed + static_cast<uint64_t>(step));
-    };
-    for (int64_t i = 0; i < 10; ++i) d.test_batches.push_back(model.example_batch(o.batch, o.seed + 1'000'000 + i));
-  }
+  const data::Batch first = model.example_batch(o.batch, o.seed);
+  d.description = !first.inputs.is_floating_point() ? "synthetic token sequences " + c10::str(first.inputs.sizes()) +
+                                                          " (arithmetic sequences modulo the vocabulary: learnable)"
+                                                    : "synthetic images " + c10::str(first.inputs.sizes()) +
+                                                          " (N(0, 1) pixels, uniform labels: nothing to learn)";
+  d.train_batch = [examples = model.example_batch, b = o.batch, seed = o.seed](int64_t step) {
+    return examples(b, seed + static_cast<uint64_t>(step));
+  };
+  for (int64_t i = 0; i < 10; ++i) d.test_batches.push_back(model.example_batch(o.batch, o.seed + 1'000'000 + i));
   return d;
 }
 
