@@ -455,6 +455,16 @@ std::vector<std::string> compile_cuda(const ir::Graph& graph, const std::string&
 
 ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Tensor>& /*example_inputs*/,
                                 const InductorOptions& options) {
+  // With options.profile, the compile's own phases are printed too: where
+  // a cold compile spends its seconds (Note [Per-step profile]).
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point started = Clock::now();
+  std::vector<std::pair<const char*, double>> phases;
+  auto phase_done = [&, last = started](const char* name) mutable {
+    const Clock::time_point now = Clock::now();
+    phases.emplace_back(name, std::chrono::duration<double, std::milli>(now - last).count());
+    last = now;
+  };
   auto plan = std::make_shared<Plan>();
   plan->graph = std::make_shared<ir::Graph>(prepared(graph));
   if (!plan->graph->output_node())
@@ -470,6 +480,7 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
     return ir::interpret(graph);
   }
   counters.add("inductor", !key ? "fxgraph_cache_bypass" : cached ? "fxgraph_cache_hit" : "fxgraph_cache_miss");
+  phase_done("passes and graph cache lookup");
   detail::CompiledSchedule s;
   if (cached) {
     s = std::move(*cached);
@@ -483,6 +494,7 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
       return ir::interpret(graph);
     }
   }
+  phase_done(cached ? "schedule (cached)" : "schedule (lowering, fusion, rendering)");
   const std::string& source = s.source;
   plan->device = s.device;
   if (options.print_generated_code && !source.empty()) std::cerr << source;
@@ -494,9 +506,13 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
       c10::DeviceGuard guard(plan->device);
       const int index = plan->device.index() < 0 ? 0 : plan->device.index();
       const std::string arch = options.cuda_arch.empty() ? detail::device_arch(index) : options.cuda_arch;
-      plan->cuda = std::make_shared<detail::CudaLibrary>(detail::compile_cubins(source, arch, options), index);
+      const std::vector<std::string> cubins = detail::compile_cubins(source, arch, options);
+      phase_done("NVRTC (or its cache)");
+      plan->cuda = std::make_shared<detail::CudaLibrary>(cubins, index);
+      phase_done("loading cubins");
     } else if (!source.empty()) {
       plan->library = detail::compile_and_load(source, options);
+      phase_done("C++ compiler (or its cache) and dlopen");
     }
   } catch (const InductorError&) {
     if (!options.fallback_to_eager) throw;
@@ -516,8 +532,17 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
       TORCH_WARN("inductor: the graph cache entry was not written: ", e.what());
     }
   }
+  phase_done("run-time plan");
   plan->profile = options.profile;
-  if (plan->profile) plan->times.resize(plan->steps.size());
+  if (plan->profile) {
+    plan->times.resize(plan->steps.size());
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(1) << "inductor compile "
+       << std::chrono::duration<double, std::milli>(Clock::now() - started).count() << " ms:";
+    for (size_t i = 0; i < phases.size(); ++i)
+      os << (i ? "; " : " ") << phases[i].first << " " << phases[i].second << " ms";
+    std::cerr << os.str() << "\n";
+  }
   ir::CompiledFn fn = [plan](std::vector<at::Tensor>& inputs) {
     if (inputs.size() != plan->input_slots.size())
       throw InductorError("inductor: the compiled graph takes " + std::to_string(plan->input_slots.size()) +

@@ -34,7 +34,10 @@ struct InductorOptions {
   /// Time every step of each call (generated and extern kernels; CUDA
   /// events on a GPU) and print to stderr, when the compiled function is
   /// destroyed, the steps that took longest, in ms per call (Note [Per-step
-  /// profile] in src/compile_fx.cpp). Slows the calls down.
+  /// profile] in src/compile_fx.cpp). Slows the calls down. Also prints,
+  /// once compiled, the compile's phases in ms (passes and cache lookup;
+  /// lowering, fusion and rendering; NVRTC or the C++ compiler; loading;
+  /// the run-time plan).
   bool profile = false;
   /// Capture each compiled CUDA graph's calls as a CUDA graph and replay it
   /// (torch.compile's mode="reduce-overhead"; Note [CUDA graphs] in
