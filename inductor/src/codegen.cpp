@@ -694,6 +694,54 @@ static inline uint16_t crucible_float_to_f16(float f) {
 // below CUDA's limit on a kernel's parameter bytes).
 constexpr size_t kMaxCombined = 24;
 
+// Note [Identical kernels]
+// A transformer's layers fuse into the same kernels over other buffers:
+// GPT-2 small's training step (core decompositions) renders 320 CUDA
+// kernels of 38 distinct bodies. As TorchInductor names a kernel by its
+// source and defines each source once (the wrapper's src_to_kernel), a
+// kernel whose text equals an earlier one's up to its name and its
+// buffers' names is not rendered again: its signature takes the earlier
+// kernel's name, and the source keeps only its comment, saying whose code
+// it runs. Buffers are passed by position, and the text spells out every
+// size, stride, dtype and constant, so equal text is the same computation
+// on the arguments given. NVRTC and the C++ compiler then see each body
+// once.
+//
+// `text` with the kernel's name and every buffer name of `p` in it
+// replaced by a position (buffers numbered in order of first appearance),
+// so that two kernels compare equal exactly when they differ only there.
+// Buffer names are "buf<index>_<value>" (lowering.cpp), and derived
+// identifiers (red_<buffer>, row_<buffer>) contain them whole: a
+// left-to-right scan that replaces the full name found at each "buf<digits>_"
+// consumes each name once.
+std::string canonical_kernel_text(const Program& p, const std::string& text, const std::string& name) {
+  std::string out;
+  out.reserve(text.size());
+  std::unordered_map<size_t, size_t> position;
+  auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (size_t i = 0; i < text.size();) {
+    if (text.compare(i, name.size(), name) == 0 && (i + name.size() == text.size() || !ident(text[i + name.size()])) &&
+        (i == 0 || !ident(text[i - 1]))) {
+      out += "\x01K";
+      i += name.size();
+      continue;
+    }
+    if (text.compare(i, 3, "buf") == 0) {
+      size_t j = i + 3, index = 0;
+      while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j])))
+        index = index * 10 + (text[j++] - '0');
+      if (j > i + 3 && j < text.size() && text[j] == '_' && index < p.buffers.size() &&
+          text.compare(i, p.buffers[index].name.size(), p.buffers[index].name) == 0) {
+        out += "\x01B" + std::to_string(position.emplace(index, position.size()).first->second) + "\x01";
+        i += p.buffers[index].name.size();
+        continue;
+      }
+    }
+    out += text[i++];
+  }
+  return out;
+}
+
 Schedule compile_schedule(const ir::Graph& graph, int threads) {
   Schedule s;
   s.program = lower(graph);
@@ -747,6 +795,18 @@ Schedule compile_schedule(const ir::Graph& graph, int threads) {
     return g.tiled ? "outer " + std::to_string(g.outer) + " × inner " + std::to_string(g.inner)
                    : std::to_string(g.outer) + " elements";
   };
+  // Note [Identical kernels]: canonical text -> the kernel defined with it.
+  std::unordered_map<std::string, std::string> defined;
+  auto emit = [&](KernelSignature sig, const std::string& comment, const std::string& body) {
+    auto [it, fresh] = defined.try_emplace(canonical_kernel_text(p, body, sig.name), sig.name);
+    if (fresh) {
+      s.source += std::string(p.device.is_cuda() ? kCudaUnitBreak : "") + comment + body + "\n";
+    } else {
+      s.source += comment + "//   runs " + it->second + "'s code (Note [Identical kernels])\n";
+      sig.name = it->second;
+    }
+    s.kernels.push_back(std::move(sig));
+  };
   auto render = [&](size_t gi) {
     KernelSignature sig;
     sig.name = "kernel_" + std::to_string(gi);
@@ -754,9 +814,8 @@ Schedule compile_schedule(const ir::Graph& graph, int threads) {
     const Group& g = s.groups[gi];
     const std::string body = p.device.is_cuda() ? render_cuda_group(p, g, info[gi], sig.name, sig)
                                                 : render_group(p, g, info[gi], sig.name, threads, sig);
-    s.source += std::string(p.device.is_cuda() ? kCudaUnitBreak : "") + "// " + sig.name + " (" + shape(g) +
-                ") fuses: " + sig.fuses + "\n" + body + "\n";
-    s.kernels.push_back(std::move(sig));
+    const std::string comment = "// " + sig.name + " (" + shape(g) + ") fuses: " + sig.fuses + "\n";
+    emit(std::move(sig), comment, body);
   };
   if (!p.device.is_cuda()) {
     for (size_t gi = 0; gi < s.groups.size(); ++gi) render(gi);
@@ -782,8 +841,8 @@ Schedule compile_schedule(const ir::Graph& graph, int threads) {
           comment += "//   kernel_" + std::to_string(gi) + " (" + shape(s.groups[gi]) + "): " + fuses(gi) + "\n";
           sig.fuses += std::string(sig.fuses.empty() ? "" : " | ") + fuses(gi);
         }
-        s.source += kCudaUnitBreak + comment + render_cuda_combined(p, groups, infos, sig.name, sig) + "\n";
-        s.kernels.push_back(std::move(sig));
+        const std::string body = render_cuda_combined(p, groups, infos, sig.name, sig);
+        emit(std::move(sig), comment, body);
       }
       if (!run.empty()) steps.push_back({nullptr, static_cast<int>(s.kernels.size()) - 1});
       run.clear();

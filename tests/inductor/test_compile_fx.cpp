@@ -665,3 +665,42 @@ TEST_CASE("a large graph's CUDA code compiles as several NVRTC units, each kerne
   // The same source splits the same way: the second compile is all cache hits.
   CHECK(inductor::compile_cuda(g, "sm_90", o) == cubins);
 }
+
+TEST_CASE("kernels equal up to their buffers are defined once and run on each one's buffers", "[inductor]") {
+  // Note [Identical kernels]: the layers of a stack fuse into the same
+  // kernel over other buffers. Layers 0-3 compute tanh(2v); layer 4 scales
+  // by 3 and layer 5 squares v: other code, defined apart.
+  const at::Tensor x = at::randn({16, 16}), w = at::randn({16, 16}) / 4;
+  ir::Graph g;
+  ir::Value* v = g.add_placeholder("x", ir::TensorMeta::of(x));
+  ir::Value* pw = g.add_placeholder("w", ir::TensorMeta::of(w));
+  at::Tensor expected = x;
+  for (int i = 0; i < 6; ++i) {
+    ir::Value* scaled = i == 5   ? g.add_call("aten::mul.Tensor", {v, v})->result()
+                        : i == 4 ? g.add_call("aten::mul.Scalar", {v, c10::Scalar(3.0)})->result()
+                                 : g.add_call("aten::mul.Scalar", {v, c10::Scalar(2.0)})->result();
+    v = g.add_call("aten::mm", {g.add_call("aten::tanh", {scaled})->result(), pw})->result();
+    expected = at::mm(at::tanh(i == 5 ? expected * expected : expected * (i == 4 ? 3.0 : 2.0)), w);
+  }
+  g.set_output({v});
+  ir::propagate_meta(g);
+  auto definitions = [](const std::string& source, const std::string& marker) {
+    size_t n = 0;
+    for (size_t at = source.find(marker); at != std::string::npos; at = source.find(marker, at + 1)) ++n;
+    return n;
+  };
+  const std::string cpp = inductor::generate_code(g).source;
+  INFO(cpp);
+  CHECK(definitions(cpp, "void kernel_") == 3);  // kernel_0 (layers 0-3), layer 4's, layer 5's
+  CHECK(definitions(cpp, "runs kernel_0's code") == 3);
+  ir::CompiledFn fn = inductor::compile_fx_inner(g, {x, w}, options());
+  // tanh is libm's in the kernel and Sleef's in eager, a few ulps apart,
+  // carried through six matmuls of values below 1: well inside 1e-5.
+  REQUIRE_CLOSE(run(fn, {x, w})[0], expected, 1e-5, 1e-6);
+
+  ir::Graph on_gpu = g.clone();
+  crucible::testing::relabel_device(on_gpu, c10::Device(c10::kCUDA, 0));
+  const std::string cuda = inductor::generate_code(on_gpu).source;
+  CHECK(definitions(cuda, "__global__") == 3);
+  CHECK(definitions(cuda, "runs kernel_0's code") == 3);
+}
