@@ -573,6 +573,31 @@ class Lowerer {
 
   // -- buffers and realization --
 
+  // A value lowered to a body (pointwise, a pad or a view), not yet realized.
+  void define_lazy(const ir::Value* v, Lazy l) {
+    lazy_[v] = std::move(l);
+    unrealized_.push_back(v);
+  }
+
+  // The buffers the body of lazy value `v` loads. Fixed once `v` is defined:
+  // its body inlines its producers' bodies as they were then, so a producer
+  // realized later changes nothing here. Memoized: before every mutating
+  // extern kernel the values still to be read are checked against what it
+  // writes (lower_extern), and a training step has one such write-back per
+  // parameter and optimizer state.
+  const std::vector<int>& buffers_read(const ir::Value* v) {
+    auto [it, fresh] = reads_.try_emplace(v);
+    if (fresh) {
+      Loop probe;
+      probe.sizes = lazy_.at(v).sizes;
+      probe.fn = lazy_.at(v).fn;
+      for (const Read& r : reads_of(p_, probe, probe.numel(), 1))
+        if (std::find(it->second.begin(), it->second.end(), r.buffer) == it->second.end())
+          it->second.push_back(r.buffer);
+    }
+    return it->second;
+  }
+
   int add_buffer(const ir::Value* v, Buffer::Kind kind) {
     Buffer b;
     b.kind = kind;
@@ -733,7 +758,7 @@ class Lowerer {
       if (rounds) e = round_to(dtype, e);
       return b.compute(e, level, R);
     };
-    lazy_[out] = std::move(l);
+    define_lazy(out, std::move(l));
     realize_if_costly(out);
   }
 
@@ -802,7 +827,7 @@ class Lowerer {
       std::string x = I == T ? v.name : "static_cast<" + T + ">(" + v.name + ")";
       return b.compute(inside.empty() ? x : "(" + inside + " ? " + x + " : " + fill + ")", std::max(level, v.level), T);
     };
-    lazy_[out] = std::move(l);
+    define_lazy(out, std::move(l));
     realize_if_costly(out);
   }
 
@@ -1040,7 +1065,7 @@ class Lowerer {
       l.base = base;
       PointwiseFn f = in.fn;
       l.fn = [f, map](Body& b, const std::vector<Expr>& i) { return f(b, map(i)); };
-      lazy_[out] = std::move(l);
+      define_lazy(out, std::move(l));
     }
     bool tensor = false;
     for (const auto& r : n->results()) tensor = tensor || needs_tensor(r.get());
@@ -1071,11 +1096,11 @@ class Lowerer {
       }
       // A view of a written buffer aliases it (its readers see the write, as
       // in eager); anything else computed from it is realized now.
+      std::erase_if(unrealized_, [&](const ir::Value* v) { return p_.buffer_of.contains(v) || pending_[v] <= 0; });
       std::vector<const ir::Value*> pending;
-      for (const auto& [v, l] : lazy_) {
-        if (p_.buffer_of.contains(v) || pending_[v] <= 0) continue;
+      for (const ir::Value* v : unrealized_) {
         auto rb = p_.buffer_of.find(root(v));
-        if (l.view && rb != p_.buffer_of.end() && written.contains(rb->second)) continue;
+        if (lazy_.at(v).view && rb != p_.buffer_of.end() && written.contains(rb->second)) continue;
         pending.push_back(v);
       }
       std::sort(pending.begin(), pending.end(), [&](const ir::Value* a, const ir::Value* b) {
@@ -1083,14 +1108,8 @@ class Lowerer {
                                                             : a->index() < b->index();
       });
       for (const ir::Value* v : pending) {
-        Loop probe;
-        probe.sizes = lazy_.at(v).sizes;
-        probe.fn = lazy_.at(v).fn;
-        for (const Read& r : reads_of(p_, probe, probe.numel(), 1))
-          if (written.contains(r.buffer)) {
-            realize(v);
-            break;
-          }
+        const std::vector<int>& reads = buffers_read(v);
+        if (std::any_of(reads.begin(), reads.end(), [&](int b) { return written.contains(b); })) realize(v);
       }
     }
     if (write_in_place(n)) return;
@@ -1200,6 +1219,10 @@ class Lowerer {
   std::unordered_map<const ir::Node*, Kind> kind_;
   std::unordered_map<const ir::Node*, size_t> order_;
   std::unordered_map<const ir::Value*, Lazy> lazy_;
+  // Lazy values that may still be read, in definition order: what lower_extern
+  // checks before a write (those realized or read by every user drop out).
+  std::vector<const ir::Value*> unrealized_;
+  std::unordered_map<const ir::Value*, std::vector<int>> reads_;  // buffers_read
   std::unordered_map<const ir::Value*, int> pending_;
   std::unordered_map<int, size_t> waited_;  // a wait's result buffer -> where its collective was issued
   std::unordered_set<const ir::Value*> outputs_;
