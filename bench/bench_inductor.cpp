@@ -15,16 +15,23 @@
 //   BM_InductorColumnSum/inductor       sum.dim_IntList over dim 0
 //   BM_InductorSum/eager                at::sum of every element of [8192, 1024] f32 (a loss's sum)
 //   BM_InductorSum/inductor             aten::sum: one reduction of outer size 1
+//   BM_InductorGenerateCode/gpt2-small  lowering, fusion and C++ rendering of GPT-2 small's
+//                                       training step (AdamW, batch 8, T 1024: about 7000 nodes,
+//                                       traced once in fake mode); no compiler runs
 // bytes_per_second counts the minimum traffic of each computation (every
 // input read once, every output written once), the same for its eager and
 // inductor rows, so the figures compare directly.
 #include <crucible/inductor/compile_fx.h>
 #include <crucible/ir/graph.h>
 #include <crucible/ir/propagate_meta.h>
+#include <crucible/models/zoo.h>
+#include <crucible/pipeline/builder.h>
+#include <crucible/tracer/decomposition.h>
 
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>
 #include <benchmark/benchmark.h>
+#include <torch/optim/adamw.h>
 
 #include <chrono>
 #include <filesystem>
@@ -298,8 +305,31 @@ void BM_InductorSum_inductor(benchmark::State& state) {
   set_bytes(state, kSumBytes);
 }
 
+// --- code generation for a large graph -----------------------------------------------------
+// What a cold compile spends before any compiler runs, on the largest graph
+// of the zoo: its lowering once had a check quadratic in the step's size.
+
+void BM_InductorGenerateCode_gpt2_small(benchmark::State& state) {
+  models::Model m = models::make_model("gpt", "full");
+  torch::optim::AdamW optimizer(m.module->parameters(), torch::optim::AdamWOptions(3e-4));
+  tracer::TraceOptions trace;
+  trace.mode = tracer::TraceMode::Fake;  // a real trace at T 1024 holds gigabytes of activations
+  trace.decompositions = tracer::core_aten_decompositions();
+  pipeline::Builder builder;
+  builder.backend("interpreter").trace_options(trace).passes(pipeline::Builder::default_passes());
+  pipeline::TrainStep step = builder.compile_train_step(m.module, optimizer, models::loss_of(m));
+  const data::Batch b = m.example_batch(8, 0);
+  step.compile({b.inputs, b.targets});
+  const ir::Graph& g = step.graph();
+  for (auto _ : state) benchmark::DoNotOptimize(inductor::generate_code(g));
+}
+
 }  // namespace
 
+BENCHMARK(BM_InductorGenerateCode_gpt2_small)
+    ->Name("BM_InductorGenerateCode/gpt2-small")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_InductorChain8_eager)->Name("BM_InductorChain8/eager")->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_InductorChain8_inductor)->Name("BM_InductorChain8/inductor")->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_InductorCopy)->Unit(benchmark::kMillisecond)->UseRealTime();
