@@ -206,6 +206,7 @@ class Planner {
     plan_reuse();
   }
 
+ private:
   // Note [Buffer reuse]
   // Memory planning, as TorchInductor's wrapper reuses a freed buffer for a
   // new one of the same size: a generated kernel's output takes the memory
@@ -226,7 +227,7 @@ class Planner {
       for (KernelArg& a : st.kernel_args) {
         if (!a.written || a.slot == kNone) continue;
         const int64_t bytes = span_bytes(a);
-        if (auto it = dead.find(bytes); it != dead.end() && !it->second.empty()) {
+        if (auto it = dead.find(bytes); bytes > 0 && it != dead.end() && !it->second.empty()) {
           a.reuse = it->second.back();
           it->second.pop_back();
           taken.insert(a.reuse);
@@ -250,7 +251,6 @@ class Planner {
     return (last + 1) * static_cast<int64_t>(c10::elementSize(a.dtype));
   }
 
- private:
   uint32_t define(const ir::Value* v) {
     auto slot = static_cast<uint32_t>(p_.num_slots++);
     slots_[v] = slot;
