@@ -716,8 +716,8 @@ TEST_CASE("a kernel's output takes the memory of a dead buffer of the same size"
   at::Tensor expected = x;
   ir::Value* kept = nullptr;
   for (int i = 0; i < 4; ++i) {
-    ir::Value* t = g.add_call("aten::tanh", {g.add_call("aten::mul.Scalar", {v, c10::Scalar(1.0 + i)})->result()})
-                       ->result();
+    ir::Value* t =
+        g.add_call("aten::tanh", {g.add_call("aten::mul.Scalar", {v, c10::Scalar(1.0 + i)})->result()})->result();
     if (i == 1) kept = g.add_call("aten::t", {t})->result();  // an alias returned by the graph
     v = g.add_call("aten::mm", {t, pw})->result();
     expected = at::mm(at::tanh(expected * (1.0 + i)), w);
