@@ -101,7 +101,11 @@ struct Step {
 // took the most time over all calls: what a reader needs to see where a
 // compiled graph spends its time (generated kernels against extern ones)
 // without a profiler. Events and the wait at the end of each call slow the
-// calls down: profiling is for looking, not for timing the whole.
+// calls down: profiling is for looking, not for timing the whole. The first
+// call is left out when later ones ran (as torch.profiler's warm-up): it
+// loads modules and makes cuBLAS's and cuDNN's handles, workspaces and
+// algorithm choices, which cost more than the GPT-2 step's lm-head matmuls
+// themselves would over ten calls.
 struct StepTime {
   double ms = 0;
   int64_t calls = 0;
@@ -118,7 +122,8 @@ struct Plan {
   std::vector<Step> steps;
   std::vector<Source> outputs;
   bool profile = false;
-  std::vector<StepTime> times;  // per step, with profile
+  std::vector<StepTime> times;   // per step, with profile
+  std::vector<double> first_ms;  // per step, the first call's share of times (the warm-up)
 };
 
 // The ATen ops a kernel's `fuses` text names ("%v (aten::op) ..."), each
@@ -138,6 +143,12 @@ std::string fused_ops(const std::string& fuses) {
 
 Plan::~Plan() {
   if (!profile || times.empty() || times.front().calls == 0) return;
+  const bool past_warmup = times.front().calls > 1;
+  if (past_warmup)
+    for (size_t i = 0; i < times.size(); ++i) {
+      times[i].ms -= first_ms[i];
+      --times[i].calls;
+    }
   std::vector<size_t> order(steps.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return times[a].ms > times[b].ms; });
@@ -149,9 +160,9 @@ Plan::~Plan() {
   const double calls = static_cast<double>(times.front().calls);
   std::ostringstream os;
   os << std::fixed << std::setprecision(3) << "inductor profile (Note [Per-step profile]): " << steps.size()
-     << " steps, " << times.front().calls << " calls, " << total / calls << " ms a call, of which generated kernels "
-     << generated / calls << " ms (" << std::setprecision(1) << 100 * generated / std::max(total, 1e-12)
-     << "%)\n  ms/call   share  step\n";
+     << " steps, " << times.front().calls << (past_warmup ? " calls after the first" : " call (the warm-up)") << ", "
+     << total / calls << " ms a call, of which generated kernels " << generated / calls << " ms ("
+     << std::setprecision(1) << 100 * generated / std::max(total, 1e-12) << "%)\n  ms/call   share  step\n";
   for (size_t k = 0; k < std::min<size_t>(order.size(), 30); ++k) {
     const Step& st = steps[order[k]];
     const std::string what = st.node ? "extern " + st.node->target() + " -> %" + st.node->result(0)->name()
@@ -591,6 +602,7 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
   plan->profile = options.profile;
   if (plan->profile) {
     plan->times.resize(plan->steps.size());
+    plan->first_ms.resize(plan->steps.size());
     std::ostringstream os;
     os << std::fixed << std::setprecision(1) << "inductor compile "
        << std::chrono::duration<double, std::milli>(Clock::now() - started).count() << " ms:";
@@ -635,7 +647,7 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
           events[2 * i + 1].synchronize();
           plan->times[i].ms += events[2 * i].elapsedTime(events[2 * i + 1]);
         }
-        ++plan->times[i].calls;
+        if (plan->times[i].calls++ == 0) plan->first_ms[i] = plan->times[i].ms;
       }
     }
     std::vector<at::Tensor> out;
