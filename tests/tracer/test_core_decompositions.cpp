@@ -281,6 +281,43 @@ TEST_CASE("core decompositions: native_batch_norm_backward, training and eval, w
         }
 }
 
+TEST_CASE(
+    "core decompositions: native_batch_norm in training and eval, running statistics written, and its "
+    "functional variant",
+    "[tracer][decomp]") {
+  at::manual_seed(9);
+  for (const at::ScalarType dtype : {at::kFloat, at::kDouble})
+    for (const auto& shape : std::vector<std::vector<int64_t>>{{6, 3}, {2, 3, 5}, {2, 3, 4, 4}})
+      for (const bool train : {true, false})
+        for (const bool affine : {true, false}) {
+          INFO("shape " << c10::IntArrayRef(shape) << (train ? " training" : " eval") << (affine ? " affine" : ""));
+          const auto opt = at::TensorOptions().dtype(dtype);
+          const Tensors in = {at::randn(shape, opt) * 3 + 1, at::rand({3}, opt) + 0.5, at::randn({3}, opt),
+                              at::randn({3}, opt), at::rand({3}, opt) + 0.5};
+          auto weight = [affine](const Tensors& t, size_t i) {
+            return affine ? std::optional<at::Tensor>(t[i]) : std::nullopt;
+          };
+          // The running statistics are written in place: returned after the op.
+          check(
+              "aten::native_batch_norm",
+              [&](const Tensors& t) {
+                at::Tensor running_mean = t[3].clone(), running_var = t[4].clone();
+                auto [y, save_mean, save_invstd] = at::native_batch_norm(t[0], weight(t, 1), weight(t, 2), running_mean,
+                                                                         running_var, train, 0.1, 1e-5);
+                return train ? Tensors{y, save_mean, save_invstd, running_mean, running_var} : Tensors{y};
+              },
+              in, dtype);
+          check(
+              "aten::_native_batch_norm_legit_functional",
+              [&](const Tensors& t) {
+                auto [y, save_mean, save_invstd, new_mean, new_var] = at::_native_batch_norm_legit_functional(
+                    t[0], weight(t, 1), weight(t, 2), t[3], t[4], train, 0.1, 1e-5);
+                return train ? Tensors{y, save_mean, save_invstd, new_mean, new_var} : Tensors{y, new_mean, new_var};
+              },
+              in, dtype);
+        }
+}
+
 TEST_CASE("core decompositions: an in-place op is its out-of-place variant's decomposition, then copy_",
           "[tracer][decomp]") {
   // Note [Decomposing in-place ops]: on a plain input (make_fx keeps the

@@ -40,8 +40,12 @@ DecompositionTable spmd_decomposition_table();
 /// and their backwards, gelu and gelu_backward (exact and tanh), silu and
 /// its backward, threshold_backward (relu's backward), addcmul, addcdiv,
 /// mse_loss and its backward, the native_layer_norm forward and backward,
-/// native_batch_norm_backward, embedding_dense_backward, nll_loss_forward
-/// and nll_loss_backward (cross_entropy is log_softmax then nll_loss). Values agree with the fused kernels up to the
+/// native_batch_norm (and its functional variant, what a training step
+/// records) and its backward, embedding_dense_backward, nll_loss_forward
+/// and nll_loss_backward (cross_entropy is log_softmax then nll_loss).
+/// cuDNN's batch norm (CUDA, float and half) is left to cuDNN: decomposed,
+/// ResNet-18's step was slower on an H100 (Note [Batch norm on cuDNN] in
+/// decomposition.cpp). Values agree with the fused kernels up to the
 /// order of floating-point sums, not bitwise (Note [Core ATen decompositions] in decomposition.cpp): use it for a
 /// fusing backend, not where bitwise equality with eager is wanted. Give it to Builder::decompositions or
 /// TraceOptions::decompositions; extend it as spmd_decomposition_table.
