@@ -1090,6 +1090,68 @@ TEST_CASE("lowering: constant_pad_nd of a pointwise value, on any sides, fused w
   REQUIRE(inductor::loop_ir(g.g).find("extern") == std::string::npos);
 }
 
+TEST_CASE("lowering: max_pool2d_with_indices and its backward, padded, strided, overlapping, ceil_mode, NaN and ties",
+          "[inductor][lowering]") {
+  // Note [Max pooling]. The forward selects (values and indices exact);
+  // the backward adds at most ceil(k / s)² gradients per element in
+  // ATen's order starting from 0, as ATen's kernels do: exact in practice,
+  // checked within the pointwise bound (a contraction or another order of
+  // two equal maxima's gradients moves a few ulps).
+  struct Case {
+    std::string what;
+    at::Tensor x;
+    Dims kernel, stride, padding;
+    bool ceil_mode;
+  };
+  at::manual_seed(11);
+  at::Tensor ties = at::randint(0, 3, {2, 3, 9, 10}).to(at::kFloat);  // equal maxima in most windows
+  at::Tensor special = at::randn({1, 2, 7, 8});
+  special.index_put_({0, 0, 2, 3}, kNaN);
+  special.index_put_({0, 1}, -kInf);  // a channel of -inf: every window keeps its first index
+  const std::vector<Case> cases = {
+      {"ResNet's stem: 3x3, stride 2, padding 1", at::randn({2, 3, 9, 10}), {3, 3}, {2, 2}, {1, 1}, false},
+      {"LeNet's 2x2, stride 2", at::randn({2, 3, 8, 8}), {2, 2}, {}, {0, 0}, false},
+      {"3x3, stride 1, padding 1", at::randn({2, 2, 6, 5}), {3, 3}, {1, 1}, {1, 1}, false},
+      {"3x2, stride (2, 1), padding (1, 0)", at::randn({1, 3, 7, 6}), {3, 2}, {2, 1}, {1, 0}, false},
+      {"ceil_mode: a last window past the input", at::randn({2, 3, 8, 8}), {3, 3}, {2, 2}, {0, 0}, true},
+      {"channels-last input",
+       at::randn({2, 4, 9, 9}).contiguous(at::MemoryFormat::ChannelsLast),
+       {3, 3},
+       {2, 2},
+       {1, 1},
+       false},
+      {"3-d input (C, H, W)", at::randn({3, 9, 10}), {3, 3}, {2, 2}, {1, 1}, false},
+      {"ties", ties, {3, 3}, {2, 2}, {1, 1}, false},
+      {"NaN and -inf", special, {3, 3}, {2, 2}, {1, 1}, false},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    const Dims dilation = {1, 1};
+    const at::Tensor x2 = c.x * 2;
+    auto [want, want_idx] = at::max_pool2d_with_indices(x2, c.kernel, c.stride, c.padding, dilation, c.ceil_mode);
+    const at::Tensor grad = at::randn(want.sizes());
+    const at::Tensor want_dx = at::max_pool2d_with_indices_backward(grad * 2, x2, c.kernel, c.stride, c.padding,
+                                                                    dilation, c.ceil_mode, want_idx);
+    Builder g;
+    ir::Value *px = g.input(c.x), *pg = g.input(grad), *pidx = g.input(want_idx);
+    ir::Value* x2v = g.call("aten::mul.Scalar", {px, c10::Scalar(2)});  // a producer fused into the window
+    ir::Node* pool =
+        g.node("aten::max_pool2d_with_indices", {x2v, c.kernel, c.stride, c.padding, dilation, c.ceil_mode});
+    ir::Value* g2 = g.call("aten::mul.Scalar", {pg, c10::Scalar(2)});
+    ir::Value* dx = g.call("aten::max_pool2d_with_indices_backward",
+                           {g2, x2v, c.kernel, c.stride, c.padding, dilation, c.ceil_mode, pidx});
+    check(g, {
+                 exactly("values", pool->result(0), want),
+                 exactly("indices", pool->result(1), want_idx),
+                 pointwise("the backward", dx, want_dx),
+             });
+    // Lowered; on the CPU the backward is ATen's (Note [Max pooling]).
+    const std::string ir = inductor::loop_ir(g.g);
+    REQUIRE(ir.find("= aten::max_pool2d_with_indices\n") == std::string::npos);
+    REQUIRE((ir.find("= aten::max_pool2d_with_indices_backward\n") == std::string::npos) == test_device().is_cuda());
+  }
+}
+
 TEST_CASE("lowering: to.dtype and _to_copy between f32 and f64, functional copy broadcasting its source",
           "[inductor][lowering]") {
   at::Tensor x32 = at::randn({5, 3}), z64 = at::randn({5, 3}, at::kDouble);
