@@ -255,30 +255,39 @@ TEST_CASE("core decompositions: embedding_dense_backward with repeated indices, 
       }
 }
 
-TEST_CASE("core decompositions: native_batch_norm_backward, training and eval, with and without weight",
-          "[tracer][decomp]") {
-  at::manual_seed(7);
+// Batch norms of 3 channels over several shapes and dtypes, in training and
+// eval, with and without weight: body(dtype, shape, train, affine).
+void for_each_batch_norm(
+    const std::function<void(at::ScalarType, const std::vector<int64_t>&, bool train, bool affine)>& body) {
   for (const at::ScalarType dtype : {at::kFloat, at::kDouble})
     for (const auto& shape : std::vector<std::vector<int64_t>>{{6, 3}, {2, 3, 5}, {2, 3, 4, 4}})
       for (const bool train : {true, false})
         for (const bool affine : {true, false}) {
           INFO("shape " << c10::IntArrayRef(shape) << (train ? " training" : " eval") << (affine ? " affine" : ""));
-          const auto opt = at::TensorOptions().dtype(dtype);
-          const Tensors in = {at::randn(shape, opt), at::randn(shape, opt), at::rand({3}, opt) + 0.5,
-                              at::randn({3}, opt), at::rand({3}, opt) + 0.5};
-          check(
-              "aten::native_batch_norm_backward",
-              [train, affine](const Tensors& t) {
-                const std::optional<at::Tensor> weight = affine ? std::optional<at::Tensor>(t[2]) : std::nullopt;
-                at::Tensor running_mean = t[3].clone(), running_var = t[4].clone();
-                auto [y, save_mean, save_invstd] =
-                    at::native_batch_norm(t[0], weight, std::nullopt, running_mean, running_var, train, 0.1, 1e-5);
-                auto [dx, dw, db] = at::native_batch_norm_backward(t[1], t[0], weight, t[3], t[4], save_mean,
-                                                                   save_invstd, train, 1e-5, {true, affine, affine});
-                return affine ? Tensors{dx, dw, db} : Tensors{dx};
-              },
-              in, dtype);
+          body(dtype, shape, train, affine);
         }
+}
+
+TEST_CASE("core decompositions: native_batch_norm_backward, training and eval, with and without weight",
+          "[tracer][decomp]") {
+  at::manual_seed(7);
+  for_each_batch_norm([](at::ScalarType dtype, const std::vector<int64_t>& shape, bool train, bool affine) {
+    const auto opt = at::TensorOptions().dtype(dtype);
+    const Tensors in = {at::randn(shape, opt), at::randn(shape, opt), at::rand({3}, opt) + 0.5, at::randn({3}, opt),
+                        at::rand({3}, opt) + 0.5};
+    check(
+        "aten::native_batch_norm_backward",
+        [train, affine](const Tensors& t) {
+          const std::optional<at::Tensor> weight = affine ? std::optional<at::Tensor>(t[2]) : std::nullopt;
+          at::Tensor running_mean = t[3].clone(), running_var = t[4].clone();
+          auto [y, save_mean, save_invstd] =
+              at::native_batch_norm(t[0], weight, std::nullopt, running_mean, running_var, train, 0.1, 1e-5);
+          auto [dx, dw, db] = at::native_batch_norm_backward(t[1], t[0], weight, t[3], t[4], save_mean, save_invstd,
+                                                             train, 1e-5, {true, affine, affine});
+          return affine ? Tensors{dx, dw, db} : Tensors{dx};
+        },
+        in, dtype);
+  });
 }
 
 TEST_CASE(
@@ -286,36 +295,32 @@ TEST_CASE(
     "functional variant",
     "[tracer][decomp]") {
   at::manual_seed(9);
-  for (const at::ScalarType dtype : {at::kFloat, at::kDouble})
-    for (const auto& shape : std::vector<std::vector<int64_t>>{{6, 3}, {2, 3, 5}, {2, 3, 4, 4}})
-      for (const bool train : {true, false})
-        for (const bool affine : {true, false}) {
-          INFO("shape " << c10::IntArrayRef(shape) << (train ? " training" : " eval") << (affine ? " affine" : ""));
-          const auto opt = at::TensorOptions().dtype(dtype);
-          const Tensors in = {at::randn(shape, opt) * 3 + 1, at::rand({3}, opt) + 0.5, at::randn({3}, opt),
-                              at::randn({3}, opt), at::rand({3}, opt) + 0.5};
-          auto weight = [affine](const Tensors& t, size_t i) {
-            return affine ? std::optional<at::Tensor>(t[i]) : std::nullopt;
-          };
-          // The running statistics are written in place: returned after the op.
-          check(
-              "aten::native_batch_norm",
-              [&](const Tensors& t) {
-                at::Tensor running_mean = t[3].clone(), running_var = t[4].clone();
-                auto [y, save_mean, save_invstd] = at::native_batch_norm(t[0], weight(t, 1), weight(t, 2), running_mean,
-                                                                         running_var, train, 0.1, 1e-5);
-                return train ? Tensors{y, save_mean, save_invstd, running_mean, running_var} : Tensors{y};
-              },
-              in, dtype);
-          check(
-              "aten::_native_batch_norm_legit_functional",
-              [&](const Tensors& t) {
-                auto [y, save_mean, save_invstd, new_mean, new_var] = at::_native_batch_norm_legit_functional(
-                    t[0], weight(t, 1), weight(t, 2), t[3], t[4], train, 0.1, 1e-5);
-                return train ? Tensors{y, save_mean, save_invstd, new_mean, new_var} : Tensors{y, new_mean, new_var};
-              },
-              in, dtype);
-        }
+  for_each_batch_norm([](at::ScalarType dtype, const std::vector<int64_t>& shape, bool train, bool affine) {
+    const auto opt = at::TensorOptions().dtype(dtype);
+    const Tensors in = {at::randn(shape, opt) * 3 + 1, at::rand({3}, opt) + 0.5, at::randn({3}, opt),
+                        at::randn({3}, opt), at::rand({3}, opt) + 0.5};
+    auto weight = [affine](const Tensors& t, size_t i) {
+      return affine ? std::optional<at::Tensor>(t[i]) : std::nullopt;
+    };
+    // The running statistics are written in place: returned after the op.
+    check(
+        "aten::native_batch_norm",
+        [&](const Tensors& t) {
+          at::Tensor running_mean = t[3].clone(), running_var = t[4].clone();
+          auto [y, save_mean, save_invstd] =
+              at::native_batch_norm(t[0], weight(t, 1), weight(t, 2), running_mean, running_var, train, 0.1, 1e-5);
+          return train ? Tensors{y, save_mean, save_invstd, running_mean, running_var} : Tensors{y};
+        },
+        in, dtype);
+    check(
+        "aten::_native_batch_norm_legit_functional",
+        [&](const Tensors& t) {
+          auto [y, save_mean, save_invstd, new_mean, new_var] =
+              at::_native_batch_norm_legit_functional(t[0], weight(t, 1), weight(t, 2), t[3], t[4], train, 0.1, 1e-5);
+          return train ? Tensors{y, save_mean, save_invstd, new_mean, new_var} : Tensors{y, new_mean, new_var};
+        },
+        in, dtype);
+  });
 }
 
 TEST_CASE("core decompositions: an in-place op is its out-of-place variant's decomposition, then copy_",
