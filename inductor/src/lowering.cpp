@@ -570,6 +570,10 @@ class Lowerer {
     if (!stride || !padding || !dilation || *dilation != std::make_pair<int64_t, int64_t>(1, 1)) return std::nullopt;
     Window w{kernel->first, kernel->second, stride->first, stride->second, padding->first, padding->second};
     const int64_t h = x[x.size() - 2], wd = x.back();
+    if (indices) {  // the backward counts the gradient's rows and columns modulo their numbers
+      const std::vector<int64_t>& g = n->arg(0).value()->meta().sizes;
+      if (g.size() != x.size() || g[g.size() - 2] < 1 || g.back() < 1) return std::nullopt;
+    }
     if (w.kh < 1 || w.kw < 1 || w.sh < 1 || w.sw < 1 || w.ph < 0 || w.pw < 0 || w.ph > h || w.pw > wd || h < 1 ||
         wd < 1)
       return std::nullopt;

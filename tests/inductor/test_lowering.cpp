@@ -1123,6 +1123,7 @@ TEST_CASE("lowering: max_pool2d_with_indices and its backward, padded, strided, 
       {"3-d input (C, H, W)", at::randn({3, 9, 10}), {3, 3}, {2, 2}, {1, 1}, false},
       {"ties", ties, {3, 3}, {2, 2}, {1, 1}, false},
       {"NaN and -inf", special, {3, 3}, {2, 2}, {1, 1}, false},
+      {"an empty batch", at::randn({0, 3, 8, 8}), {3, 3}, {2, 2}, {1, 1}, false},
   };
   for (const Case& c : cases) {
     INFO(c.what);
