@@ -382,7 +382,8 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
   };
   std::vector<ScratchStore> scratch_stores;
   int acc_counter = 0;
-  for (int li : g.loops) {
+  for (size_t k = 0; k < g.loops.size(); ++k) {
+    const int li = g.loops[k];
     const Loop& l = p.loops[li];
     const Buffer& buf = p.buffers[l.buffer];
     const std::string T = ctype_of(buf.dtype);
@@ -422,6 +423,34 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
       }
       case Stage::Reduce: {
         std::string inner_lines = body.take(2);
+        const bool online = !persistent && l.rtype == ReductionType::Max && k + 1 < g.loops.size() &&
+                            p.loops[g.loops[k + 1]].online_max == li &&
+                            stage_of(p.loops[g.loops[k + 1]], g) == Stage::Reduce;
+        if (online) {  // Note [Online softmax]: this max and the next loop's sum in one pass
+          const Loop& sl = p.loops[g.loops[++k]];
+          const std::string A = acc_type(T), m = "acc" + std::to_string(acc_counter++),
+                            s = "acc" + std::to_string(acc_counter++);
+          once(body.take(1) + A + " " + m + " = crucible_lowest<" + A + ">(), " + s + " = " + A + "(0);\n");
+          over_row(inner_lines + "crucible_online_add(" + m + ", " + s + ", " + A + "(" + v.name + "));\n");
+          std::string text = "crucible_block_reduce_online(" + m + ", " + s + ");\n";
+          auto result = [&](const Loop& r, std::string value) {
+            const Buffer& rb = p.buffers[r.buffer];
+            const std::string RT = ctype_of(rb.dtype), red = "red_" + rb.name;
+            value = "static_cast<" + RT + ">(" + value + ")";
+            if (!r.finalize.empty()) value = substitute(r.finalize, value);
+            text += "const " + RT + " " + red + " = " + value + ";\n";
+            if (info.external.contains(r.buffer))
+              text += "if (threadIdx.x == 0) " + body.store(r.buffer, store_offset(p, r, o), red);
+            body.set_local(r.buffer, red);
+          };
+          result(l, m);
+          // A maximum that is infinite or NaN makes every exp(x - max) of the
+          // two-pass sum NaN, or one of them: so is this one.
+          result(sl,
+                 "(" + m + " - " + m + " == " + A + "(0) ? " + s + " : std::numeric_limits<" + A + ">::quiet_NaN())");
+          once(std::move(text));
+          break;
+        }
         const std::string A = acc_type(T), acc = "acc" + std::to_string(acc_counter++), f = combiner(l.rtype);
         once(body.take(1) + A + " " + acc + " = " + init_of(l.rtype, A) + ";\n");
         over_row(inner_lines + acc + " = " + f + "()(" + acc + ", " + A + "(" + v.name + "));\n");
@@ -672,6 +701,41 @@ template <class T, class F> __device__ __forceinline__ T crucible_block_reduce(T
   v = partial[0];
   for (int w = 1; w < warps; ++w) v = f(v, partial[w]);
   return v;
+}
+// Note [Online softmax]: a running maximum m and sum s of exp(x - m),
+// rescaled when m grows (one exp an element unless it does); the pair of
+// another part of the row combined in. An infinite or NaN m leaves s as it
+// is: the kernel then makes the sum NaN, as the two-pass sum is.
+template <class T> __device__ __forceinline__ void crucible_online_add(T& m, T& s, T x) {
+  if (x != x || x > m) {
+    if (x - x == T(0)) s = s * crucible_exp(m - x) + T(1);
+    m = x;
+  } else if (m - m == T(0)) {
+    s += crucible_exp(x - m);
+  }
+}
+template <class T> __device__ __forceinline__ void crucible_online_combine(T& m, T& s, T m2, T s2) {
+  const T nm = CrucibleMax()(m, m2);
+  if (nm - nm == T(0)) s = s * crucible_exp(m - nm) + s2 * crucible_exp(m2 - nm);
+  m = nm;
+}
+// crucible_block_reduce for the pair: every thread gets the row's (m, s).
+template <class T> __device__ __forceinline__ void crucible_block_reduce_online(T& m, T& s) {
+  __shared__ T partial_m[32], partial_s[32];
+  for (int d = 16; d > 0; d >>= 1) {
+    const T m2 = __shfl_xor_sync(0xffffffffu, m, d), s2 = __shfl_xor_sync(0xffffffffu, s, d);
+    crucible_online_combine(m, s, m2, s2);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) {
+    partial_m[warp] = m;
+    partial_s[warp] = s;
+  }
+  __syncthreads();
+  m = partial_m[0];
+  s = partial_s[0];
+  for (int w = 1; w < warps; ++w) crucible_online_combine(m, s, partial_m[w], partial_s[w]);
 }
 // A vector of V elements from `from` to `to`, both 16-byte aligned when
 // `aligned` (Note [Vectorized pointwise kernels]): a vector load into a

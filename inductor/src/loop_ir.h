@@ -77,6 +77,11 @@ struct Loop {
   /// written in its memory order, so that its stores, and the loads of
   /// operands laid out alike, are contiguous (loop_index).
   std::vector<int> order;
+  /// A sum of exp(x - max) whose max is loop `online_max`'s, over x its
+  /// operand and the same reduced range (a softmax's denominator): a
+  /// renderer may compute both in one pass over x (Note [Online softmax]
+  /// in cuda_codegen.cpp); -1: none.
+  int online_max = -1;
   /// C++-free finalization of the accumulator, e.g. dividing by the count
   /// for a mean: text with `$` standing for the accumulator; empty: none.
   std::string finalize;

@@ -1050,6 +1050,32 @@ class Lowerer {
     return dims;
   }
 
+  // The loop of m when `sum` reduces exp(x - m) with m = amax(x) over the
+  // same dims, kept (a softmax's decomposition): Loop::online_max; else -1.
+  int softmax_max_loop(const ir::Node* sum) const {
+    auto node_of = [](const ir::Argument& a, const char* target) -> const ir::Node* {
+      if (!a.is_value() || !a.value()->node()->is_call() || a.value()->node()->target() != target) return nullptr;
+      return a.value()->node();
+    };
+    const ir::Node* e = node_of(sum->arg(0), "aten::exp");
+    const ir::Node* d = e ? node_of(e->arg(0), "aten::sub.Tensor") : nullptr;
+    const ir::Node* m = d ? node_of(d->arg(1), "aten::amax") : nullptr;
+    auto is_one = [](const ir::Argument& a) {
+      return a.is_constant() && ((a.constant().isInt() && a.constant().toInt() == 1) ||
+                                 (a.constant().isDouble() && a.constant().toDouble() == 1.0));
+    };
+    if (!m || m->args().size() < 3 || d->args().size() < 3 || !d->arg(0).is_value() || !m->arg(0).is_value() ||
+        d->arg(0).value() != m->arg(0).value() || !is_one(d->arg(2)) || !m->arg(2).is_constant() ||
+        !m->arg(2).constant().isBool() || !m->arg(2).constant().toBool())
+      return -1;
+    const size_t rank = sum->arg(0).value()->meta().sizes.size();
+    if (m->arg(0).value()->meta().sizes.size() != rank || reduced_dims(sum, rank) != reduced_dims(m, rank)) return -1;
+    auto b = p_.buffer_of.find(m->result());
+    if (b == p_.buffer_of.end()) return -1;
+    const int loop = p_.buffers[b->second].loop;
+    return loop >= 0 && p_.loops[loop].reduction && p_.loops[loop].rtype == ReductionType::Max ? loop : -1;
+  }
+
   void lower_reduction(const ir::Node* n) {
     const std::string& t = n->target();
     const ir::Value* xv = n->arg(0).value();
@@ -1118,6 +1144,7 @@ class Lowerer {
     std::string mean = "$ / " + T + "(" + std::to_string(count) + ")";
     if (t == "aten::sum.dim_IntList" || t == "aten::sum") {
       add_loop(n->result(), ReductionType::Sum, operand, "");
+      p_.loops.back().online_max = softmax_max_loop(n);
     } else if (t == "aten::mean.dim" || t == "aten::mean") {
       add_loop(n->result(), ReductionType::Sum, operand, mean);
     } else if (t == "aten::amax" || t == "aten::amin") {
