@@ -332,6 +332,18 @@ std::string render_column(const Program& p, const Group& g, const GroupInfo& inf
 // instead, r = V·rh + rl with rh = threadIdx.x + c·B, and moves them with
 // 16-byte accesses (Note [Vectorized pointwise kernels]); its elements
 // are then combined in that order, which is not the looped form's.
+// Note [Online softmax]
+// A looped row (too long for a thread's registers: the loss's log-softmax
+// over GPT-2's 50257-word vocabulary) walks its elements from memory once
+// per stage, and a softmax's max and its sum of exp(x - max) are two
+// stages: two passes over the logits. When lowering marks the sum as that
+// (Loop::online_max), the two stages are one (TorchInductor's
+// prepare_softmax_online, from Milakov and Gimelshein's online
+// normalizer): a thread keeps a running maximum m and the sum s of
+// exp(x - m), multiplying s by exp(m_old - m_new) when m grows, and pairs
+// from the threads combine the same way. Sums come out within rounding of
+// the two-pass ones; an infinite or NaN maximum gives a NaN sum, as there.
+// Persistent rows read their elements once already and keep two stages.
 std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const std::string& name,
                         KernelSignature& sig) {
   // Scratch rows: inner-stage values read only inside the group. Too many
@@ -702,10 +714,10 @@ template <class T, class F> __device__ __forceinline__ T crucible_block_reduce(T
   for (int w = 1; w < warps; ++w) v = f(v, partial[w]);
   return v;
 }
-// Note [Online softmax]: a running maximum m and sum s of exp(x - m),
-// rescaled when m grows (one exp an element unless it does); the pair of
-// another part of the row combined in. An infinite or NaN m leaves s as it
-// is: the kernel then makes the sum NaN, as the two-pass sum is.
+// A running maximum m and sum s of exp(x - m) (Note [Online softmax] in
+// cuda_codegen.cpp), rescaled when m grows: one exp an element unless it
+// does; the pair of another part of the row combined in. An infinite or
+// NaN m leaves s as it is: the kernel then makes the sum NaN.
 template <class T> __device__ __forceinline__ void crucible_online_add(T& m, T& s, T x) {
   if (x != x || x > m) {
     if (x - x == T(0)) s = s * crucible_exp(m - x) + T(1);
