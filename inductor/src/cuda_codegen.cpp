@@ -332,6 +332,7 @@ std::string render_column(const Program& p, const Group& g, const GroupInfo& inf
 // instead, r = V·rh + rl with rh = threadIdx.x + c·B, and moves them with
 // 16-byte accesses (Note [Vectorized pointwise kernels]); its elements
 // are then combined in that order, which is not the looped form's.
+//
 // Note [Online softmax]
 // A looped row (too long for a thread's registers: the loss's log-softmax
 // over GPT-2's 50257-word vocabulary) walks its elements from memory once

@@ -33,8 +33,9 @@ struct InductorOptions {
   bool print_generated_code = false;
   /// Time every step of each call (generated and extern kernels; CUDA
   /// events on a GPU) and print to stderr, when the compiled function is
-  /// destroyed, the steps that took longest, in ms per call (Note [Per-step
-  /// profile] in src/compile_fx.cpp). Slows the calls down. Also prints,
+  /// destroyed, the steps that took longest, in ms per call, the first call
+  /// (the warm-up) left out when later ones ran (Note [Per-step profile] in
+  /// src/compile_fx.cpp). Slows the calls down. Also prints,
   /// once compiled, the compile's phases in ms (passes and cache lookup;
   /// lowering, fusion and rendering; NVRTC or the C++ compiler; loading;
   /// the run-time plan).
