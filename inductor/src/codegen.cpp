@@ -1,4 +1,5 @@
 #include "codegen.h"
+#include "cpp_builder.h"
 #include "render.h"
 
 #include <algorithm>
@@ -707,23 +708,32 @@ constexpr size_t kMaxCombined = 24;
 // on the arguments given. NVRTC and the C++ compiler then see each body
 // once.
 //
-// `text` with the kernel's name and every buffer name of `p` in it
+// `text` with the kernel's names (its own and its variants', Note
+// [Autotuning] in cuda_codegen.cpp) and every buffer name of `p` in it
 // replaced by a position (buffers numbered in order of first appearance),
 // so that two kernels compare equal exactly when they differ only there.
 // Buffer names are "buf<index>_<value>" (lowering.cpp), and derived
 // identifiers (red_<buffer>, row_<buffer>) contain them whole: a
 // left-to-right scan that replaces the full name found at each "buf<digits>_"
 // consumes each name once.
-std::string canonical_kernel_text(const Program& p, const std::string& text, const std::string& name) {
+std::string canonical_kernel_text(const Program& p, const std::string& text, const std::vector<std::string>& names) {
   std::string out;
   out.reserve(text.size());
   std::unordered_map<size_t, size_t> position;
   auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  auto name_at = [&](size_t i) -> size_t {  // which of `names` starts at i, as a whole identifier
+    if (i > 0 && ident(text[i - 1])) return names.size();
+    for (size_t k = 0; k < names.size(); ++k) {
+      const std::string& name = names[k];
+      if (text.compare(i, name.size(), name) == 0 && (i + name.size() == text.size() || !ident(text[i + name.size()])))
+        return k;
+    }
+    return names.size();
+  };
   for (size_t i = 0; i < text.size();) {
-    if (text.compare(i, name.size(), name) == 0 && (i + name.size() == text.size() || !ident(text[i + name.size()])) &&
-        (i == 0 || !ident(text[i - 1]))) {
-      out += "\x01K";
-      i += name.size();
+    if (const size_t k = name_at(i); k < names.size()) {
+      out += "\x01K" + std::to_string(k) + "\x01";
+      i += names[k].size();
       continue;
     }
     if (text.compare(i, 3, "buf") == 0) {
@@ -796,14 +806,24 @@ Schedule compile_schedule(const ir::Graph& graph, int threads) {
                    : std::to_string(g.outer) + " elements";
   };
   // Note [Identical kernels]: canonical text -> the kernel defined with it.
-  std::unordered_map<std::string, std::string> defined;
+  // Its names (the kernel's and its variants'), in order.
+  std::unordered_map<std::string, std::vector<std::string>> defined;
   auto emit = [&](KernelSignature sig, const std::string& comment, const std::string& body) {
-    auto [it, fresh] = defined.try_emplace(canonical_kernel_text(p, body, sig.name), sig.name);
+    std::vector<std::string> names = {sig.name};
+    for (const KernelConfig& c : sig.configs)
+      if (std::find(names.begin(), names.end(), c.name) == names.end()) names.push_back(c.name);
+    const std::string canonical = canonical_kernel_text(p, body, names);
+    if (!sig.configs.empty()) sig.tuning_key = cache_key(canonical);
+    auto [it, fresh] = defined.try_emplace(canonical, names);
     if (fresh) {
       s.source += std::string(p.device.is_cuda() ? kCudaUnitBreak : "") + comment + body + "\n";
     } else {
-      s.source += comment + "//   runs " + it->second + "'s code (Note [Identical kernels])\n";
-      sig.name = it->second;
+      // The same text defines the same variants, in the same order.
+      const std::vector<std::string>& first = it->second;
+      s.source += comment + "//   runs " + first.front() + "'s code (Note [Identical kernels])\n";
+      sig.name = first.front();
+      for (KernelConfig& c : sig.configs)
+        c.name = first[static_cast<size_t>(std::find(names.begin(), names.end(), c.name) - names.begin())];
     }
     s.kernels.push_back(std::move(sig));
   };

@@ -38,6 +38,14 @@ struct Launch {
   int64_t arrivals = 0;
 };
 
+/// One way to run a CUDA kernel: the kernel `name` (the signature's own, or
+/// a variant rendered beside it with the same parameters) launched as
+/// `launch`.
+struct KernelConfig {
+  std::string name;
+  Launch launch;
+};
+
 /// A generated kernel's signature as the runtime needs it: the buffers
 /// passed to it, in argument order, and which of them it writes.
 struct KernelSignature {
@@ -46,6 +54,13 @@ struct KernelSignature {
   std::vector<bool> written;
   Launch launch;      // CUDA kernels only
   std::string fuses;  // the graph nodes it computes, as its comment lists them
+  /// CUDA kernels the runtime may autotune (Note [Autotuning] in
+  /// compile_fx.cpp): every configuration to try at the first run, the
+  /// first of them {name, launch}; empty for a kernel with one.
+  std::vector<KernelConfig> configs;
+  /// With configs: a hash of the kernel's text up to its buffers' names,
+  /// what its tuned choice is remembered by on disk.
+  std::string tuning_key;
 };
 
 /// The compiled form of a Program: steps in run order, each an extern

@@ -25,7 +25,9 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iomanip>
@@ -33,6 +35,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -88,6 +91,16 @@ struct Step {
   void* cuda_kernel = nullptr;
   detail::Launch launch;
   std::string kernel_name;
+  // Note [Autotuning]: the configurations to choose from at the first run
+  // (cuda_kernel and launch are the first), and the one chosen (-1: none yet).
+  struct Config {
+    void* kernel = nullptr;
+    std::string name;
+    detail::Launch launch;
+  };
+  std::vector<Config> configs;
+  std::string tuning_key;
+  std::unique_ptr<std::atomic<int>> chosen;
   std::string fuses;  // what the kernel computes (for the profile)
   std::vector<KernelArg> kernel_args;
   // Both: slots to clear after the step.
@@ -124,6 +137,10 @@ struct Plan {
   bool profile = false;
   std::vector<StepTime> times;   // per step, with profile
   std::vector<double> first_ms;  // per step, the first call's share of times (the warm-up)
+  // Note [Autotuning]: choices by tuning key, and where they are kept.
+  mutable std::mutex tuning_mutex;
+  mutable std::unordered_map<std::string, int> tuned;
+  std::string cache_dir;
 };
 
 // The ATen ops a kernel's `fuses` text names ("%v (aten::op) ..."), each
@@ -192,7 +209,8 @@ Plan::~Plan() {
 
 class Planner {
  public:
-  Planner(Plan& p, const detail::CompiledSchedule& s) : p_(p), s_(s) {}
+  Planner(Plan& p, const detail::CompiledSchedule& s, int kernel_config)
+      : p_(p), s_(s), kernel_config_(kernel_config) {}
 
   void plan() {
     const ir::Graph& g = *p_.graph;
@@ -326,6 +344,16 @@ class Planner {
     if (p_.cuda) {
       st.cuda_kernel = p_.cuda->kernel(k.name);
       st.launch = k.launch;
+      bool in_place = false;  // not run twice: a second run would read what the first wrote
+      for (const detail::KernelOperand& o : k.operands) in_place = in_place || (o.written && o.input);
+      if (k.configs.size() > 1 && !in_place) {
+        for (const detail::KernelConfig& c : k.configs)
+          st.configs.push_back({p_.cuda->kernel(c.name), c.name, c.launch});
+        st.tuning_key = k.tuning_key;
+        st.chosen = std::make_unique<std::atomic<int>>(-1);
+        if (kernel_config_ >= 0)
+          st.chosen->store(std::min<int>(kernel_config_, static_cast<int>(k.configs.size()) - 1));
+      }
     } else {
       st.fn = reinterpret_cast<KernelFn>(detail::symbol(p_.library, k.name));
     }
@@ -351,6 +379,7 @@ class Planner {
 
   Plan& p_;
   const detail::CompiledSchedule& s_;
+  const int kernel_config_;  // InductorOptions::kernel_config
   std::unordered_map<const ir::Value*, uint32_t> slots_;
   std::unordered_map<const ir::Value*, const c10::IValue*> constants_;
   std::unordered_map<uint32_t, uint32_t> last_;
@@ -405,6 +434,91 @@ bool same_layout(const at::Tensor& t, const KernelArg& a) {
   for (size_t d = 0; d < a.sizes.size(); ++d)
     if (a.sizes[d] > 1 && t.stride(static_cast<int64_t>(d)) != a.strides[d]) return false;
   return true;
+}
+
+// Note [Autotuning] (cuda_codegen.cpp says what is rendered): the first
+// run of a kernel rendered in several configurations times each on the
+// run's own buffers, as torch/_inductor's CachingAutotuner benchmarks its
+// configs at the first launch: every configuration is launched once to warm
+// up, then kTimedLaunches times between two events, in kRounds rounds that
+// take turns (a clock change then falls on all of them alike); the least
+// mean wins. A configuration giving the same grid of the same kernel as an
+// earlier one is not timed. The kernels compute the same values, so running
+// them again only overwrites the outputs; the chosen one runs last, so the
+// call's results are those every later call gets. The choice is shared by
+// the plan's identical kernels (one tuning key) and stored in the cache
+// directory, keyed by the key and the device, so a new process takes it
+// without timing (and computes the same bits as this one). While the
+// stream captures a CUDA graph nothing can be timed: the first
+// configuration runs, untuned (the warm-up call before a capture has tuned
+// already).
+constexpr int kRounds = 2;
+constexpr int kTimedLaunches = 3;
+
+std::string tuning_path(const Plan& plan, const Step& st) {
+  return plan.cache_dir + "/t" + detail::cache_key(st.tuning_key + "\n" + plan.cuda->identity()) + ".tune";
+}
+
+int configuration(const Plan& plan, const Step& st, void* stream, void** args) {
+  int chosen = st.chosen->load(std::memory_order_acquire);
+  if (chosen >= 0) return chosen;
+  if (plan.cuda->capturing(stream)) return 0;
+  std::lock_guard<std::mutex> lock(plan.tuning_mutex);
+  if ((chosen = st.chosen->load(std::memory_order_relaxed)) >= 0) return chosen;
+  const int n = static_cast<int>(st.configs.size());
+  runtime::Counters& counters = runtime::default_counters();
+  const std::string path = tuning_path(plan, st);
+  if (auto it = plan.tuned.find(st.tuning_key); it != plan.tuned.end()) {
+    chosen = it->second;
+  } else if (const std::string stored = detail::read_all(path); !stored.empty()) {
+    // "<choice> of <n>"; anything else (another format, a torn file) is timed again.
+    int index = -1, of = -1;
+    if (std::sscanf(stored.c_str(), "%d of %d", &index, &of) == 2 && of == n && index >= 0 && index < n) {
+      chosen = index;
+      counters.add("inductor", "autotune_cache_hit");
+    }
+  }
+  if (chosen < 0) {
+    const c10::Stream s = c10::impl::getDeviceGuardImpl(c10::kCUDA)->getStream(plan.device);
+    std::vector<bool> timed(st.configs.size(), true);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < i; ++j)
+        timed[i] = timed[i] && !(st.configs[j].kernel == st.configs[i].kernel &&
+                                 plan.cuda->blocks(st.configs[j].launch) == plan.cuda->blocks(st.configs[i].launch));
+    for (int i = 0; i < n; ++i)
+      if (timed[i]) plan.cuda->launch(st.configs[i].kernel, st.configs[i].name, st.configs[i].launch, stream, args);
+    std::vector<c10::Event> events;
+    events.reserve(2 * n * kRounds);
+    for (int round = 0; round < kRounds; ++round)
+      for (int i = 0; i < n; ++i) {
+        if (!timed[i]) continue;
+        events.emplace_back(c10::kCUDA, c10::EventFlag::BACKEND_DEFAULT);
+        events.back().record(s);
+        for (int k = 0; k < kTimedLaunches; ++k)
+          plan.cuda->launch(st.configs[i].kernel, st.configs[i].name, st.configs[i].launch, stream, args);
+        events.emplace_back(c10::kCUDA, c10::EventFlag::BACKEND_DEFAULT);
+        events.back().record(s);
+      }
+    std::vector<double> ms(st.configs.size(), std::numeric_limits<double>::infinity());
+    size_t e = 0;
+    for (int round = 0; round < kRounds; ++round)
+      for (int i = 0; i < n; ++i) {
+        if (!timed[i]) continue;
+        events[e + 1].synchronize();
+        ms[i] = std::min(ms[i], events[e].elapsedTime(events[e + 1]));
+        e += 2;
+      }
+    chosen = static_cast<int>(std::min_element(ms.begin(), ms.end()) - ms.begin());
+    counters.add("inductor", "autotuned");
+    try {
+      detail::write_atomically(path, std::to_string(chosen) + " of " + std::to_string(n) + "\n");
+    } catch (const InductorError& err) {  // the next process times it again
+      TORCH_WARN_ONCE("inductor: an autotuning choice was not stored: ", err.what());
+    }
+  }
+  plan.tuned.emplace(st.tuning_key, chosen);
+  st.chosen->store(chosen, std::memory_order_release);
+  return chosen;
 }
 
 void run_kernel(const Plan& plan, const Step& st, std::vector<c10::IValue>& slots) {
@@ -471,7 +585,12 @@ void run_kernel(const Plan& plan, const Step& st, std::vector<c10::IValue>& slot
       args.push_back(&workspace[0]);
       args.push_back(&workspace[1]);
     }
-    plan.cuda->launch(st.cuda_kernel, st.kernel_name, st.launch, stream, args.data());
+    if (st.configs.empty()) {
+      plan.cuda->launch(st.cuda_kernel, st.kernel_name, st.launch, stream, args.data());
+    } else {
+      const Step::Config& c = st.configs[static_cast<size_t>(configuration(plan, st, stream, args.data()))];
+      plan.cuda->launch(c.kernel, c.name, c.launch, stream, args.data());
+    }
   }
   for (auto& [caller, written] : write_back) caller.copy_(written);
 }
@@ -509,6 +628,7 @@ InductorOptions InductorOptions::from_environment() {
   o.print_generated_code = on("CRUCIBLE_INDUCTOR_PRINT_CODE");
   o.cuda_graphs = on("CRUCIBLE_INDUCTOR_CUDA_GRAPHS");
   if (const char* dir = std::getenv("CRUCIBLE_INDUCTOR_CACHE_DIR")) o.cache_dir = dir;
+  if (const char* k = std::getenv("CRUCIBLE_INDUCTOR_KERNEL_CONFIG"); k && *k) o.kernel_config = std::atoi(k);
   return o;
 }
 
@@ -575,6 +695,7 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
       const std::vector<std::string> cubins = detail::compile_cubins(source, arch, options);
       phase_done("NVRTC (or its cache)");
       plan->cuda = std::make_shared<detail::CudaLibrary>(cubins, index);
+      plan->cache_dir = detail::cache_dir(options);
       phase_done("loading cubins");
     } else if (!source.empty()) {
       plan->library = detail::compile_and_load(source, options);
@@ -585,7 +706,7 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
     return ir::interpret(graph);
   }
   try {
-    Planner(*plan, s).plan();
+    Planner(*plan, s, options.kernel_config).plan();
   } catch (const InductorError&) {
     return ir::interpret(graph);  // a graph the plan cannot express: the interpreter runs it, or names the fault
   }

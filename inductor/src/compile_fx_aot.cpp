@@ -22,7 +22,7 @@ namespace {
 // stops the build here until it joins the key.
 std::string compiler_key(const InductorOptions& options) {
   const auto& [compiler, flags, threads, cache_dir, cuda_arch, fallback_to_eager, print_generated_code, profile,
-               cuda_graphs] = options;
+               cuda_graphs, kernel_config] = options;
   std::string key = "backend=inductor.compile_fx;passes=";
   for (size_t i = 0; i < post_grad_passes().size(); ++i) key += (i ? "," : "") + post_grad_passes()[i];
   // Lengths before the strings the caller chose: no two option sets print alike.
@@ -38,6 +38,7 @@ std::string compiler_key(const InductorOptions& options) {
   add("print_generated_code", print_generated_code ? "1" : "0");
   add("profile", profile ? "1" : "0");
   add("cuda_graphs", cuda_graphs ? "1" : "0");
+  add("kernel_config", std::to_string(kernel_config));
   return key;
 }
 

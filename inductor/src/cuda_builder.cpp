@@ -13,9 +13,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <exception>
+#include <limits>
 #include <string_view>
 #include <thread>
 #include <vector>
@@ -100,6 +102,8 @@ struct Driver {
   decltype(&::cuLibraryUnload) library_unload = nullptr;
   decltype(&::cuLibraryGetKernel) library_get_kernel = nullptr;
   decltype(&::cuLaunchKernel) launch_kernel = nullptr;
+  decltype(&::cuStreamIsCapturing) stream_is_capturing = nullptr;
+  decltype(&::cuDeviceGetName) device_get_name = nullptr;
   std::string error;  // why the driver is unusable; empty when it is
 };
 
@@ -126,12 +130,17 @@ const Driver& driver() {
     get(d.library_unload, "cuLibraryUnload");
     get(d.library_get_kernel, "cuLibraryGetKernel");
     get(d.launch_kernel, "cuLaunchKernel");
+    get(d.stream_is_capturing, "cuStreamIsCapturing");
+    get(d.device_get_name, "cuDeviceGetName");
     if (d.error.empty() && d.init(0) != CUDA_SUCCESS) d.error = "cuInit failed: no usable GPU";
     return d;
   }();
   if (!d.error.empty()) throw InductorError("inductor: " + d.error);
   return d;
 }
+
+// The most blocks of a capped grid (Launch::exact unset), per multiprocessor.
+constexpr int64_t kBlocksPerSM = 32;
 
 void check(CUresult r, const std::string& what) {
   if (r == CUDA_SUCCESS) return;
@@ -244,7 +253,7 @@ CudaLibrary::CudaLibrary(const std::vector<std::string>& cubins, int device) : d
   }
   // Enough resident blocks to fill the device a few times over; grid-stride
   // loops in every kernel cover the rest.
-  max_blocks_ = int64_t{32} * attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device);
+  max_blocks_ = kBlocksPerSM * attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device);
 }
 
 CudaLibrary::~CudaLibrary() {
@@ -262,16 +271,37 @@ void* CudaLibrary::kernel(const std::string& name) const {
   return nullptr;
 }
 
+std::string CudaLibrary::identity() const {
+  const Driver& d = driver();
+  CUdevice dev = 0;
+  check(d.device_get(&dev, device_), "cuDeviceGet");
+  std::array<char, 256> name{};
+  check(d.device_get_name(name.data(), static_cast<int>(name.size()) - 1, dev), "cuDeviceGetName");
+  return std::string(name.data()) + ", " + std::to_string(max_blocks_ / kBlocksPerSM) + " SMs";
+}
+
+int64_t CudaLibrary::blocks(const Launch& l) const {
+  const int64_t needed = (l.units + l.per_block - 1) / l.per_block;
+  // An exact grid stays within CUDA's 2^31 - 1 blocks: row kernels loop
+  // over what it leaves, and combined launches take far fewer.
+  return l.exact ? std::min<int64_t>(needed, std::numeric_limits<int32_t>::max()) : std::min(max_blocks_, needed);
+}
+
 void CudaLibrary::launch(void* kernel, const std::string& name, const Launch& l, void* stream, void** args) const {
   if (l.units <= 0) return;
   ensure_context(device_);  // a thread whose runtime calls have not made one current
-  const int64_t needed = (l.units + l.per_block - 1) / l.per_block;
-  const int64_t blocks = l.exact ? needed : std::min(max_blocks_, needed);
   // A CUkernel launches as a CUfunction in the current context.
-  check(driver().launch_kernel(reinterpret_cast<CUfunction>(kernel), static_cast<unsigned>(blocks), 1, 1,
+  check(driver().launch_kernel(reinterpret_cast<CUfunction>(kernel), static_cast<unsigned>(blocks(l)), 1, 1,
                                static_cast<unsigned>(l.block), 1, 1, static_cast<unsigned>(l.shared_bytes),
                                static_cast<CUstream>(stream), args, nullptr),
         "launching the generated kernel " + name);
+}
+
+bool CudaLibrary::capturing(void* stream) const {
+  ensure_context(device_);
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  check(driver().stream_is_capturing(static_cast<CUstream>(stream), &status), "cuStreamIsCapturing");
+  return status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 #else  // no NVRTC in this build
@@ -291,6 +321,9 @@ CudaLibrary::CudaLibrary(const std::vector<std::string>&, int) { unavailable(); 
 CudaLibrary::~CudaLibrary() = default;
 void* CudaLibrary::kernel(const std::string&) const { unavailable(); }
 void CudaLibrary::launch(void*, const std::string&, const Launch&, void*, void**) const { unavailable(); }
+std::string CudaLibrary::identity() const { unavailable(); }
+int64_t CudaLibrary::blocks(const Launch&) const { unavailable(); }
+bool CudaLibrary::capturing(void*) const { unavailable(); }
 
 #endif
 

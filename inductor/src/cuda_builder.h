@@ -65,6 +65,18 @@ class CudaLibrary {
   /// Throws InductorError naming `name` when the driver refuses.
   void launch(void* kernel, const std::string& name, const Launch& launch, void* stream, void** args) const;
 
+  /// The device as timings made on it are remembered by: its name and its
+  /// multiprocessor count ("NVIDIA H100 80GB HBM3, 132 SMs").
+  std::string identity() const;
+
+  /// The blocks launch() gives `launch`.
+  int64_t blocks(const Launch& launch) const;
+
+  /// Whether `stream` is capturing a CUDA graph (its work then only
+  /// recorded: nothing on it can be timed or waited for). Throws
+  /// InductorError when the driver cannot say.
+  bool capturing(void* stream) const;
+
  private:
   std::vector<void*> libraries_;
   int device_ = 0;

@@ -43,6 +43,7 @@ constexpr int kColumnRows = 16;         // a column tile: kWarp kept indices × 
 constexpr int64_t kColumnBlocks = 512;  // what a split column reduction aims at (Note [Split column reductions])
 constexpr int64_t kMinSplitRows = 16;   // reduced indices a row of a split's block walks at least
 constexpr int kMaxRowBlock = 512;
+constexpr int kMaxThreads = 1024;  // a block's most on every CUDA device
 constexpr int64_t kRowElements = 8;
 constexpr int64_t kMaxPersistentSlots = 8;           // elements of a row a thread holds (Note [Persistent rows])
 constexpr int64_t kMaxPartBlocks = 1024;             // a part of a combined launch (Note [Combined launches])
@@ -346,7 +347,7 @@ std::string render_column(const Program& p, const Group& g, const GroupInfo& inf
 // the two-pass ones; an infinite or NaN maximum gives a NaN sum, as there.
 // Persistent rows read their elements once already and keep two stages.
 std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const std::string& name,
-                        KernelSignature& sig) {
+                        KernelSignature& sig, int block) {
   // Scratch rows: inner-stage values read only inside the group. Too many
   // bytes for shared memory, and they become buffers of their own.
   std::vector<int> scratch;
@@ -365,7 +366,6 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
     scratch.clear();
     bytes = 0;
   }
-  const int block = row_block(g.inner);
   const int64_t slots = (g.inner + block - 1) / block;
   const bool persistent = slots <= kMaxPersistentSlots;
   // A persistent row's thread holds vectors of `width` consecutive elements
@@ -554,11 +554,46 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
 
 }  // namespace
 
+// Note [Autotuning]
+// Which launch suits a row kernel depends on the row and on the device in
+// ways a formula misses. On an H100 GPT-2's attention softmax (rows of
+// 1024) ran 5% faster with a block for every row than with the grid capped
+// at a few waves, whose blocks each walk many rows, while the log-softmax
+// over the vocabulary (rows of 50257) ran 11% slower with 1024 threads a
+// row than with 512, and the loss's backward over the same rows 12%
+// faster. So a row kernel is rendered twice, with row_block's threads and
+// with twice as many (each thread holding half as many elements of a
+// persistent row), and each is offered with a capped and an exact grid;
+// the runtime times them on the first call and keeps the fastest
+// (compile_fx.cpp), as torch/_inductor's CachingAutotuner benchmarks a
+// reduction's Triton configs at their first launch. A kernel that writes a
+// graph input in place is not tuned: a second run would read what the
+// first wrote.
 std::string render_cuda_group(const Program& p, const Group& g, GroupInfo& info, const std::string& name,
                               KernelSignature& sig) {
   if (!g.tiled) return render_pointwise(p, g, info, name, sig);
   if (p.loops[g.loops.front()].column) return render_column(p, g, info, name, sig);
-  return render_rows(p, g, info, name, sig);
+  const int block = row_block(g.inner);
+  std::string text = render_rows(p, g, info, name, sig, block);
+  for (int li : g.loops)
+    if (p.buffers[p.loops[li].buffer].kind == Buffer::Input) return text;
+  auto offer = [&](const std::string& kernel_name, Launch launch) {
+    sig.configs.push_back({kernel_name, launch});
+    launch.exact = true;
+    sig.configs.push_back({kernel_name, launch});
+  };
+  offer(name, sig.launch);
+  if (2 * block <= kMaxThreads && block < g.inner) {
+    KernelSignature wide;
+    const std::string wide_name = name + "_b" + std::to_string(2 * block);
+    std::string wide_text = render_rows(p, g, info, wide_name, wide, 2 * block);
+    // The same parameters, so that one argument list launches either.
+    if (wide.buffers == sig.buffers && wide.written == sig.written) {
+      text += "\n" + wide_text;
+      offer(wide_name, wide.launch);
+    }
+  }
+  return text;
 }
 
 // Note [Combined launches]

@@ -108,6 +108,15 @@ std::string entry_path(const std::string& key, const InductorOptions& options) {
   return cache_dir(options) + "/g" + key + ".json";
 }
 
+json launch_json(const Launch& l) {
+  return {l.block, l.units, l.per_block, l.shared_bytes, l.exact, l.partial_bytes, l.arrivals};
+}
+
+Launch launch_of(const json& l) {
+  return Launch{l.at(0).get<int>(),  l.at(1).get<int64_t>(), l.at(2).get<int64_t>(), l.at(3).get<int>(),
+                l.at(4).get<bool>(), l.at(5).get<int64_t>(), l.at(6).get<int64_t>()};
+}
+
 }  // namespace
 
 CompiledSchedule compiled_schedule(const Schedule& s) {
@@ -116,7 +125,7 @@ CompiledSchedule compiled_schedule(const Schedule& s) {
   c.source = s.source;
   c.steps = s.steps;
   for (const KernelSignature& k : s.kernels) {
-    KernelPlan kp{k.name, k.fuses, k.launch, {}};
+    KernelPlan kp{k.name, k.fuses, k.launch, {}, k.configs, k.tuning_key};
     for (size_t i = 0; i < k.buffers.size(); ++i) {
       const Buffer& b = s.program.buffers[k.buffers[i]];
       kp.operands.push_back(
@@ -156,12 +165,14 @@ void store_schedule(const std::string& key, const CompiledSchedule& s, const ir:
                           {"sizes", o.sizes},
                           {"strides", o.strides},
                           {"dtype", static_cast<int>(o.dtype)}});
-    const Launch& l = k.launch;
-    kernels.push_back(
-        {{"name", k.name},
-         {"fuses", k.fuses},
-         {"launch", {l.block, l.units, l.per_block, l.shared_bytes, l.exact, l.partial_bytes, l.arrivals}},
-         {"operands", std::move(operands)}});
+    json configs = json::array();
+    for (const KernelConfig& c : k.configs) configs.push_back({c.name, launch_json(c.launch)});
+    kernels.push_back({{"name", k.name},
+                       {"fuses", k.fuses},
+                       {"launch", launch_json(k.launch)},
+                       {"operands", std::move(operands)},
+                       {"configs", std::move(configs)},
+                       {"tuning_key", k.tuning_key}});
   }
   const json entry = {{"version", kCodegenVersion}, {"key", key},     {"device", s.device.str()},
                       {"source", s.source},         {"steps", steps}, {"kernels", kernels}};
@@ -187,9 +198,9 @@ std::optional<CompiledSchedule> load_schedule(const std::string& key, const ir::
       KernelPlan kp;
       kp.name = k.at("name").get<std::string>();
       kp.fuses = k.at("fuses").get<std::string>();
-      const json& l = k.at("launch");
-      kp.launch = Launch{l.at(0).get<int>(),  l.at(1).get<int64_t>(), l.at(2).get<int64_t>(), l.at(3).get<int>(),
-                         l.at(4).get<bool>(), l.at(5).get<int64_t>(), l.at(6).get<int64_t>()};
+      kp.launch = launch_of(k.at("launch"));
+      for (const json& c : k.at("configs")) kp.configs.push_back({c.at(0).get<std::string>(), launch_of(c.at(1))});
+      kp.tuning_key = k.at("tuning_key").get<std::string>();
       for (const json& o : k.at("operands")) {
         const auto v = o.at("value").get<int64_t>();
         const int dtype = o.at("dtype").get<int>();

@@ -33,6 +33,8 @@ struct KernelPlan {
   std::string name, fuses;
   Launch launch;
   std::vector<KernelOperand> operands;
+  std::vector<KernelConfig> configs;  // KernelSignature::configs
+  std::string tuning_key;
 };
 
 /// What compile_fx_inner runs a graph with: the steps in order (extern

@@ -735,3 +735,97 @@ TEST_CASE("a kernel's output takes the memory of a dead buffer of the same size"
     REQUIRE_CLOSE(got[1], t1.t(), 1e-5, 1e-6);
   }
 }
+
+namespace {
+
+// softmax(x) over the last dim, decomposed as the core table traces it.
+ir::Value* softmax_rows(ir::Graph& g, ir::Value* x) {
+  const std::vector<int64_t> last{-1};
+  ir::Value* m = g.add_call("aten::amax", {x, last, true})->result();
+  ir::Value* e = g.add_call("aten::exp", {g.add_call("aten::sub.Tensor", {x, m, c10::Scalar(1)})->result()})->result();
+  ir::Value* s = g.add_call("aten::sum.dim_IntList", {e, last, true, c10::IValue()})->result();
+  return g.add_call("aten::div.Tensor", {e, s})->result();
+}
+
+// softmax(softmax(x) @ w): two row kernels of the same text over other buffers.
+ir::Graph two_softmaxes(const at::Tensor& x, const at::Tensor& w) {
+  ir::Graph g;
+  ir::Value* px = g.add_placeholder("x", ir::TensorMeta::of(x));
+  ir::Value* pw = g.add_placeholder("w", ir::TensorMeta::of(w));
+  ir::Value* y = g.add_call("aten::mm", {softmax_rows(g, px), pw})->result();
+  g.set_output({softmax_rows(g, y)});
+  ir::propagate_meta(g);
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("a CUDA row kernel is rendered in two block sizes, shared by identical rows; one writing in place in one",
+          "[inductor][nvrtc]") {
+  // Note [Autotuning]: rows of 1000 take 128 threads (row_block), and 256 in
+  // the variant. Compiled without a GPU.
+  ir::Graph g = two_softmaxes(at::randn({16, 1000}), at::randn({1000, 1000}));
+  crucible::testing::relabel_device(g, c10::Device(c10::kCUDA, 0));
+  const std::string source = inductor::generate_code(g).source;
+  INFO(source);
+  CHECK(occurrences(source, "__global__") == 2);
+  CHECK(occurrences(source, "__launch_bounds__(128) kernel_0(") == 1);
+  CHECK(occurrences(source, "__launch_bounds__(256) kernel_0_b256(") == 1);
+  CHECK(occurrences(source, "runs kernel_0's code") == 1);
+  inductor::InductorOptions o = options();
+  const std::vector<std::string> cubins = inductor::compile_cuda(g, "sm_90", o);
+  for (const char* name : {"kernel_0", "kernel_0_b256"}) {
+    CAPTURE(name);
+    const std::string symbol = std::string(name) + std::string(1, '\0');
+    CHECK(std::count_if(cubins.begin(), cubins.end(),
+                        [&](const std::string& c) { return c.find(symbol) != std::string::npos; }) == 1);
+  }
+  // The softmax written back into its input (an optimizer's in-place
+  // update, in shape): run twice, the second run would read the first's
+  // output, so the kernel has one configuration.
+  ir::Graph in_place;
+  const at::Tensor x = at::randn({16, 1000});
+  ir::Value* px = in_place.add_placeholder("x", ir::TensorMeta::of(x));
+  ir::Value* y = softmax_rows(in_place, px);
+  ir::Value* total =
+      in_place.add_call("aten::sum.dim_IntList", {y, std::vector<int64_t>{-1}, false, c10::IValue()})->result();
+  in_place.add_call("aten::copy_", {px, y, false});
+  in_place.set_output({total});
+  ir::propagate_meta(in_place);
+  crucible::testing::relabel_device(in_place, c10::Device(c10::kCUDA, 0));
+  const std::string written = inductor::generate_code(in_place).source;
+  INFO(written);
+  REQUIRE(occurrences(written, "__global__") == 1);  // the write-back fused into the rows
+  CHECK(occurrences(written, "(aten::copy_)") == 1);
+}
+
+TEST_CASE("autotuning: row kernels are timed at their first call, the choice is stored, a new compile reads it",
+          "[inductor][cuda]") {
+  CRUCIBLE_REQUIRE_CUDA();
+  // Note [Autotuning]. A cache directory of its own: no earlier choice.
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  const at::Tensor x = 3 * at::randn({512, 1000}, cuda), w = at::randn({1000, 1000}, cuda) / 32;
+  const ir::Graph g = two_softmaxes(x, w);
+  inductor::InductorOptions o;
+  o.cache_dir = crucible::testing::temp_dir("crucible-autotune");
+  runtime::Counters& counters = runtime::default_counters();
+  const int64_t tuned = counters.get("inductor", "autotuned"), hits = counters.get("inductor", "autotune_cache_hit");
+  const ir::CompiledFn first = inductor::compile_fx_inner(g, {}, o);
+  const at::Tensor a = run(first, {x, w})[0];
+  // The two softmaxes run one kernel's code: timed once.
+  CHECK(counters.get("inductor", "autotuned") - tuned == 1);
+  const at::Tensor again = run(first, {x, w})[0];
+  CHECK(counters.get("inductor", "autotuned") - tuned == 1);
+  // A softmax row sums 1000 positive terms in another order than ATen's:
+  // within 1e-5 relative (a few ulps of f32 per term, well inside); the
+  // matmul between them is cuBLAS's on both sides.
+  const at::Tensor want = at::softmax(at::mm(at::softmax(x, -1), w), -1);
+  REQUIRE_CLOSE(a, want, 1e-5, 1e-7);
+  // Every later call runs the chosen configuration, which the first call ran last.
+  REQUIRE_EQUAL_TENSORS(again, a);
+  // A new compile (a new plan, as a new process makes) reads the choice.
+  const ir::CompiledFn second = inductor::compile_fx_inner(g, {}, o);
+  REQUIRE_EQUAL_TENSORS(run(second, {x, w})[0], a);
+  CHECK(counters.get("inductor", "autotuned") - tuned == 1);
+  CHECK(counters.get("inductor", "autotune_cache_hit") - hits == 1);
+}

@@ -243,6 +243,28 @@ void check(Builder& b, const std::vector<Expect>& expects) {
   }
 }
 
+/// On a GPU, `b`'s graph (which check compiled and ran) compiled again in
+/// each launch configuration its kernels have (Note [Autotuning] in
+/// cuda_codegen.cpp: 4 for row kernels), run, and every output checked as
+/// check does: the configurations autotuning picks from are each right.
+void check_each_config(Builder& b, const std::vector<Expect>& expects) {
+  if (compile_only() || !test_device().is_cuda()) return;
+  for (int config = 0; config < 4; ++config) {
+    INFO("launch configuration " << config);
+    inductor::InductorOptions o = options();
+    o.kernel_config = config;
+    ir::CompiledFn fn = inductor::compile_fx_inner(b.g, b.inputs, o);
+    std::vector<at::Tensor> in = b.inputs;
+    const std::vector<at::Tensor> got = fn(in);
+    for (size_t i = 0; i < expects.size(); ++i) {
+      INFO("output " << i << ": " << expects[i].what);
+      const std::string why = outside(got[i], expects[i].want, expects[i].bound);
+      INFO(why);
+      REQUIRE(why.empty());
+    }
+  }
+}
+
 /// Text for a dim list in a case's description.
 std::string dims_text(const std::optional<Dims>& dims) {
   if (!dims) return "None";
@@ -906,7 +928,8 @@ TEST_CASE("lowering: decomposed softmax and log_softmax rows match at::softmax a
     int64_t dim;
   };
   // Rows of 20000, longer than a GPU thread block holds in registers, take
-  // the max and the sum in one pass there (Note [Online softmax]).
+  // the max and the sum in one pass there (Note [Online softmax]). On a GPU
+  // every launch configuration of the row kernels is checked.
   const std::vector<Case> cases = {{{8, 16, 33}, -1}, {{4, 1000}, -1}, {{8, 16, 33}, 1}, {{4, 20000}, -1}};
   for (auto dtype : {at::kFloat, at::kDouble}) {
     for (const Case& c : cases) {
@@ -926,36 +949,43 @@ TEST_CASE("lowering: decomposed softmax and log_softmax rows match at::softmax a
       const at::Tensor ly_e = at::log_softmax(x, c.dim);
       // log_softmax: (x - m) is the same on both sides; log(s) moves by s's
       // relative error, red_rtol (see softmax_bound), as an absolute error.
-      check(g, {
-                   {"softmax", y, y_e, softmax_bound(y_e)},
-                   {"log_softmax", ly, ly_e, close(ly_e) + red_rtol(dtype)},
-               });
+      const std::vector<Expect> expects = {
+          {"softmax", y, y_e, softmax_bound(y_e)},
+          {"log_softmax", ly, ly_e, close(ly_e) + red_rtol(dtype)},
+      };
+      check(g, expects);
+      check_each_config(g, expects);
     }
   }
 }
 
 TEST_CASE("lowering: decomposed layer norm rows (var_mean) match native_layer_norm, mean and rstd included",
           "[inductor][lowering][reduction]") {
-  for (auto dtype : {at::kFloat, at::kDouble}) {
-    CAPTURE(dtype);
+  // Rows of 32, and of 768 (GPT-2's): on a GPU the longer rows' kernel
+  // has two block sizes too (Note [Autotuning]).
+  for (auto [dtype, n] :
+       {std::pair{at::kFloat, int64_t{32}}, std::pair{at::kDouble, int64_t{32}}, std::pair{at::kFloat, int64_t{768}}}) {
+    CAPTURE(dtype, n);
     const double eps = 1e-5;
-    at::Tensor x = at::randn({4, 8, 32}, of(dtype));
-    at::Tensor w = at::randn({32}, of(dtype)), b = at::randn({32}, of(dtype));
+    at::Tensor x = at::randn({4, 8, n}, of(dtype));
+    at::Tensor w = at::randn({n}, of(dtype)), b = at::randn({n}, of(dtype));
     Builder g;
     ir::Value *px = g.input(x), *pw = g.input(w), *pb = g.input(b);
     LayerNorm ln = layer_norm_rows(g, px, pw, pb, 2, eps);
-    const auto [y_e, mean_e, rstd_e] = at::native_layer_norm(x, {32}, w, b, eps);
+    const auto [y_e, mean_e, rstd_e] = at::native_layer_norm(x, {n}, w, b, eps);
     // var's relative error: red_rtol of the squares' magnitudes (as in the
     // var_mean test) over var + eps, from eager's var = rstd^-2 - eps.
     const at::Tensor var_e = rstd_e.to(at::kDouble).pow(-2) - eps;
     const at::Tensor var_rel = red_rtol(dtype) * x.to(at::kDouble).square().mean(Dims{-1}, true) / (var_e + eps);
     const LayerNormBounds bounds = layer_norm_bounds(x, w, b, mean_e, rstd_e, y_e, var_rel);
     REQUIRE(mean_e.sizes() == at::IntArrayRef{4, 8, 1});
-    check(g, {
-                 {"y", ln.y, y_e, bounds.y},
-                 {"mean", ln.mean, mean_e, bounds.mean},
-                 {"rstd", ln.rstd, rstd_e, bounds.rstd},
-             });
+    const std::vector<Expect> expects = {
+        {"y", ln.y, y_e, bounds.y},
+        {"mean", ln.mean, mean_e, bounds.mean},
+        {"rstd", ln.rstd, rstd_e, bounds.rstd},
+    };
+    check(g, expects);
+    check_each_config(g, expects);
   }
 }
 
@@ -1342,15 +1372,19 @@ TEST_CASE("lowering: attention rows under bf16 autocast (scaled, masked softmax 
     const at::Tensor gi_bound = 2 * u * mag(gi_e) + mag(y_e) * reduced(at::kFloat, mag(gy_e).sum(-1, true)) +
                                 2 * rtol(at::kFloat) * (mag(gy_e) + mag(y_e * s_e)) + softmax_bound(y_e) * mag(grad) +
                                 atol(at::kFloat);
-    check(g, {
-                 {"softmax rows, to bf16", y16, y_e.to(at::kBFloat16), 2 * u * mag(y_e) + softmax_bound(y_e)},
-                 {"their backward, to bf16", gi16, gi_e.to(at::kBFloat16), gi_bound},
-             });
+    const std::vector<Expect> expects = {
+        {"softmax rows, to bf16", y16, y_e.to(at::kBFloat16), 2 * u * mag(y_e) + softmax_bound(y_e)},
+        {"their backward, to bf16", gi16, gi_e.to(at::kBFloat16), gi_bound},
+    };
+    check(g, expects);
+    check_each_config(g, expects);
     const inductor::GeneratedCode code = inductor::generate_code(g.g);
-    // Rows of up to 4096 keep what later stages read: in register arrays on
-    // a GPU, in per-thread rows on the CPU (Note [Kept row values]).
+    // Rows of up to 4096 keep what later stages read in per-thread rows on
+    // the CPU (Note [Kept row values]); on a GPU rows of up to 8192 in
+    // register arrays, in the configuration of 1024 threads (Note
+    // [Autotuning]).
     const std::string kept = code.cuda ? "_row[" : "keep_";
-    CHECK((code.source.find(kept) != std::string::npos) == (n <= 4096));
+    CHECK((code.source.find(kept) != std::string::npos) == (n <= (code.cuda ? 8192 : 4096)));
   }
 }
 

@@ -49,12 +49,25 @@ struct InductorOptions {
   /// (it computes on the CPU, reads a CPU tensor, syncs with the host) runs
   /// without, with a warning saying why. Graphs on the CPU ignore it.
   bool cuda_graphs = false;
+  /// Which launch configuration CUDA kernels rendered in several run
+  /// (Note [Autotuning] in src/cuda_codegen.cpp; torch/_inductor's
+  /// autotuning of a reduction's Triton configs). -1: each is timed in every
+  /// configuration at its first run, on that run's inputs, and the fastest
+  /// kept; the choice is stored in the cache directory under the kernel's
+  /// text and the device's name, so later processes take it without timing.
+  /// No kernel is timed while its stream captures a CUDA graph (it then runs
+  /// its first configuration), nor one that writes a graph input in place.
+  /// k >= 0: every such kernel runs its k-th configuration (its last where
+  /// it has fewer), untimed: for tests of each configuration and for
+  /// comparing them by hand.
+  int kernel_config = -1;
 
   /// The defaults, with the debugging switches taken from the environment
   /// as torch/_inductor/config.py takes its own: CRUCIBLE_INDUCTOR_PROFILE=1
   /// (profile), CRUCIBLE_INDUCTOR_PRINT_CODE=1 (print_generated_code),
   /// CRUCIBLE_INDUCTOR_CUDA_GRAPHS=1 (cuda_graphs),
-  /// CRUCIBLE_INDUCTOR_CACHE_DIR (cache_dir). What the `inductor` backend
+  /// CRUCIBLE_INDUCTOR_CACHE_DIR (cache_dir),
+  /// CRUCIBLE_INDUCTOR_KERNEL_CONFIG=k (kernel_config). What the `inductor` backend
   /// of the pipeline's registry compiles with. Throws nothing.
   static InductorOptions from_environment();
 };
