@@ -15,6 +15,8 @@
 //   BM_InductorColumnSum/inductor       sum.dim_IntList over dim 0
 //   BM_InductorSum/eager                at::sum of every element of [8192, 1024] f32 (a loss's sum)
 //   BM_InductorSum/inductor             aten::sum: one reduction of outer size 1
+//   BM_InductorRowSums/eager            at::sum over dim 1 of [4, 2M] f32 (the same 32 MiB, 4 rows)
+//   BM_InductorRowSums/inductor         sum.dim_IntList over dim 1: fewer rows than most machines' threads
 //   BM_InductorGenerateCode/gpt2-small  lowering, fusion and C++ rendering of GPT-2 small's
 //                                       training step (AdamW, batch 8, T 1024: about 7000 nodes,
 //                                       traced once in fake mode); no compiler runs
@@ -134,6 +136,15 @@ ir::Graph sum_graph(const at::Tensor& x) {
   ir::Graph g;
   ir::Value* px = g.add_placeholder("x", ir::TensorMeta::of(x));
   g.set_output({g.add_call("aten::sum", {px, c10::IValue()})->result()});
+  ir::propagate_meta(g);
+  return g;
+}
+
+// The sum of each row of a 2-D tensor.
+ir::Graph row_sums_graph(const at::Tensor& x) {
+  ir::Graph g;
+  ir::Value* px = g.add_placeholder("x", ir::TensorMeta::of(x));
+  g.set_output({g.add_call("aten::sum.dim_IntList", {px, std::vector<int64_t>{1}, false})->result()});
   ir::propagate_meta(g);
   return g;
 }
@@ -305,6 +316,20 @@ void BM_InductorSum_inductor(benchmark::State& state) {
   set_bytes(state, kSumBytes);
 }
 
+constexpr int64_t kFewRows = 4;
+
+void BM_InductorRowSums_eager(benchmark::State& state) {
+  at::Tensor x = at::randn({kFewRows, kRows * kCols / kFewRows});
+  for (auto _ : state) benchmark::DoNotOptimize(at::sum(x, 1));
+  set_bytes(state, kSumBytes);
+}
+
+void BM_InductorRowSums_inductor(benchmark::State& state) {
+  at::Tensor x = at::randn({kFewRows, kRows * kCols / kFewRows});
+  run_compiled(state, inductor::compile_fx_inner(row_sums_graph(x), {x}), {x});
+  set_bytes(state, kSumBytes);
+}
+
 // --- code generation for a large graph -----------------------------------------------------
 // What a cold compile spends before any compiler runs, on the largest graph
 // of the zoo: its lowering once had a check quadratic in the step's size.
@@ -367,3 +392,8 @@ BENCHMARK(BM_InductorColumnSum_inductor)
     ->UseRealTime();
 BENCHMARK(BM_InductorSum_eager)->Name("BM_InductorSum/eager")->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_InductorSum_inductor)->Name("BM_InductorSum/inductor")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_InductorRowSums_eager)->Name("BM_InductorRowSums/eager")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_InductorRowSums_inductor)
+    ->Name("BM_InductorRowSums/inductor")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();

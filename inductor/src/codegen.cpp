@@ -299,28 +299,45 @@ std::string render_column_group(const Program& p, const Group& g, const GroupInf
 }
 
 // Note [Split reductions]
-// Reductions of outer size 1 (a loss's sum, a norm) leave the outer loop
-// nothing to share among threads, and one thread walked the whole range
-// (2.4x eager's time for the sum of [8192, 1024] floats on this 2-core
-// machine). Their reduced range is split instead, as ATen's parallel
-// reductions split theirs: each thread folds one contiguous chunk as the
-// single loop folds its range, and the partials are combined in thread
-// order, so a run gives the same bits as any other with the same thread
-// count. A group of such reductions (the scheduler fuses every reduction
-// of one tensor's elements) runs them one after another, each split, with
-// the values of the outer index between them (a mean's division, a loss's
-// scaling) computed once. Groups with stages over the reduced range keep
-// the one loop.
-bool split_reduction(const Program& p, const Group& g) {
-  if (!g.tiled || g.outer != 1 || g.inner < kParallel || p.loops[g.loops.front()].column) return false;
-  return std::none_of(g.loops.begin(), g.loops.end(), [&](int li) { return stage_of(p.loops[li], g) == Stage::Inner; });
+// Reductions of a few long rows (a loss's sum, a norm: outer size 1; a
+// per-sample sum over a small batch) leave the outer loop too little to
+// share among threads: one thread walked a whole [8192, 1024] sum (2.4x
+// eager's time on this 2-core machine), and 4 rows kept 4 of 16 threads
+// busy. Their work is split across the reduced range instead, as ATen's
+// parallel reductions split theirs: the rows' elements, in order, are cut
+// into one contiguous chunk a thread; a thread folds each row's part of
+// its chunk as the single loop folds a row, into a partial per (row,
+// thread), and each row's partials are combined in thread order, so a run
+// gives the same bits as any other with the same thread count. A thread
+// whose chunk holds whole rows folds them whole: with more rows than
+// threads this is the row-parallel loop. A group of such reductions (the
+// scheduler fuses every reduction of the same rows: a var_mean's mean and
+// variance) runs them one after another, each split, with the values of
+// each row between them (a mean's division, a loss's scaling) computed
+// once a row. Groups with stages over the reduced range keep the one
+// loop, and so do rows indexed through divisions (an NCHW tensor's sum over
+// N, H and W), which Note [Split loops] walks as nested affine loops.
+constexpr int64_t kMaxSplitRows = 64;  // rows from which the row-parallel loop gives every thread work
+
+bool affine(const Program& p, const Group& g, const GroupInfo& info, const LoopVars& v, const std::string& var);
+
+bool split_reduction(const Program& p, const Group& g, const GroupInfo& info) {
+  if (!g.tiled || g.outer >= kMaxSplitRows || g.inner < kParallel || p.loops[g.loops.front()].column) return false;
+  if (std::any_of(g.loops.begin(), g.loops.end(), [&](int li) { return stage_of(p.loops[li], g) == Stage::Inner; }))
+    return false;
+  return g.outer == 1 || affine(p, g, info, loop_vars(g.outer, g.inner), "r");
 }
 
 std::string render_split_reduction(const Program& p, const Group& g, const GroupInfo& info, const std::string& name,
                                    int threads, KernelSignature& sig) {
   CBody body(p, g, info);
   const Expr o = Expr::var("o", g.outer);
-  const std::string N = std::to_string(g.inner);
+  const std::string OUTER = std::to_string(g.outer), INNER = std::to_string(g.inner),
+                    N = std::to_string(g.outer * g.inner);
+  // A per-row array of `T` named `array`.
+  auto rows = [&](const std::string& T, const std::string& array) {
+    return "const std::unique_ptr<" + T + "[]> " + array + "(new " + T + "[" + OUTER + "]);\n";
+  };
   std::string text;
   int counter = 0;
   for (int li : g.loops) {
@@ -328,39 +345,48 @@ std::string render_split_reduction(const Program& p, const Group& g, const Group
     const Buffer& buf = p.buffers[l.buffer];
     const std::string T = ctype_of(buf.dtype), red = "red_" + buf.name;
     Val v = body_value(body, l, g.outer, g.inner);
-    if (!l.reduction) {
-      text += body.take_inner();
-      if (info.external.contains(l.buffer)) text += body.store(l.buffer, store_offset(p, l, o), v.name);
-      body.set_local(l.buffer, v.name);
+    if (!l.reduction) {  // once a row
+      std::string lines = body.take_inner();
+      if (info.external.contains(l.buffer)) lines += body.store(l.buffer, store_offset(p, l, o), v.name);
+      text += rows(T, red) + "for (int64_t o = 0; o < " + OUTER + "; ++o) {\n" +
+              indent(lines + red + "[o] = " + v.name + ";\n", 2) + "}\n";
+      body.set_local(l.buffer, red + "[o]");
       continue;
     }
     const std::string inner = body.take_inner();
     const std::string A = T == "float" && l.rtype == ReductionType::Sum ? "double" : T;
     const std::string acc = "acc" + std::to_string(counter), part = "part" + std::to_string(counter++);
     const Combine c = combine_of(l.rtype, A, acc, v.name);
-    // The partials folded in thread order (a NaN a thread saw is in its
-    // flag, not its partial).
+    // A row's partials folded in thread order (a NaN a thread saw is in its
+    // flag, not its partial); a thread that saw none of the row left the
+    // initial value, which folds to nothing.
     const bool nan = l.rtype != ReductionType::Sum;
-    const std::string fold = !nan ? acc + " += " + part + "[t];\n"
-                                  : acc + " = " + part + "[t] " + (l.rtype == ReductionType::Max ? ">" : "<") + " " +
-                                        acc + " ? " + part + "[t] : " + acc + ";\n" + acc + "_nan |= " + part +
-                                        "_nan[t];\n";
-    text += "const std::unique_ptr<" + A + "[]> " + part + "(new " + A + "[crucible_threads]);\n";
-    if (nan) text += "const std::unique_ptr<int[]> " + part + "_nan(new int[crucible_threads]());\n";
+    const std::string at = "[o * crucible_threads + t]";
+    const std::string fold = !nan ? acc + " += " + part + at + ";\n"
+                                  : acc + " = " + part + at + " " + (l.rtype == ReductionType::Max ? ">" : "<") + " " +
+                                        acc + " ? " + part + at + " : " + acc + ";\n" + acc + "_nan |= " + part +
+                                        "_nan" + at + ";\n";
+    text += "const std::unique_ptr<" + A + "[]> " + part + "(new " + A + "[" + OUTER + " * crucible_threads]);\n";
+    text += "for (int64_t i = 0; i < " + OUTER + " * crucible_threads; ++i) " + part + "[i] = " + c.init + ";\n";
+    if (nan) text += "const std::unique_ptr<int[]> " + part + "_nan(new int[" + OUTER + " * crucible_threads]());\n";
     text += "int " + part + "_used = 1;\n#pragma omp parallel num_threads(crucible_threads)\n{\n";
     text += "  const int t = omp_get_thread_num(), n = omp_get_num_threads();\n";
     text += "  const int64_t lo = " + N + " * t / n, hi = " + N + " * (t + 1) / n;\n";
-    text += "  " + A + " " + acc + " = " + c.init + ";\n" + indent(c.extra_decl, 2) + indent(c.pragma, 2);
-    text += "  for (int64_t r = lo; r < hi; ++r) {\n" + indent(inner + c.combine, 4) + "  }\n";
-    text += "  " + part + "[t] = " + acc + ";\n" + (nan ? "  " + part + "_nan[t] = " + acc + "_nan;\n" : "");
-    text += "#pragma omp single\n  " + part + "_used = n;\n}\n";
-    text += A + " " + acc + " = " + c.init + ";\n" + c.extra_decl;
-    text += "for (int t = 0; t < " + part + "_used; ++t) {\n" + indent(fold, 2) + "}\n";
+    text += "  for (int64_t o = lo / " + INNER + "; o < " + OUTER + " && o * " + INNER + " < hi; ++o) {\n";
+    text += "    const int64_t r_lo = lo > o * " + INNER + " ? lo - o * " + INNER + " : 0;\n";
+    text += "    const int64_t r_hi = hi < (o + 1) * " + INNER + " ? hi - o * " + INNER + " : " + INNER + ";\n";
+    text += "    " + A + " " + acc + " = " + c.init + ";\n" + indent(c.extra_decl, 4) + indent(c.pragma, 4);
+    text += "    for (int64_t r = r_lo; r < r_hi; ++r) {\n" + indent(inner + c.combine, 6) + "    }\n";
+    text +=
+        "    " + part + at + " = " + acc + ";\n" + (nan ? "    " + part + "_nan" + at + " = " + acc + "_nan;\n" : "");
+    text += "  }\n#pragma omp single\n  " + part + "_used = n;\n}\n";
     std::string value = c.result.empty() ? "static_cast<" + T + ">(" + acc + ")" : c.result;
     if (!l.finalize.empty()) value = substitute(l.finalize, value);
-    text += "const " + T + " " + red + " = " + value + ";\n";
-    if (info.external.contains(l.buffer)) text += body.store(l.buffer, store_offset(p, l, o), red);
-    body.set_local(l.buffer, red);
+    std::string per_row = A + " " + acc + " = " + c.init + ";\n" + c.extra_decl + "for (int t = 0; t < " + part +
+                          "_used; ++t) {\n" + indent(fold, 2) + "}\n" + red + "[o] = " + value + ";\n";
+    if (info.external.contains(l.buffer)) per_row += body.store(l.buffer, store_offset(p, l, o), red + "[o]");
+    text += rows(T, red) + "for (int64_t o = 0; o < " + OUTER + "; ++o) {\n" + indent(per_row, 2) + "}\n";
+    body.set_local(l.buffer, red + "[o]");
   }
   std::string out =
       "extern \"C\" void " + name + "(void* const* b) {\n" + indent(signature(p, body, info, sig) + body.take(0), 2);
@@ -479,7 +505,7 @@ Split split_loops(const Program& p, const Group& g, const GroupInfo& info) {
 std::string render_group(const Program& p, const Group& g, const GroupInfo& info, const std::string& name, int threads,
                          KernelSignature& sig) {
   if (p.loops[g.loops.front()].column) return render_column_group(p, g, info, name, threads, sig);
-  if (split_reduction(p, g)) return render_split_reduction(p, g, info, name, threads, sig);
+  if (split_reduction(p, g, info)) return render_split_reduction(p, g, info, name, threads, sig);
   constexpr int64_t kMaxKeptRow = 4096;
   CBody body(p, g, info);
   const bool keep = g.tiled && g.inner <= kMaxKeptRow;

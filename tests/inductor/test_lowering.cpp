@@ -178,20 +178,20 @@ struct Builder {
   /// and runs on `inputs` themselves (a write to an input reaches the
   /// caller's tensor). compile_only(): compiles the graph's CUDA kernels with
   /// NVRTC and returns nothing.
-  std::vector<at::Tensor> run(std::vector<ir::Value*> outputs) {
+  std::vector<at::Tensor> run(std::vector<ir::Value*> outputs, const inductor::InductorOptions& o = options()) {
     g.set_output(std::move(outputs));
     ir::propagate_meta(g);
     if (compile_only()) {
       crucible::testing::relabel_device(g, test_device());
       for (auto& [v, t] : host) v->set_meta(ir::TensorMeta::of(t));
       REQUIRE(inductor::generate_code(g).cuda);
-      for (const std::string& cubin : inductor::compile_cuda(g, "sm_90", options()))
+      for (const std::string& cubin : inductor::compile_cuda(g, "sm_90", o))
         REQUIRE(cubin.compare(0, 4,
                               "\x7f"
                               "ELF") == 0);
       return {};
     }
-    ir::CompiledFn fn = inductor::compile_fx_inner(g, inputs, options());
+    ir::CompiledFn fn = inductor::compile_fx_inner(g, inputs, o);
     std::vector<at::Tensor> in = inputs;
     std::vector<at::Tensor> out = fn(in);
     REQUIRE(out.size() == g.outputs().size());
@@ -223,12 +223,12 @@ Expect reduction(std::string what, ir::Value* v, const at::Tensor& want, const a
 /// An exact result (max, min, selections, comparisons).
 Expect exactly(std::string what, ir::Value* v, const at::Tensor& want) { return {std::move(what), v, want, exact()}; }
 
-/// Compiles `b` with the expectations' values as outputs, runs it once and
-/// checks every output.
-void check(Builder& b, const std::vector<Expect>& expects) {
+/// Compiles `b` (with `o`) with the expectations' values as outputs, runs it
+/// once and checks every output.
+void check(Builder& b, const std::vector<Expect>& expects, const inductor::InductorOptions& o = options()) {
   std::vector<ir::Value*> outputs;
   for (const Expect& e : expects) outputs.push_back(e.value);
-  const std::vector<at::Tensor> got = b.run(outputs);
+  const std::vector<at::Tensor> got = b.run(outputs, o);
   if (compile_only()) return;
   for (size_t i = 0; i < expects.size(); ++i) {
     INFO("output " << i << ": " << expects[i].what);
@@ -694,6 +694,51 @@ TEST_CASE("lowering: reductions of every element of a large tensor, split across
              });
     const inductor::GeneratedCode code = inductor::generate_code(g.g);
     if (!code.cuda) CHECK(code.source.find("omp_get_thread_num()") != std::string::npos);
+  }
+}
+
+TEST_CASE("lowering: reductions of a few long rows, split across threads on the CPU",
+          "[inductor][lowering][reduction]") {
+  // 3 rows of 40001 elements (Note [Split reductions]): with 2, 3 and 5
+  // threads a row is split across threads, one thread's chunk spans two
+  // rows, and with 5 threads some thread has part of one row only. A row's
+  // partials combine in thread order: amax's NaN in the last element of
+  // row 1 and amin's in the first of row 2 must survive their chunks. The
+  // var_mean's variance reads its row's mean, computed between the two.
+  for (int threads : {2, 3, 5}) {
+    for (auto dtype : {at::kFloat, at::kDouble}) {
+      CAPTURE(threads, dtype);
+      at::Tensor x = at::randn({3, 40001}, of(dtype)) + 2;
+      at::Tensor with_nan = x.clone();
+      with_nan[1][40000].fill_(kNaN);
+      with_nan[2][0].fill_(kNaN);
+      Builder g;
+      ir::Value *px = g.input(x), *pn = g.input(with_nan);
+      ir::Value* sum = g.call("aten::sum.dim_IntList", {px, Dims{1}, false});
+      ir::Value* scaled = g.call("aten::mul.Scalar", {sum, c10::Scalar(0.5)});  // a per-row epilogue
+      ir::Node* vm = g.node("aten::var_mean.correction", {px, Dims{1}, c10::Scalar(1), true});
+      const auto [var_e, mean_e] = at::var_mean(x, {1}, 1, true);
+      // The variance of a row: sum((x - mean)^2) / (n - 1), each term's
+      // error red_rtol of the squares' sum (as the var_mean test bounds it).
+      const at::Tensor var_bound =
+          reduced(dtype, (x - mean_e).square().sum(1, true) / 40000) + mag(var_e) * rtol(dtype);
+      inductor::InductorOptions o = options();
+      o.threads = threads;
+      check(g,
+            {
+                reduction("sum", sum, x.sum(1), mag(x).sum(1)),
+                reduction("sum * 0.5", scaled, x.sum(1) * 0.5, mag(x).sum(1) * 0.5),
+                reduction("mean", vm->result(1), mean_e, mag(x).mean(1, true)),
+                {"var", vm->result(0), var_e, var_bound},
+                exactly("amax, NaN in row 1's last element", g.call("aten::amax", {pn, Dims{1}, false}),
+                        at::amax(with_nan, 1)),
+                exactly("amin, NaN in row 2's first element", g.call("aten::amin", {pn, Dims{1}, false}),
+                        at::amin(with_nan, 1)),
+            },
+            o);
+      const inductor::GeneratedCode code = inductor::generate_code(g.g);
+      if (!code.cuda) CHECK(code.source.find("omp_get_thread_num()") != std::string::npos);
+    }
   }
 }
 
