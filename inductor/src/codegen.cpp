@@ -95,6 +95,8 @@ namespace {
 //    memory, closes it; any other extern kernel runs before the group (it
 //    neither reads what the group writes nor writes what the group reads),
 //    so the group keeps growing across it;
+//  - a loop that fits no open group may join one closed shortly before it
+//    whose reads it shares (Note [Horizontal fusion]);
 //  - buffers read only inside their group never reach memory: a reduction
 //    or per-outer value stays a local, a row a per-thread scratch row.
 class Scheduler {
@@ -103,18 +105,36 @@ class Scheduler {
 
   void run(std::vector<Group>& groups, std::vector<Schedule::Step>& steps) {
     int open = -1;
+    std::vector<size_t> step_of;  // a closed group's step
     auto close = [&] {
-      if (open >= 0) steps.push_back({nullptr, open});
+      if (open < 0) return;
+      steps.push_back({nullptr, open});
+      step_of[static_cast<size_t>(open)] = steps.size() - 1;
+      for (int li : groups[static_cast<size_t>(open)].loops) made(p_.loops[li].buffer, steps.size() - 1);
+      open_writes_.clear();
       open = -1;
     };
     for (const Item& it : p_.items) {
       if (it.extern_node) {
         if (open >= 0 && (it.extern_node->is_mutating() || reads_group(it.extern_node, groups[open]))) close();
         steps.push_back({it.extern_node, -1});
+        if (it.extern_node->is_mutating()) barrier_ = steps.size();
+        for (size_t r = 0; r < it.extern_node->num_results(); ++r)
+          if (auto b = p_.buffer_of.find(it.extern_node->result(r)); b != p_.buffer_of.end())
+            made(b->second, steps.size() - 1);
         continue;
       }
-      if (open >= 0 && join(groups[open], it.loop)) continue;
+      const int b = p_.loops[it.loop].buffer;
+      if (open >= 0 && join(groups[open], it.loop)) {
+        if (p_.buffers[b].kind == Buffer::Input) open_writes_.insert(b);
+        continue;
+      }
+      if (int k = earlier_group(groups, step_of, it.loop); k >= 0) {
+        made(b, step_of[static_cast<size_t>(k)]);
+        continue;
+      }
       close();
+      if (p_.buffers[b].kind == Buffer::Input) open_writes_.insert(b);
       const Loop& l = p_.loops[it.loop];
       Group g;
       g.outer = l.numel();
@@ -122,12 +142,75 @@ class Scheduler {
       g.tiled = l.reduction;
       g.loops = {it.loop};
       groups.push_back(std::move(g));
+      step_of.push_back(std::numeric_limits<size_t>::max());
       open = static_cast<int>(groups.size()) - 1;
     }
     close();
   }
 
  private:
+  // Note [Horizontal fusion]
+  // A loop that cannot join the open group may still share a read with a
+  // group closed shortly before: the two consumers of a tensor with a
+  // matmul between them (one feeds it, the other does not), GELU's backward
+  // beside its bias's gradient. As torch/_inductor's scheduler fuses nodes
+  // that are not neighbours when no dependency runs through what lies
+  // between, the loop joins that group, which then runs it at its own place
+  // in the program, reading the shared operand once. That is right when
+  // everything the loop reads exists there: nothing it reads is made by a
+  // later step (the open group included), nor written in place after it (a
+  // write-back, a mutating extern kernel, which no move crosses); its own
+  // buffer is new, read only by later items. A loop writing a graph input
+  // in place keeps its place. The search looks back kHorizontalWindow
+  // groups, the nearest first.
+  static constexpr size_t kHorizontalWindow = 8;
+  static constexpr size_t kNever = std::numeric_limits<size_t>::max();
+
+  // Buffer `b` exists from step `step` on (a graph input written in place:
+  // holds its new value from then on).
+  void made(int b, size_t step) { ready_[b] = step; }
+
+  // The step from which buffer `b` holds what a read of it now sees: 0 for
+  // a graph input not written yet, kNever for what the open group makes or
+  // writes in place.
+  size_t ready(int b) const {
+    if (open_writes_.contains(b)) return kNever;
+    if (auto it = ready_.find(b); it != ready_.end()) return it->second;
+    return p_.buffers[b].kind == Buffer::Input ? 0 : kNever;
+  }
+
+  int earlier_group(std::vector<Group>& groups, const std::vector<size_t>& step_of, int li) {
+    const Loop& l = p_.loops[li];
+    if (p_.buffers[l.buffer].kind == Buffer::Input) return -1;
+    std::vector<int> reads;
+    size_t needed = 0;
+    for (const Read& r : reads_of(p_, l, l.numel(), l.reduction ? l.rnumel() : 1)) {
+      reads.push_back(r.buffer);
+      needed = std::max(needed, ready(r.buffer));
+    }
+    size_t looked = 0;
+    for (size_t k = groups.size(); k-- > 0 && looked < kHorizontalWindow;) {
+      const size_t at = step_of[k];
+      if (at == kNever) continue;  // the open group
+      ++looked;
+      if (at < barrier_ || at < needed) return -1;  // earlier groups are earlier still
+      if (!shares_read(groups[k], reads)) continue;
+      if (join(groups[k], li)) return static_cast<int>(k);
+    }
+    return -1;
+  }
+
+  // Whether group `g` reads or makes one of `buffers`.
+  bool shares_read(const Group& g, const std::vector<int>& buffers) const {
+    for (int li : g.loops) {
+      const Loop& l = p_.loops[li];
+      if (std::find(buffers.begin(), buffers.end(), l.buffer) != buffers.end()) return true;
+      for (const Read& r : reads_of(p_, l, g.outer, g.inner))
+        if (std::find(buffers.begin(), buffers.end(), r.buffer) != buffers.end()) return true;
+    }
+    return false;
+  }
+
   bool column(const Group& g) const { return p_.loops[g.loops.front()].column; }
 
   bool reads_group(const ir::Node* n, const Group& g) const {
@@ -188,6 +271,9 @@ class Scheduler {
   }
 
   Program& p_;
+  std::unordered_map<int, size_t> ready_;  // buffers made (or written in place) by closed steps
+  std::unordered_set<int> open_writes_;    // graph inputs the open group writes in place
+  size_t barrier_ = 0;                     // the step after the last mutating extern kernel
 };
 
 // ---- C++ rendering ----------------------------------------------------------

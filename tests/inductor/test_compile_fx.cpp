@@ -829,3 +829,43 @@ TEST_CASE("autotuning: row kernels are timed at their first call, the choice is 
   CHECK(counters.get("inductor", "autotuned") - tuned == 1);
   CHECK(counters.get("inductor", "autotune_cache_hit") - hits == 1);
 }
+
+TEST_CASE("horizontal fusion: a loop joins an earlier group it shares a read with, unless what lies between forbids",
+          "[inductor]") {
+  // Note [Horizontal fusion]: tanh(x) feeds a matmul, which closes its
+  // group; sigmoid(x) comes after the matmul and does not read it, so it
+  // joins tanh's kernel and x is read once. sigmoid of the matmul's result
+  // cannot move before the matmul; nor can anything move back across a
+  // mutating extern kernel.
+  const at::Tensor x = at::randn({16, 16}), w = at::randn({16, 16}) / 4;
+  auto graph = [&](bool reads_product, bool mutation_between) {
+    ir::Graph g;
+    ir::Value* px = g.add_placeholder("x", ir::TensorMeta::of(x));
+    ir::Value* pw = g.add_placeholder("w", ir::TensorMeta::of(w));
+    ir::Value* y = g.add_call("aten::mm", {g.add_call("aten::tanh", {px})->result(), pw})->result();
+    if (mutation_between) g.add_call("aten::copy_", {pw, y, false});
+    ir::Value* s = g.add_call("aten::sigmoid", {reads_product ? y : px})->result();
+    g.set_output({y, s});
+    ir::propagate_meta(g);
+    return g;
+  };
+  auto kernels = [](const ir::Graph& g) { return occurrences(inductor::generate_code(g).source, "void kernel_"); };
+  CHECK(kernels(graph(false, false)) == 1);
+  CHECK(kernels(graph(true, false)) == 2);
+  CHECK(kernels(graph(false, true)) == 2);
+  // Values: the fused kernel's, against eager (tanh and sigmoid a few ulps
+  // apart from Sleef's; the matmul is ATen's on both sides).
+  for (bool reads_product : {false, true}) {
+    CAPTURE(reads_product);
+    const ir::CompiledFn fn = inductor::compile_fx_inner(graph(reads_product, false), {x, w}, options());
+    const std::vector<at::Tensor> got = run(fn, {x, w});
+    const at::Tensor y = at::mm(at::tanh(x), w);
+    REQUIRE_CLOSE(got[0], y, 1e-5, 1e-6);
+    REQUIRE_CLOSE(got[1], at::sigmoid(reads_product ? y : x), 1e-5, 1e-6);
+  }
+  // Across the mutation: w written with the product after the matmul read it.
+  at::Tensor w2 = w.clone();
+  const std::vector<at::Tensor> got = run(inductor::compile_fx_inner(graph(false, true), {x, w2}, options()), {x, w2});
+  REQUIRE_CLOSE(w2, at::mm(at::tanh(x), w), 1e-5, 1e-6);
+  REQUIRE_CLOSE(got[1], at::sigmoid(x), 1e-5, 1e-6);
+}
