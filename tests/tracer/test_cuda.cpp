@@ -62,6 +62,25 @@ TEST_CASE("CUDA: dropout replays eager's mask when the CUDA generator is re-seed
   REQUIRE_EQUAL_TENSORS(actual[0], expected[0]);
 }
 
+TEST_CASE("CUDA: a fake-mode trace of dropout warns that its draws are not eager's; a real-mode trace does not",
+          "[tracer][cuda]") {
+  CRUCIBLE_REQUIRE_CUDA();
+  // Note [Devices in fake mode]: on meta tensors at::dropout takes its
+  // generic path (bernoulli_), not the fused CUDA kernel eager runs.
+  auto fn = [](const Tensors& in) { return Tensors{at::dropout(in[0] * 3.0, 0.5, /*train=*/true)}; };
+  const Tensors inputs = {at::randn({64, 64}, at::kCUDA)};
+  auto warned = [&](crucible::tracer::TraceMode mode) {
+    crucible::testing::CollectWarnings warnings;
+    crucible::tracer::TraceOptions options;
+    options.mode = mode;
+    crucible::tracer::make_fx(fn, inputs, options);
+    return std::any_of(warnings.messages.begin(), warnings.messages.end(),
+                       [](const std::string& w) { return w.find("not the numbers eager draws") != std::string::npos; });
+  };
+  CHECK(warned(crucible::tracer::TraceMode::Fake));
+  CHECK_FALSE(warned(crucible::tracer::TraceMode::Real));
+}
+
 TEST_CASE("CUDA: functionalized in-place updates of a GPU input come back as a mutated-input output",
           "[tracer][cuda]") {
   CRUCIBLE_REQUIRE_CUDA();

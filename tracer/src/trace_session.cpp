@@ -161,7 +161,10 @@ void TraceSession::find_out_of_place_decomposition(const c10::OperatorHandle& op
 // tensors (made from C++ values) keep their own device. The rule is exact
 // when a graph's tensors share one device, with CPU scalars beside them; a
 // factory given a CPU tensor's options inside a GPU trace is recorded on the
-// GPU (trace in real mode where that matters).
+// GPU (trace in real mode where that matters). Code that branches on
+// is_cuda() sees a meta tensor, not a CUDA one, and takes its CPU path:
+// the same math, except where the path draws random numbers (dropout's
+// bernoulli_ against its fused CUDA kernel), which a GPU trace then warns of.
 c10::Device TraceSession::fake_device(const std::vector<ir::Argument>& args) const {
   for (const ir::Argument& a : args)
     if (a.is_constant() && a.constant().isDevice() && a.constant().toDevice().type() != c10::kMeta)
@@ -735,6 +738,19 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
     list_size = n;
   }
   ir::Node* node = graph_.add_call(op, std::move(args), list_size);
+  // A meta tensor is not a CUDA tensor: ATen code that picks a kernel by
+  // device took its generic path (dropout draws through bernoulli_, not
+  // the fused CUDA kernel eager runs), and such a path draws other random
+  // numbers than eager does on the GPU (Note [Devices in fake mode]).
+  if (options_.mode == TraceMode::Fake && !warned_random_ && node->is_nondeterministic() && result_device_ &&
+      result_device_->type() != c10::kCPU) {
+    warned_random_ = true;
+    TORCH_WARN("fake-mode trace: ", i.name, " draws random numbers on ", result_device_->str(),
+               ". The trace ran on meta tensors, so an op that ATen routes by device (dropout, whose fused kernel runs "
+               "only on CUDA tensors) was traced through its generic path: the compiled function draws from the same "
+               "distribution but not the numbers eager draws from the same generator state. Trace in real mode "
+               "(TraceMode::Real) for eager's random numbers.");
+  }
   // See Note [Memory written outside the dispatcher].
   if (options_.mode == TraceMode::Real && !options_.functionalize &&
       (i.name == "aten::empty.memory_format" || i.name == "aten::empty_strided") && stack[base].isTensor())

@@ -194,6 +194,7 @@ class TraceSession {
   std::optional<c10::Device> default_device_;
   // Fake mode: the device the results of the op being recorded stand for.
   std::optional<c10::Device> result_device_;
+  bool warned_random_ = false;  // a fake-mode trace of random ops on a GPU said so once
 };
 
 }  // namespace crucible::tracer::detail
