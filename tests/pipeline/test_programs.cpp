@@ -10,6 +10,9 @@
 // `zero_grad(); loss_fn(...).backward(); step()`; losses, parameters and
 // buffers must agree at every step. Several also go through
 // inductor::compile_fx (the AOT split) in train and eval mode.
+// CRUCIBLE_TEST_DEVICE=cuda trains the train_and_compare programs on the GPU
+// (eager on the GPU the reference; the CUDA backend's kernels under the
+// inductor builder); where no GPU is usable they are skipped.
 #include <crucible/inductor/compile_fx_aot.h>
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/train_step.h>
@@ -67,7 +70,9 @@ void require_same_state(const torch::nn::Module& compiled, const torch::nn::Modu
   }
 }
 
-// Trains a compiled and an eager copy of make()'s module `steps` steps; the
+// Trains a compiled and an eager copy of make()'s module `steps` steps, on
+// test_device() (CRUCIBLE_TEST_DEVICE=cuda: the modules and each batch moved
+// to the GPU, the CUDA backend's kernels then compared with eager CUDA); the
 // parameters must move (agreement of two untouched copies proves nothing).
 // `compilations`: how many distinct batch shapes `batches` gives;
 // `schedule`, where set, changes each optimizer before each step (a
@@ -75,17 +80,20 @@ void require_same_state(const torch::nn::Module& compiled, const torch::nn::Modu
 void train_and_compare(const MakeModule& make, const MakeOptimizer& make_opt, const LossFn& loss_fn,
                        const BatchFn& batches, int64_t steps, const Builder& builder, size_t compilations = 1,
                        const std::function<void(int64_t step, torch::optim::Optimizer&)>& schedule = {}) {
+  if (crucible::testing::compile_only()) CRUCIBLE_SKIP("CUDA asked for and no GPU here");
+  const at::Device device = crucible::testing::test_device();
   torch::manual_seed(0);
   std::shared_ptr<torch::nn::Module> compiled = make(), eager = make();
-  compiled->to(at::kDouble);
-  eager->to(at::kDouble);
+  compiled->to(device, at::kDouble);
+  eager->to(device, at::kDouble);
   copy_all(*compiled, *eager);
   std::vector<at::Tensor> initial;
   for (const auto& p : compiled->parameters()) initial.push_back(p.detach().clone());
   std::unique_ptr<torch::optim::Optimizer> compiled_opt = make_opt(*compiled), eager_opt = make_opt(*eager);
   TrainStep step = builder.compile_train_step(compiled, *compiled_opt, loss_fn);
   for (int64_t i = 0; i < steps; ++i) {
-    const Batch b = batches(i);
+    Batch b = batches(i);
+    for (at::Tensor& t : b) t = t.to(device);
     if (schedule) {
       schedule(i, *compiled_opt);
       schedule(i, *eager_opt);
@@ -124,9 +132,28 @@ std::vector<std::pair<std::string, Builder>> builders() {
   return out;
 }
 
-void for_each_backend(const std::function<void(const Builder&)>& body) {
+// What a program does that some builders cannot follow on a GPU.
+struct GpuLimits {
+  // It draws random numbers (dropout): a fake-mode trace takes dropout's
+  // generic path, whose draws are not eager's (the trace warns; Note
+  // [Devices in fake mode]). The fake builder is left out.
+  bool draws_random = false;
+  // It runs cuDNN's RNN: the pre-grad builder's forward trace records
+  // cuDNN's weight flattening (aten::empty, then set_ onto storage written
+  // outside the dispatcher), which the tracer refuses with a clear error.
+  // Not fixed yet; the case says so as a skip.
+  bool cudnn_rnn = false;
+};
+
+void for_each_backend(const std::function<void(const Builder&)>& body, GpuLimits limits = {}) {
+  const bool gpu = crucible::testing::test_device().is_cuda();
   for (const auto& [name, builder] : builders()) {
-    SECTION(name) { body(builder); }
+    if (gpu && limits.draws_random && name == "fake") continue;
+    SECTION(name) {
+      if (gpu && limits.cudnn_rnn && name == "pre-grad")
+        CRUCIBLE_SKIP("pre-grad passes over cuDNN's RNN on a GPU: its weight flattening is refused by the tracer");
+      body(builder);
+    }
   }
 }
 
@@ -271,13 +298,15 @@ TORCH_MODULE(OpsNet);
 }  // namespace
 
 TEST_CASE("programs: an LSTM classifier with cross-entropy and SGD with momentum", "[pipeline][programs]") {
-  for_each_backend([](const Builder& b) {
-    LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
-      return torch::nn::functional::cross_entropy(dynamic_cast<LstmClassifierImpl&>(m).forward(batch[0]), batch[1]);
-    };
-    auto batches = [](int64_t i) { return Batch{f64_randn({4, 7, 5}, i), at::randint(0, 3, {4}, at::kLong)}; };
-    train_and_compare([] { return LstmClassifier().ptr(); }, sgd(0.1, 0.9), loss, batches, 4, b);
-  });
+  for_each_backend(
+      [](const Builder& b) {
+        LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
+          return torch::nn::functional::cross_entropy(dynamic_cast<LstmClassifierImpl&>(m).forward(batch[0]), batch[1]);
+        };
+        auto batches = [](int64_t i) { return Batch{f64_randn({4, 7, 5}, i), at::randint(0, 3, {4}, at::kLong)}; };
+        train_and_compare([] { return LstmClassifier().ptr(); }, sgd(0.1, 0.9), loss, batches, 4, b);
+      },
+      {.cudnn_rnn = true});
 }
 
 TEST_CASE("programs: a DCGAN-style generator (ConvTranspose2d, BatchNorm2d, LeakyReLU) with BCE on logits",
@@ -326,21 +355,25 @@ TEST_CASE("programs: in-place ops on intermediates and through views, a weight u
 
 TEST_CASE("programs: pooling, GroupNorm, dropout, einsum, cumsum and logsumexp with a class-weighted NLL loss",
           "[pipeline][programs]") {
-  for_each_backend([](const Builder& b) {
-    // Read from outside the module at every call (a lifted tensor): a change
-    // between steps must reach the compiled step.
-    auto weights = std::make_shared<at::Tensor>(at::tensor({1.0, 2.0, 0.5}, at::kDouble));
-    LossFn loss = [weights](torch::nn::Module& m, const Batch& batch) {
-      return torch::nn::functional::nll_loss(dynamic_cast<OpsNetImpl&>(m).forward(batch[0]), batch[1],
-                                             torch::nn::functional::NLLLossFuncOptions().weight(*weights));
-    };
-    auto batches = [weights](int64_t i) {
-      weights->mul_(1.1);  // in place: the lifted alias sees it
-      at::manual_seed(50 + i);
-      return Batch{at::randn({4, 2, 8, 8}, at::kDouble), at::randint(0, 3, {4}, at::kLong)};
-    };
-    train_and_compare([] { return OpsNet().ptr(); }, adam(1e-2), loss, batches, 4, b);
-  });
+  for_each_backend(
+      [](const Builder& b) {
+        // Read from outside the module at every call (a lifted tensor): a change
+        // between steps must reach the compiled step.
+        if (crucible::testing::compile_only()) CRUCIBLE_SKIP("CUDA asked for and no GPU here");
+        auto weights =
+            std::make_shared<at::Tensor>(at::tensor({1.0, 2.0, 0.5}, at::kDouble).to(crucible::testing::test_device()));
+        LossFn loss = [weights](torch::nn::Module& m, const Batch& batch) {
+          return torch::nn::functional::nll_loss(dynamic_cast<OpsNetImpl&>(m).forward(batch[0]), batch[1],
+                                                 torch::nn::functional::NLLLossFuncOptions().weight(*weights));
+        };
+        auto batches = [weights](int64_t i) {
+          weights->mul_(1.1);  // in place: the lifted alias sees it
+          at::manual_seed(50 + i);
+          return Batch{at::randn({4, 2, 8, 8}, at::kDouble), at::randint(0, 3, {4}, at::kLong)};
+        };
+        train_and_compare([] { return OpsNet().ptr(); }, adam(1e-2), loss, batches, 4, b);
+      },
+      {.draws_random = true});
 }
 
 namespace {
@@ -462,17 +495,19 @@ TORCH_MODULE(Encoder);
 }  // namespace
 
 TEST_CASE("programs: a text CNN with a GRU, padding index and ignore_index", "[pipeline][programs]") {
-  for_each_backend([](const Builder& b) {
-    LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
-      return torch::nn::functional::cross_entropy(dynamic_cast<TextCnnImpl&>(m).forward(batch[0]), batch[1],
-                                                  torch::nn::functional::CrossEntropyFuncOptions().ignore_index(3));
-    };
-    auto batches = [](int64_t i) {
-      at::manual_seed(i);
-      return Batch{at::randint(0, 16, {6, 10}, at::kLong), at::randint(0, 4, {6}, at::kLong)};
-    };
-    train_and_compare([] { return TextCnn().ptr(); }, adam(1e-2), loss, batches, 4, b);
-  });
+  for_each_backend(
+      [](const Builder& b) {
+        LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
+          return torch::nn::functional::cross_entropy(dynamic_cast<TextCnnImpl&>(m).forward(batch[0]), batch[1],
+                                                      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(3));
+        };
+        auto batches = [](int64_t i) {
+          at::manual_seed(i);
+          return Batch{at::randint(0, 16, {6, 10}, at::kLong), at::randint(0, 4, {6}, at::kLong)};
+        };
+        train_and_compare([] { return TextCnn().ptr(); }, adam(1e-2), loss, batches, 4, b);
+      },
+      {.cudnn_rnn = true});
 }
 
 TEST_CASE("programs: interpolation and PixelShuffle with a smooth L1 loss and AdamW with amsgrad",
@@ -492,20 +527,22 @@ TEST_CASE("programs: interpolation and PixelShuffle with a smooth L1 loss and Ad
 
 TEST_CASE("programs: a Transformer encoder layer with dropout, a KL-divergence loss, batches of two sizes",
           "[pipeline][programs]") {
-  for_each_backend([](const Builder& b) {
-    LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
-      namespace F = torch::nn::functional;
-      return F::kl_div(at::log_softmax(dynamic_cast<EncoderImpl&>(m).forward(batch[0]), 1), batch[1],
-                       F::KLDivFuncOptions().reduction(torch::kBatchMean));
-    };
-    // [T, N, E] batches, the last one shorter (a data set's remainder): the
-    // step compiles again for it, and the input is a transposed view.
-    auto batches = [](int64_t i) {
-      const int64_t n = i < 3 ? 4 : 3;
-      return Batch{f64_randn({n, 5, 8}, i).transpose(0, 1), at::softmax(f64_randn({n, 3}, 50 + i), 1)};
-    };
-    train_and_compare([] { return Encoder().ptr(); }, adam(1e-2), loss, batches, 4, b, 2);
-  });
+  for_each_backend(
+      [](const Builder& b) {
+        LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
+          namespace F = torch::nn::functional;
+          return F::kl_div(at::log_softmax(dynamic_cast<EncoderImpl&>(m).forward(batch[0]), 1), batch[1],
+                           F::KLDivFuncOptions().reduction(torch::kBatchMean));
+        };
+        // [T, N, E] batches, the last one shorter (a data set's remainder): the
+        // step compiles again for it, and the input is a transposed view.
+        auto batches = [](int64_t i) {
+          const int64_t n = i < 3 ? 4 : 3;
+          return Batch{f64_randn({n, 5, 8}, i).transpose(0, 1), at::softmax(f64_randn({n, 3}, 50 + i), 1)};
+        };
+        train_and_compare([] { return Encoder().ptr(); }, adam(1e-2), loss, batches, 4, b, 2);
+      },
+      {.draws_random = true});
 }
 
 namespace {
