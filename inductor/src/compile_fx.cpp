@@ -443,15 +443,15 @@ bool same_layout(const at::Tensor& t, const KernelArg& a) {
 // up, then kTimedLaunches times between two events, in kRounds rounds that
 // take turns (a clock change then falls on all of them alike); the least
 // mean wins. A configuration giving the same grid of the same kernel as an
-// earlier one is not timed. The kernels compute the same values, so running
-// them again only overwrites the outputs; the chosen one runs last, so the
-// call's results are those every later call gets. The choice is shared by
-// the plan's identical kernels (one tuning key) and stored in the cache
-// directory, keyed by the key and the device, so a new process takes it
-// without timing (and computes the same bits as this one). While the
-// stream captures a CUDA graph nothing can be timed: the first
-// configuration runs, untuned (the warm-up call before a capture has tuned
-// already).
+// earlier one is not timed, nor one the driver refuses to launch. The
+// kernels compute the same values, so running them again only overwrites
+// the outputs; the chosen one runs last, so the call's results are those
+// every later call gets. The choice is shared by the plan's identical
+// kernels (one tuning key) and stored in the cache directory, keyed by the
+// key and the device, so a new process takes it without timing (and
+// computes the same bits as this one). While the stream captures a CUDA
+// graph nothing can be timed: the first configuration runs, untuned (the
+// warm-up call before a capture has tuned already).
 constexpr int kRounds = 2;
 constexpr int kTimedLaunches = 3;
 
@@ -485,8 +485,18 @@ int configuration(const Plan& plan, const Step& st, void* stream, void** args) {
       for (int j = 0; j < i; ++j)
         timed[i] = timed[i] && !(st.configs[j].kernel == st.configs[i].kernel &&
                                  plan.cuda->blocks(st.configs[j].launch) == plan.cuda->blocks(st.configs[i].launch));
-    for (int i = 0; i < n; ++i)
-      if (timed[i]) plan.cuda->launch(st.configs[i].kernel, st.configs[i].name, st.configs[i].launch, stream, args);
+    // A configuration the driver refuses (more registers or shared memory
+    // than a block may have on this device) is left out; the first one is
+    // what an untuned run launches, so its refusal stands.
+    for (int i = 0; i < n; ++i) {
+      if (!timed[i]) continue;
+      try {
+        plan.cuda->launch(st.configs[i].kernel, st.configs[i].name, st.configs[i].launch, stream, args);
+      } catch (const InductorError&) {
+        if (i == 0) throw;
+        timed[i] = false;
+      }
+    }
     std::vector<c10::Event> events;
     events.reserve(2 * n * kRounds);
     for (int round = 0; round < kRounds; ++round)
