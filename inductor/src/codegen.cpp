@@ -127,10 +127,12 @@ class Scheduler {
       const int b = p_.loops[it.loop].buffer;
       if (open >= 0 && join(groups[open], it.loop)) {
         if (p_.buffers[b].kind == Buffer::Input) open_writes_.insert(b);
+        touch(static_cast<size_t>(open), it.loop);
         continue;
       }
       if (int k = earlier_group(groups, step_of, it.loop); k >= 0) {
         made(b, step_of[static_cast<size_t>(k)]);
+        touch(static_cast<size_t>(k), it.loop);
         continue;
       }
       close();
@@ -144,6 +146,7 @@ class Scheduler {
       groups.push_back(std::move(g));
       step_of.push_back(std::numeric_limits<size_t>::max());
       open = static_cast<int>(groups.size()) - 1;
+      touch(static_cast<size_t>(open), it.loop);
     }
     close();
   }
@@ -180,35 +183,38 @@ class Scheduler {
   }
 
   int earlier_group(std::vector<Group>& groups, const std::vector<size_t>& step_of, int li) {
-    const Loop& l = p_.loops[li];
-    if (p_.buffers[l.buffer].kind == Buffer::Input) return -1;
-    std::vector<int> reads;
+    if (p_.buffers[p_.loops[li].buffer].kind == Buffer::Input) return -1;
+    const std::vector<int>& reads = buffers_read(li);
     size_t needed = 0;
-    for (const Read& r : reads_of(p_, l, l.numel(), l.reduction ? l.rnumel() : 1)) {
-      reads.push_back(r.buffer);
-      needed = std::max(needed, ready(r.buffer));
-    }
+    for (int b : reads) needed = std::max(needed, ready(b));
     size_t looked = 0;
     for (size_t k = groups.size(); k-- > 0 && looked < kHorizontalWindow;) {
       const size_t at = step_of[k];
       if (at == kNever) continue;  // the open group
       ++looked;
       if (at < barrier_ || at < needed) return -1;  // earlier groups are earlier still
-      if (!shares_read(groups[k], reads)) continue;
+      const std::unordered_set<int>& touched = touched_[k];
+      if (std::none_of(reads.begin(), reads.end(), [&](int b) { return touched.contains(b); })) continue;
       if (join(groups[k], li)) return static_cast<int>(k);
     }
     return -1;
   }
 
-  // Whether group `g` reads or makes one of `buffers`.
-  bool shares_read(const Group& g, const std::vector<int>& buffers) const {
-    for (int li : g.loops) {
+  // The buffers loop `li` reads, found once.
+  const std::vector<int>& buffers_read(int li) {
+    auto [it, fresh] = reads_.try_emplace(li);
+    if (fresh) {
       const Loop& l = p_.loops[li];
-      if (std::find(buffers.begin(), buffers.end(), l.buffer) != buffers.end()) return true;
-      for (const Read& r : reads_of(p_, l, g.outer, g.inner))
-        if (std::find(buffers.begin(), buffers.end(), r.buffer) != buffers.end()) return true;
+      for (const Read& r : reads_of(p_, l, l.numel(), l.reduction ? l.rnumel() : 1)) it->second.push_back(r.buffer);
     }
-    return false;
+    return it->second;
+  }
+
+  // Loop `li` joined group `k`: what it reads and makes is the group's too.
+  void touch(size_t k, int li) {
+    if (touched_.size() <= k) touched_.resize(k + 1);
+    touched_[k].insert(p_.loops[li].buffer);
+    for (int b : buffers_read(li)) touched_[k].insert(b);
   }
 
   bool column(const Group& g) const { return p_.loops[g.loops.front()].column; }
@@ -271,9 +277,11 @@ class Scheduler {
   }
 
   Program& p_;
-  std::unordered_map<int, size_t> ready_;  // buffers made (or written in place) by closed steps
-  std::unordered_set<int> open_writes_;    // graph inputs the open group writes in place
-  size_t barrier_ = 0;                     // the step after the last mutating extern kernel
+  std::unordered_map<int, size_t> ready_;            // buffers made (or written in place) by closed steps
+  std::unordered_set<int> open_writes_;              // graph inputs the open group writes in place
+  std::unordered_map<int, std::vector<int>> reads_;  // loop -> the buffers it reads (buffers_read)
+  std::vector<std::unordered_set<int>> touched_;     // group -> the buffers its loops read or make
+  size_t barrier_ = 0;                               // the step after the last mutating extern kernel
 };
 
 // ---- C++ rendering ----------------------------------------------------------
