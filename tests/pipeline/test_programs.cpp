@@ -138,10 +138,10 @@ struct GpuLimits {
   // generic path, whose draws are not eager's (the trace warns; Note
   // [Devices in fake mode]). The fake builder is left out.
   bool draws_random = false;
-  // It runs cuDNN's RNN: the pre-grad builder's forward trace records
-  // cuDNN's weight flattening (aten::empty, then set_ onto storage written
-  // outside the dispatcher), which the tracer refuses with a clear error.
-  // Not fixed yet; the case says so as a skip.
+  // It runs cuDNN's RNN: the pre-grad builder's forward trace, not
+  // functionalized, records ATen pointing an empty tensor at the flattened
+  // weights' Storage (set_), which a graph cannot hold; the tracer refuses
+  // it by name. Not fixed yet; the case says so as a skip.
   bool cudnn_rnn = false;
 };
 

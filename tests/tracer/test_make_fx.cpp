@@ -314,4 +314,12 @@ TEST_CASE("make_fx: tensors the function makes itself, real or fake, functionali
       for (const auto& fn : refused) REQUIRE_THROWS_WITH(make_fx(fn, x, o), CRUCIBLE_HAS_SUBSTR("at::tensor"));
     }
   }
+  // A new tensor pointed at another tensor's Storage by set_ (cuDNN's RNN
+  // does it with its flattened weights): refused by name, not as a read of
+  // memory written outside the dispatcher.
+  auto set_storage = [](const Tensors& in) {
+    at::Tensor w = at::empty({0}, in[0].options()).set_(in[0].storage(), 0, {4}, {1});
+    return Tensors{w * 2};
+  };
+  REQUIRE_THROWS_WITH(make_fx(set_storage, {x}), CRUCIBLE_HAS_SUBSTR("at a Storage, which a graph cannot hold"));
 }
