@@ -223,13 +223,9 @@ Expect reduction(std::string what, ir::Value* v, const at::Tensor& want, const a
 /// An exact result (max, min, selections, comparisons).
 Expect exactly(std::string what, ir::Value* v, const at::Tensor& want) { return {std::move(what), v, want, exact()}; }
 
-/// Compiles `b` (with `o`) with the expectations' values as outputs, runs it
-/// once and checks every output.
-void check(Builder& b, const std::vector<Expect>& expects, const inductor::InductorOptions& o = options()) {
-  std::vector<ir::Value*> outputs;
-  for (const Expect& e : expects) outputs.push_back(e.value);
-  const std::vector<at::Tensor> got = b.run(outputs, o);
-  if (compile_only()) return;
+/// Every output of `got` against its expectation (bound, and layout where
+/// eager returns a view).
+void require_expected(const std::vector<at::Tensor>& got, const std::vector<Expect>& expects) {
   for (size_t i = 0; i < expects.size(); ++i) {
     INFO("output " << i << ": " << expects[i].what);
     const std::string why = outside(got[i], expects[i].want, expects[i].bound);
@@ -241,6 +237,16 @@ void check(Builder& b, const std::vector<Expect>& expects, const inductor::Induc
       REQUIRE(layout.empty());
     }
   }
+}
+
+/// Compiles `b` (with `o`) with the expectations' values as outputs, runs it
+/// once and checks every output.
+void check(Builder& b, const std::vector<Expect>& expects, const inductor::InductorOptions& o = options()) {
+  std::vector<ir::Value*> outputs;
+  for (const Expect& e : expects) outputs.push_back(e.value);
+  const std::vector<at::Tensor> got = b.run(outputs, o);
+  if (compile_only()) return;
+  require_expected(got, expects);
 }
 
 /// On a GPU, `b`'s graph (which check compiled and ran) compiled again in
@@ -255,13 +261,7 @@ void check_each_config(Builder& b, const std::vector<Expect>& expects) {
     o.kernel_config = config;
     ir::CompiledFn fn = inductor::compile_fx_inner(b.g, b.inputs, o);
     std::vector<at::Tensor> in = b.inputs;
-    const std::vector<at::Tensor> got = fn(in);
-    for (size_t i = 0; i < expects.size(); ++i) {
-      INFO("output " << i << ": " << expects[i].what);
-      const std::string why = outside(got[i], expects[i].want, expects[i].bound);
-      INFO(why);
-      REQUIRE(why.empty());
-    }
+    require_expected(fn(in), expects);
   }
 }
 
