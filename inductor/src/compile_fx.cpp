@@ -141,6 +141,7 @@ struct Plan {
   mutable std::mutex tuning_mutex;
   mutable std::unordered_map<std::string, int> tuned;
   std::string cache_dir;
+  std::string tuning_device;  // CudaLibrary::identity(), found once
 };
 
 // The ATen ops a kernel's `fuses` text names ("%v (aten::op) ..."), each
@@ -456,7 +457,7 @@ constexpr int kRounds = 2;
 constexpr int kTimedLaunches = 3;
 
 std::string tuning_path(const Plan& plan, const Step& st) {
-  return plan.cache_dir + "/t" + detail::cache_key(st.tuning_key + "\n" + plan.cuda->identity()) + ".tune";
+  return plan.cache_dir + "/t" + detail::cache_key(st.tuning_key + "\n" + plan.tuning_device) + ".tune";
 }
 
 int configuration(const Plan& plan, const Step& st, void* stream, void** args) {
@@ -706,6 +707,7 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
       phase_done("NVRTC (or its cache)");
       plan->cuda = std::make_shared<detail::CudaLibrary>(cubins, index);
       plan->cache_dir = detail::cache_dir(options);
+      plan->tuning_device = plan->cuda->identity();
       phase_done("loading cubins");
     } else if (!source.empty()) {
       plan->library = detail::compile_and_load(source, options);
