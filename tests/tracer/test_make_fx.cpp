@@ -316,10 +316,20 @@ TEST_CASE("make_fx: tensors the function makes itself, real or fake, functionali
   }
   // A new tensor pointed at another tensor's Storage by set_ (cuDNN's RNN
   // does it with its flattened weights): refused by name, not as a read of
-  // memory written outside the dispatcher.
+  // memory written outside the dispatcher, and functionalized too (where
+  // ATen would run it on the functional wrapper's empty Storage and crash in
+  // the next kernel).
   auto set_storage = [](const Tensors& in) {
     at::Tensor w = at::empty({0}, in[0].options()).set_(in[0].storage(), 0, {4}, {1});
     return Tensors{w * 2};
   };
-  REQUIRE_THROWS_WITH(make_fx(set_storage, {x}), CRUCIBLE_HAS_SUBSTR("at a Storage, which a graph cannot hold"));
+  for (auto mode : {crucible::tracer::TraceMode::Real, crucible::tracer::TraceMode::Fake}) {
+    for (bool functionalize : {false, true}) {
+      crucible::tracer::TraceOptions o;
+      o.mode = mode;
+      o.functionalize = functionalize;
+      INFO("fake " << (mode == crucible::tracer::TraceMode::Fake) << ", functionalize " << functionalize);
+      REQUIRE_THROWS_WITH(make_fx(set_storage, {x}, o), CRUCIBLE_HAS_SUBSTR("at a Storage, which a graph cannot hold"));
+    }
+  }
 }

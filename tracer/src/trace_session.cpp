@@ -627,13 +627,6 @@ void TraceSession::check_uninitialized_reads(const c10::OperatorHandle& op, cons
     const c10::AliasInfo* alias = formals[a].alias_info();
     if (alias && alias->isWrite() && overwrites(op, a)) {
       uninitialized_.erase(it);  // a traced op defines it
-    } else if (op.schema().name() == "aten::set_") {
-      // Not a read: set_ points the tensor at other memory, here a Storage
-      // the graph has no value for.
-      throw TraceError(ir::operator_name(op) + " points %" + it->second.node->result()->name() +
-                       " at a Storage, which a graph cannot hold (ATen's cuDNN RNN does so with its flattened "
-                       "weights in a trace that is not functionalized, such as the pre-grad passes' forward "
-                       "trace); trace the function functionalized, or run it without those passes");
     } else if (!alias || alias->isWrite()) {
       throw TraceError(ir::operator_name(op) + " reads %" + it->second.node->result()->name() +
                        ", a tensor made by aten::empty that no traced op has written: its values were written "
@@ -671,6 +664,17 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
     stack.emplace_back(true);
     return;
   }
+  // A Storage is memory, not a value: an op taking one (set_ onto it, or
+  // set, set_'s functional form) has no graph form, and under
+  // functionalization ATen would run it on the functional wrapper's empty
+  // Storage and crash in the next kernel.
+  for (const c10::Argument& formal : schema.arguments())
+    if (formal.type()->kind() == c10::TypeKind::StorageType)
+      throw TraceError(i.name +
+                       " points a tensor at a Storage, which a graph cannot hold (ATen's cuDNN RNN does so "
+                       "with its flattened weights in a trace that is not functionalized, such as the pre-grad "
+                       "passes' forward trace); make the tensor with tensor ops instead (a view, as_strided, a copy), "
+                       "or run the function without those passes");
   if (i.data_dependent && !has_static_shape(i.name, stack, base))
     throw TraceError(i.name + " " + i.data_dependent +
                      ": data-dependent control flow and shapes cannot be captured in a graph. Compute the value "
