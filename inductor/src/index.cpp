@@ -16,6 +16,14 @@ struct Atom {
 
 namespace {
 
+// Floor division and modulo of constants. C++'s / and % truncate, which
+// differs for a negative constant; a negative constant comes from a shifted
+// index (cat's `i - offset`), whose quotient must be floor's (Note [Masked
+// loads] in lowering.cpp: the rendered argument of every / and % is then
+// non-negative wherever the element is selected).
+int64_t floor_div(int64_t a, int64_t c) { return a / c - (a % c != 0 && a < 0); }
+int64_t floor_mod(int64_t a, int64_t c) { return a - floor_div(a, c) * c; }
+
 std::shared_ptr<const Atom> make_atom(Atom::Kind kind, const Expr& arg, int64_t c) {
   auto a = std::make_shared<Atom>();
   a->kind = kind;
@@ -24,8 +32,8 @@ std::shared_ptr<const Atom> make_atom(Atom::Kind kind, const Expr& arg, int64_t 
   std::string text = arg.str();
   if (text.find(' ') != std::string::npos) text = "(" + text + ")";
   if (kind == Atom::FloorDiv) {
-    a->lo = arg.lo() / c;
-    a->hi = arg.hi() / c;
+    a->lo = floor_div(arg.lo(), c);
+    a->hi = floor_div(arg.hi(), c);
     a->text = "(" + text + " / " + std::to_string(c) + ")";
   } else {
     a->lo = 0;
@@ -161,8 +169,8 @@ Expr floordiv(const Expr& a, int64_t c) {
   if (a.lo() >= 0 && a.hi() < c) return Expr();
   // a = c·q + rest with every coefficient of rest below c's multiples.
   Expr q, rest;
-  q.constant_ = a.constant_ / c;
-  rest.constant_ = a.constant_ % c;
+  q.constant_ = floor_div(a.constant_, c);
+  rest.constant_ = floor_mod(a.constant_, c);
   for (const auto& [atom, k] : a.terms_) {
     if (k % c == 0)
       q.add_term(atom, k / c);
@@ -196,7 +204,7 @@ Expr floordiv(const Expr& a, int64_t c) {
 Expr mod(const Expr& a, int64_t c) {
   if (c == 1) return Expr();
   Expr rest;
-  rest.constant_ = a.constant_ % c;
+  rest.constant_ = floor_mod(a.constant_, c);
   for (const auto& [atom, k] : a.terms_)
     if (k % c != 0) rest.add_term(atom, k % c);
   if (rest.lo() >= 0 && rest.hi() < c) return rest;

@@ -15,6 +15,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <unordered_map>
@@ -125,11 +126,30 @@ struct Read {
 class Body {
  public:
   virtual ~Body() = default;
-  /// Element `index` (logical, one Expr per dimension) of buffer `b`.
+  /// Element `index` (logical, one Expr per dimension) of buffer `b`; under
+  /// a mask (push_mask), that element where the mask holds and 0 elsewhere,
+  /// the memory then read only where it holds.
   virtual Val load(int b, const std::vector<Expr>& index) = 0;
   /// `expr` (C-like text over operand names) of element type `ctype`,
   /// computed at `level`.
   virtual Val compute(const std::string& expr, int level, const std::string& ctype) = 0;
+
+  /// Loads until the matching pop_mask read memory only where `cond` (C
+  /// text over the loop variables, needing loop level `level`) holds, and
+  /// the masks pushed before it (Note [Masked loads] in lowering.cpp).
+  void push_mask(const std::string& cond, int level) {
+    masks_.push_back({masks_.empty() ? cond : masks_.back().name + " && " + cond,
+                      masks_.empty() ? level : std::max(level, masks_.back().level)});
+  }
+  void pop_mask() { masks_.pop_back(); }
+
+ protected:
+  /// The conjunction of the masks in force (its text parenthesized as
+  /// pushed) and the level it needs; nullptr when none is.
+  const Val* mask() const { return masks_.empty() ? nullptr : &masks_.back(); }
+
+ private:
+  std::vector<Val> masks_;
 };
 
 /// The C++ type loop bodies compute a dtype's elements in: f32, f64, i64,

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <numeric>
 #include <unordered_set>
 
 namespace crucible::inductor::detail {
@@ -321,7 +322,11 @@ int64_t wrap_dim(int64_t d, size_t rank) {
 
 // ---- the lowering ---------------------------------------------------------
 
-enum class Kind { Pointwise, Pad, Pool, PoolBackward, Reduction, View, Extern };
+enum class Kind { Pointwise, Pad, Cat, Pool, PoolBackward, Reduction, View, Extern };
+
+// The most inputs a cat is lowered with (torch/_inductor/config.py's
+// max_pointwise_cat_inputs): every element runs each input's code.
+constexpr size_t kMaxCatInputs = 8;
 
 // max_pool2d's window over the last two dims: kernel, stride, padding.
 struct Window {
@@ -387,6 +392,9 @@ class Lowerer {
         break;
       case Kind::Pad:
         lower_pad(n);
+        break;
+      case Kind::Cat:
+        lower_cat(n);
         break;
       case Kind::Pool:
         lower_max_pool(n);
@@ -506,6 +514,7 @@ class Lowerer {
     }
     if (reduction_ok(n)) return Kind::Reduction;
     if (t == "aten::constant_pad_nd") return pad_ok(n) ? Kind::Pad : Kind::Extern;
+    if (t == "aten::cat") return cat_dim(n) ? Kind::Cat : Kind::Extern;
     if (t == "aten::max_pool2d_with_indices") return window_of(n, 1, 0) ? Kind::Pool : Kind::Extern;
     if (t == "aten::max_pool2d_with_indices_backward")
       return p_.device.is_cuda() && window_of(n, 2, 7) ? Kind::PoolBackward : Kind::Extern;
@@ -594,6 +603,31 @@ class Lowerer {
       if (pads[k] < 0 || pads[k] > size) return false;
     }
     return true;
+  }
+
+  // cat(tensors, dim)'s dimension, when lowered (Note [Masked loads]): 1
+  // to kMaxCatInputs inputs of the result's rank that the loops read, each
+  // of the result's sizes but along dim, besides the 1-d empty tensors cat
+  // skips.
+  std::optional<int64_t> cat_dim(const ir::Node* n) const {
+    if (n->args().empty() || n->args().size() > 2 || !n->arg(0).is_value_list() ||
+        (n->args().size() == 2 && !(n->arg(1).is_constant() && n->arg(1).constant().isInt())))
+      return std::nullopt;
+    const std::vector<int64_t>& sizes = n->result()->meta().sizes;
+    if (sizes.empty()) return std::nullopt;
+    const int64_t dim = wrap_dim(n->args().size() == 2 ? n->arg(1).constant().toInt() : 0, sizes.size());
+    size_t parts = 0;
+    for (const ir::Value* v : n->arg(0).value_list()) {
+      if (!loop_tensor(v)) return std::nullopt;
+      const std::vector<int64_t>& in = v->meta().sizes;
+      if (in.size() == 1 && in[0] == 0 && sizes.size() != 1) continue;  // skipped by cat
+      if (in.size() != sizes.size()) return std::nullopt;
+      for (size_t d = 0; d < in.size(); ++d)
+        if (static_cast<int64_t>(d) != dim && in[d] != sizes[d]) return std::nullopt;
+      parts += in[dim] > 0;
+    }
+    if (parts == 0 || parts > kMaxCatInputs) return std::nullopt;
+    return dim;
   }
 
   static c10::ScalarType compute_type(const ir::Node* n, const PointwiseOp& op) {
@@ -884,6 +918,94 @@ class Lowerer {
     };
     define_lazy(out, std::move(l));
     realize_if_costly(out);
+  }
+
+  // Note [Masked loads]
+  // cat(tensors, dim) is a pointwise value, as in TorchInductor's
+  // pointwise_cat: element i along dim is input k's element i - offset_k,
+  // k the input whose range [offset_k, offset_k + size_k) holds i, chosen
+  // by comparisons of i. Each input's code (its loads, and those of the
+  // producers inlined into it) runs under a mask saying i is in its range
+  // (Body::push_mask): memory is read only for the input chosen, and the
+  // other inputs' loads give 0, on which their code computes harmlessly
+  // (the loops' ops are total: no integer division, nothing that traps).
+  // So producers fuse into the cat and the cat into its readers: a GPT's
+  // q, k and v gradients, read through their head transposes, are written
+  // into one [B, T, 3C] buffer by one kernel, where an extern cat wrote a
+  // copy of three realized tensors. A reader whose index range lies inside
+  // one input's (a slice of the cat) reads that input alone, unmasked.
+  // Shifted indices i - offset_k are negative where k is not chosen; index
+  // expressions divide with floor semantics (index.cpp), so that every /
+  // and % the kernel computes is of a non-negative value where chosen.
+  void lower_cat(const ir::Node* n) {
+    struct Part {
+      Lazy in;
+      int64_t offset, size;
+    };
+    const int64_t dim = *cat_dim(n);
+    const ir::Value* out = n->result();
+    Lazy l;
+    l.sizes = out->meta().sizes;
+    l.dtype = out->meta().dtype;
+    l.ops = 1;
+    std::vector<Part> parts;
+    int64_t offset = 0;
+    for (const ir::Value* v : n->arg(0).value_list()) {
+      const Lazy& in = lazy_.at(v);
+      if (in.sizes.size() != l.sizes.size() || in.sizes[dim] == 0) continue;
+      parts.push_back({in, offset, in.sizes[dim]});
+      offset += in.sizes[dim];
+      l.ops += in.ops;
+      for (const ir::Node* m : in.nodes)
+        if (std::find(l.nodes.begin(), l.nodes.end(), m) == l.nodes.end()) l.nodes.push_back(m);
+    }
+    l.nodes.push_back(n);
+    const c10::ScalarType dtype = l.dtype;
+    // The inputs' ranges are compared in units of g elements, the greatest
+    // common divisor of their offsets and sizes: where a loop walks the
+    // inner elements of a unit as its innermost variable (Note [Split
+    // loops]), the choice depends on the outer ones alone.
+    int64_t g = 0;
+    for (const Part& p : parts) g = std::gcd(g, std::gcd(p.offset, p.size));
+    l.fn = [parts, dim, dtype, g](Body& b, const std::vector<Expr>& index) {
+      const Expr& i = index[dim];
+      const Expr unit = floordiv(i, g);
+      const std::string at = "(" + unit.str() + ")", T = ctype_of(dtype);
+      std::string value;
+      int level = level_of(unit);
+      for (size_t k = parts.size(); k-- > 0;) {  // the last first: the others wrap it
+        const Part& p = parts[k];
+        const int64_t end = p.offset + p.size;
+        if (i.hi() < p.offset || i.lo() >= end) continue;  // never chosen here
+        std::vector<Expr> src = index;
+        // i - offset; where size divides offset, i mod size, the same where
+        // chosen and simpler to index with (equal inputs: a reshape of q,
+        // k or v reads its heads at i mod C).
+        src[dim] = p.offset % p.size == 0 ? mod(i, p.size) : i + (-p.offset);
+        std::string inside;
+        if (i.lo() < p.offset) inside = at + " >= " + std::to_string(p.offset / g);
+        if (i.hi() >= end) inside += std::string(inside.empty() ? "" : " && ") + at + " < " + std::to_string(end / g);
+        if (!inside.empty()) b.push_mask("(" + inside + ")", level_of(unit));
+        const Val v = p.in.fn(b, src);
+        if (!inside.empty()) b.pop_mask();
+        level = std::max(level, v.level);
+        std::string x = v.name;
+        if (p.in.dtype != dtype) {
+          x = "static_cast<" + T + ">(" + x + ")";
+          if (reduced_precision(dtype)) x = round_to(dtype, x);  // Note [Reduced-precision loops]
+        }
+        value = value.empty() ? x : at + " < " + std::to_string(end / g) + " ? " + x + " : " + value;
+      }
+      return b.compute(value, level, T);
+    };
+    define_lazy(out, std::move(l));
+    // Read twice, a cat is made once: each reader would gather from every
+    // input again, with the choice and its masks (a GPT's q, k, v gradient
+    // is read by the projection's matmuls and by its bias's gradient).
+    if (out->users().size() > 1)
+      realize(out);
+    else
+      realize_if_costly(out);
   }
 
   // Note [Max pooling]

@@ -59,7 +59,7 @@ class CBody : public Body {
         Expr at = mod(flat, g_.inner);
         // The thread's own element of a persistent row: still in a register.
         if (auto it = row_locals_.find(b); it != row_locals_.end() && at.str() == row_element_) return it->second;
-        return compute(scratch(b) + "[" + at.str() + "]", level_of(at), T);
+        return guarded(scratch(b) + "[" + at.str() + "]", level_of(at), T, /*memory=*/false);
       }
       return locals_.at(b);
     }
@@ -67,22 +67,25 @@ class CBody : public Body {
     // iteration that wrote it.
     Expr storage = dot(index, buf.strides);
     int level = std::max(level_of(storage), info_.produced.contains(b) ? 1 : 0);
+    // A mask that may change within a vector makes the load one element's.
+    const Val* m = mask();
+    if (m && m->level == 2) return guarded(from_storage(buf.dtype, arg(b) + "[" + storage.str() + "]"), level, T);
     if (level == 2 && width_ > 1) {
       if (std::optional<Expr> base = vector_base(storage)) {
-        const std::string key = "vector " + arg(b) + "[" + base->str() + "]";
-        const int vlevel = std::max(level_of(*base), info_.produced.contains(b) ? 1 : 0);
+        const std::string key = "vector " + (m ? m->name + " " : "") + arg(b) + "[" + base->str() + "]";
+        const int vlevel = std::max({level_of(*base), info_.produced.contains(b) ? 1 : 0, m ? m->level : 0});
         auto [it, fresh] = cache_[vlevel].emplace(key, "v" + std::to_string(counter_));
         if (fresh) {
           ++counter_;
-          vector_lines(vlevel) += vector_decl(b, it->second) + "crucible_move_vector<" + std::to_string(width_) + ">(" +
-                                  it->second + ", " + arg(b) + " + " + base->str() + ", crucible_aligned);\n";
+          // Masked: the whole vector or none of it, zeros then.
+          vector_lines(vlevel) += vector_decl(b, it->second, m != nullptr) + (m ? "if (" + m->name + ") " : "") +
+                                  "crucible_move_vector<" + std::to_string(width_) + ">(" + it->second + ", " + arg(b) +
+                                  " + " + base->str() + ", crucible_aligned);\n";
         }
         return compute(from_storage(buf.dtype, it->second + "[" + lane_ + "]"), 2, T);
       }
     }
-    const std::string expr = from_storage(buf.dtype, arg(b) + "[" + storage.str() + "]");
-    if (level == 2) loads_.insert(expr);
-    return compute(expr, level, T);
+    return guarded(from_storage(buf.dtype, arg(b) + "[" + storage.str() + "]"), level, T);
   }
 
   /// The statement storing `value` (of the buffer's ctype_of) at element
@@ -202,6 +205,19 @@ class CBody : public Body {
   std::unordered_set<int> scratch_;
 
  private:
+  // The element `access` reads (memory, or a scratch row), computed at
+  // `level`; under a mask, read only where the mask holds and 0 elsewhere
+  // (never as part of a vector: the mask may change within one).
+  Val guarded(const std::string& access, int level, const std::string& T, bool memory = true) {
+    std::string expr = access;
+    if (const Val* m = mask()) {
+      expr = "(" + m->name + " ? " + access + " : " + T + "(0))";
+      level = std::max(level, m->level);
+    }
+    if (memory && level == 2) loads_.insert(expr);
+    return compute(expr, level, T);
+  }
+
   // base when `at` is base + lane with base a multiple of the vector width.
   std::optional<Expr> vector_base(const Expr& at) const {
     if (mod(at, width_).str() != lane_) return std::nullopt;
@@ -213,12 +229,13 @@ class CBody : public Body {
   // Where a vector access's statements go: a level-2 one before the lanes.
   std::string& vector_lines(int level) { return level == 2 ? vector_lines_ : lines_[level]; }
 
-  // A 16-byte-aligned array of a vector of buffer b's elements as stored.
-  std::string vector_decl(int b, const std::string& name) {
+  // A 16-byte-aligned array of a vector of buffer b's elements as stored,
+  // zeroed or not.
+  std::string vector_decl(int b, const std::string& name, bool zeroed = false) {
     const std::string& a = arg(b);
     if (std::find(vector_args_.begin(), vector_args_.end(), a) == vector_args_.end()) vector_args_.push_back(a);
-    return "__align__(16) " + storage_ctype_of(p_.buffers[b].dtype) + " " + name + "[" + std::to_string(width_) +
-           "];\n";
+    return "__align__(16) " + storage_ctype_of(p_.buffers[b].dtype) + " " + name + "[" + std::to_string(width_) + "]" +
+           (zeroed ? " = {}" : "") + ";\n";
   }
 
   const Program& p_;

@@ -1171,6 +1171,54 @@ TEST_CASE("lowering: constant_pad_nd of a pointwise value, on any sides, fused w
   REQUIRE(inductor::loop_ir(g.g).find("extern") == std::string::npos);
 }
 
+TEST_CASE("lowering: cat of pointwise values and transposed inputs along any dim, masked, fused into its readers",
+          "[inductor][lowering]") {
+  // Note [Masked loads]: each element is read from one input, under a mask;
+  // the inputs' producers (exp, a cast) and the cat's readers fuse with it.
+  // A cat and a copy are exact; exp and the readers' ops are the pointwise
+  // bound's. Sizes are odd so that no input's range is a multiple of a
+  // vector's, and the 1-d empty tensor cat skips is among the inputs.
+  const at::Tensor a = at::randn({3, 5, 7}), b = at::randn({3, 2, 7}), c = at::randn({3, 7, 6}).transpose(1, 2);
+  const at::Tensor d = at::randn({3, 5, 1}, of(at::kDouble)), e = at::randn({0}), f = at::randn({2, 5, 7});
+  Builder g;
+  ir::Value *pa = g.input(a), *pb = g.input(b), *pc = g.input(c), *pd = g.input(d), *pe = g.input(e);
+  ir::Value* pf = g.input(f);
+  ir::Value* ea = g.call("aten::exp", {pa});
+  using List = std::vector<ir::Value*>;
+  ir::Value* middle = g.call("aten::cat", {List{ea, pb, pc, pe}, int64_t{1}});
+  ir::Value* doubled = g.call("aten::mul.Scalar", {middle, c10::Scalar(2)});
+  ir::Value* last = g.call("aten::cat", {List{pa, ea, pd}, int64_t{-1}});  // f32 and f64: f64
+  ir::Value* first = g.call("aten::cat", {List{pf, pa}});
+  // Reading one input's range of a cat (read by nothing else) reads that
+  // input alone.
+  ir::Value* ab = g.call("aten::cat", {List{ea, pb}, int64_t{1}});
+  ir::Value* part = g.call("aten::slice.Tensor", {ab, int64_t{1}, int64_t{5}, int64_t{7}, int64_t{1}});
+  ir::Value* part_neg = g.call("aten::neg", {part});
+  // The GPT's q, k and v gradients: [B, H, T, D] -> [B, T, H·D] each, cat on the last dim.
+  const at::Tensor q = at::randn({2, 3, 5, 4}), k = at::randn({2, 3, 5, 4}), v = at::randn({2, 3, 5, 4});
+  List heads;
+  for (const at::Tensor& t : {q, k, v}) {
+    ir::Value* x = g.call("aten::transpose.int", {g.input(t), int64_t{1}, int64_t{2}});
+    heads.push_back(g.call("aten::reshape", {x, Dims{2, 5, 12}}));
+  }
+  ir::Value* qkv = g.call("aten::cat", {heads, int64_t{2}});
+  const at::Tensor want_middle = at::cat({at::exp(a), b, c, e}, 1);
+  const at::Tensor want_last = at::cat({a, at::exp(a), d}, -1);
+  auto merge = [](const at::Tensor& t) { return t.transpose(1, 2).reshape({2, 5, 12}); };
+  check(g, {
+               pointwise("exp(a), b, a transposed c and an empty tensor along dim 1", middle, want_middle),
+               pointwise("their cat doubled", doubled, want_middle * 2),
+               // f64 as cat promotes; exp(a) is f32's, so is its bound.
+               {"a, exp(a) and an f64 d along dim -1", last, want_last, close(want_last.to(at::kFloat))},
+               exactly("f, a along dim 0 (the default)", first, at::cat({f, a})),
+               exactly("the negated slice of the cat that is b", part_neg, -b),
+               exactly("q, k and v merged by heads and concatenated", qkv, at::cat({merge(q), merge(k), merge(v)}, 2)),
+           });
+  const std::string ir = inductor::loop_ir(g.g);
+  INFO(ir);
+  REQUIRE(ir.find("extern") == std::string::npos);
+}
+
 TEST_CASE("lowering: max_pool2d_with_indices and its backward, padded, strided, overlapping, ceil_mode, NaN and ties",
           "[inductor][lowering]") {
   // Note [Max pooling]. The forward selects (values and indices exact);
