@@ -17,6 +17,10 @@
 //   BM_InductorSum/inductor             aten::sum: one reduction of outer size 1
 //   BM_InductorRowSums/eager            at::sum over dim 1 of [4, 2M] f32 (the same 32 MiB, 4 rows)
 //   BM_InductorRowSums/inductor         sum.dim_IntList over dim 1: fewer rows than most machines' threads
+//   BM_InductorMergeHeads/eager         a GPT's q, k, v gradients [8, 12, 256, 64] f32 each merged by heads
+//                                       (transpose(1, 2).reshape) and concatenated on the last dim: 3 copies, a cat
+//   BM_InductorMergeHeads/inductor      the same graph: one loop, the cat's masked loads (Note [Masked loads])
+//   BM_InductorMergeHeadsCuda/{eager,inductor}  the same at GPT-2 small's size, [8, 12, 1024, 64] each
 //   BM_InductorGenerateCode/gpt2-small  lowering, fusion and C++ rendering of GPT-2 small's
 //                                       training step (AdamW, batch 8, T 1024: about 7000 nodes,
 //                                       traced once in fake mode); no compiler runs
@@ -149,6 +153,28 @@ ir::Graph row_sums_graph(const at::Tensor& x) {
   return g;
 }
 
+// q, k and v ([B, H, T, D] each) merged by heads into [B, T, H·D] and
+// concatenated on the last dim: the gradient of a GPT's fused qkv
+// projection output, as the backward of its split and head transposes.
+at::Tensor merge_heads_eager(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  auto merge = [](const at::Tensor& t) { return t.transpose(1, 2).reshape({t.size(0), t.size(2), -1}); };
+  return at::cat({merge(q), merge(k), merge(v)}, 2);
+}
+
+ir::Graph merge_heads_graph(const at::Tensor& q) {
+  ir::Graph g;
+  std::vector<ir::Value*> merged;
+  for (const char* name : {"q", "k", "v"}) {
+    ir::Value* x = g.add_placeholder(name, ir::TensorMeta::of(q));
+    x = g.add_call("aten::transpose.int", {x, int64_t{1}, int64_t{2}})->result();
+    merged.push_back(
+        g.add_call("aten::reshape", {x, std::vector<int64_t>{q.size(0), q.size(2), q.size(1) * q.size(3)}})->result());
+  }
+  g.set_output({g.add_call("aten::cat", {merged, int64_t{2}})->result()});
+  ir::propagate_meta(g);
+  return g;
+}
+
 void set_bytes(benchmark::State& state, int64_t bytes_per_iteration) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * bytes_per_iteration);
 }
@@ -196,7 +222,7 @@ constexpr int kGpuRepeats = 10;
 bool have_gpu() { return at::hasCUDA() && at::accelerator::deviceCount() > 0; }
 
 template <typename Run>
-void run_on_gpu(benchmark::State& state, Run run) {
+void run_on_gpu(benchmark::State& state, Run run, int64_t bytes_per_run = kGpuChainBytes) {
   run();  // warm-up: the first launch loads the kernel and sizes the allocator's pool
   at::accelerator::synchronizeDevice(0);
   for (auto _ : state) {
@@ -206,7 +232,7 @@ void run_on_gpu(benchmark::State& state, Run run) {
     state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
                            kGpuRepeats);
   }
-  set_bytes(state, kGpuChainBytes);
+  set_bytes(state, bytes_per_run);
 }
 
 at::Tensor gpu_input() { return at::randn({kGpuNumel}, at::TensorOptions().device(at::kCUDA, 0)); }
@@ -330,6 +356,49 @@ void BM_InductorRowSums_inductor(benchmark::State& state) {
   set_bytes(state, kSumBytes);
 }
 
+// --- merging heads and concatenating: a cat fused with its inputs' copies ------------------
+
+const std::vector<int64_t> kHeads = {8, 12, 256, 64};
+const std::vector<int64_t> kHeadsCuda = {8, 12, 1024, 64};
+
+int64_t merge_heads_bytes(const std::vector<int64_t>& sizes) {  // read q, k, v; write the cat
+  return 2 * 3 * sizes[0] * sizes[1] * sizes[2] * sizes[3] * kFloatBytes;
+}
+
+void BM_InductorMergeHeads_eager(benchmark::State& state) {
+  at::Tensor q = at::randn(kHeads), k = at::randn(kHeads), v = at::randn(kHeads);
+  for (auto _ : state) benchmark::DoNotOptimize(merge_heads_eager(q, k, v));
+  set_bytes(state, merge_heads_bytes(kHeads));
+}
+
+void BM_InductorMergeHeads_inductor(benchmark::State& state) {
+  at::Tensor q = at::randn(kHeads), k = at::randn(kHeads), v = at::randn(kHeads);
+  run_compiled(state, inductor::compile_fx_inner(merge_heads_graph(q), {q, k, v}), {q, k, v});
+  set_bytes(state, merge_heads_bytes(kHeads));
+}
+
+void BM_InductorMergeHeadsCuda_eager(benchmark::State& state) {
+  if (!have_gpu()) return state.SkipWithError("no CUDA device");
+  const at::TensorOptions o = at::TensorOptions().device(at::kCUDA, 0);
+  at::Tensor q = at::randn(kHeadsCuda, o), k = at::randn(kHeadsCuda, o), v = at::randn(kHeadsCuda, o);
+  run_on_gpu(
+      state, [&] { benchmark::DoNotOptimize(merge_heads_eager(q, k, v)); }, merge_heads_bytes(kHeadsCuda));
+}
+
+void BM_InductorMergeHeadsCuda_inductor(benchmark::State& state) {
+  if (!have_gpu()) return state.SkipWithError("no CUDA device");
+  const at::TensorOptions o = at::TensorOptions().device(at::kCUDA, 0);
+  at::Tensor q = at::randn(kHeadsCuda, o), k = at::randn(kHeadsCuda, o), v = at::randn(kHeadsCuda, o);
+  ir::CompiledFn fn = inductor::compile_fx_inner(merge_heads_graph(q), {q, k, v});
+  run_on_gpu(
+      state,
+      [&] {
+        std::vector<at::Tensor> in = {q, k, v};
+        benchmark::DoNotOptimize(fn(in));
+      },
+      merge_heads_bytes(kHeadsCuda));
+}
+
 // --- code generation for a large graph -----------------------------------------------------
 // What a cold compile spends before any compiler runs, on the largest graph
 // of the zoo: its lowering once had a check quadratic in the step's size.
@@ -392,6 +461,22 @@ BENCHMARK(BM_InductorColumnSum_inductor)
     ->UseRealTime();
 BENCHMARK(BM_InductorSum_eager)->Name("BM_InductorSum/eager")->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_InductorSum_inductor)->Name("BM_InductorSum/inductor")->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_InductorMergeHeads_eager)
+    ->Name("BM_InductorMergeHeads/eager")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_InductorMergeHeads_inductor)
+    ->Name("BM_InductorMergeHeads/inductor")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_InductorMergeHeadsCuda_eager)
+    ->Name("BM_InductorMergeHeadsCuda/eager")
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime();
+BENCHMARK(BM_InductorMergeHeadsCuda_inductor)
+    ->Name("BM_InductorMergeHeadsCuda/inductor")
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime();
 BENCHMARK(BM_InductorRowSums_eager)->Name("BM_InductorRowSums/eager")->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_InductorRowSums_inductor)
     ->Name("BM_InductorRowSums/inductor")

@@ -498,13 +498,13 @@ std::string render_split_reduction(const Program& p, const Group& g, const Group
 // 12544·(r / 784) + r % 784. That is integer divisions in every load and a
 // loop the compiler does not vectorize. Such a loop is walked as two
 // nested ones instead, o = K·oh + ol (r = K·rh + rl), K the product of
-// some trailing dimensions: the offsets become affine in the inner
-// variable (contiguous, or constant, as it counts), and what depends on oh
-// alone is computed once per K elements. K is the largest product of
-// trailing dimensions that makes every load and store of the kernel
-// affine; when the single variable already is, or no K makes it so, the
-// loop stays whole. A pointwise kernel keeps enough outer iterations to
-// share among threads.
+// some trailing dimensions or a divisor of the innermost one: the offsets
+// become affine in the inner variable (contiguous, or constant, as it
+// counts), and what depends on oh alone is computed once per K elements.
+// K is the largest such that makes every load and store of the kernel
+// affine (products first, then divisors); when the single variable already
+// is, or no K makes it so, the loop stays whole. A pointwise kernel keeps
+// enough outer iterations to share among threads.
 
 // The offsets in memory of a group's loads, as CBody makes them: not those
 // of values the group makes and keeps in locals or scratch rows.
@@ -557,6 +557,10 @@ Split split_loops(const Program& p, const Group& g, const GroupInfo& info) {
     if (p.buffers[p.loops[li].buffer].kind == Buffer::Input) return {};
   // Candidate inner sizes: products of the trailing dimensions the split
   // variable counts, largest first.
+  // ... then the divisors of the innermost dimension, largest first: a
+  // dimension that merges several of an operand's (a reshape merging heads,
+  // [B, H, T, D] -> [B, T, H·D]; inputs of a cat, Note [Masked loads] in
+  // lowering.cpp) is affine over the innermost of them.
   auto candidates = [](const std::vector<int64_t>& dims) {
     std::vector<int64_t> out;
     int64_t k = 1;
@@ -564,6 +568,17 @@ Split split_loops(const Program& p, const Group& g, const GroupInfo& info) {
       k *= dims[d];
       if (k >= kMinInner) out.insert(out.begin(), k);
     }
+    constexpr size_t kMaxDivisors = 16;  // each candidate costs a look at the kernel's loads
+    std::vector<int64_t> divisors;
+    const int64_t n = dims.empty() ? 0 : dims.back();
+    for (int64_t f = 2; f * f <= n; ++f)
+      if (n % f == 0) {
+        if (f >= kMinInner) divisors.push_back(f);
+        if (n / f >= kMinInner && n / f != f) divisors.push_back(n / f);
+      }
+    std::sort(divisors.rbegin(), divisors.rend());
+    if (divisors.size() > kMaxDivisors) divisors.resize(kMaxDivisors);
+    out.insert(out.end(), divisors.begin(), divisors.end());
     return out;
   };
   if (g.tiled) {
