@@ -1,8 +1,8 @@
 // A differential test: random DAGs of pointwise ops, broadcast, transposed,
 // expanded, sliced and reshaped operands, reductions (sum, mean, amax,
-// var_mean) broadcast back, softmax-style rows, and mm (an extern kernel),
-// compiled by compile_fx_inner and compared with the interpreter on the same
-// inputs. A longer soak run:
+// var_mean) broadcast back, softmax-style rows, cats read back through a
+// slice, and mm (an extern kernel), compiled by compile_fx_inner and
+// compared with the interpreter on the same inputs. A longer soak run:
 //   CRUCIBLE_INDUCTOR_SOAK=5000 build/tests/inductor/test_inductor "[random]"
 #include <crucible/inductor/compile_fx.h>
 #include <crucible/ir/graph.h>
@@ -80,7 +80,7 @@ RandomGraph random_graph(std::mt19937& rng, at::ScalarType dtype) {
     ir::Value* b = any();
     ir::Value* v = nullptr;
     const int64_t d = static_cast<int64_t>(pick(2));  // a reduction's dim
-    switch (pick(25)) {
+    switch (pick(26)) {
       case 0:
         v = call("aten::add.Tensor", {a, b, c10::Scalar(pick(2) ? 1.0 : 0.5)});
         break;
@@ -217,6 +217,13 @@ RandomGraph random_graph(std::mt19937& rng, at::ScalarType dtype) {
         v = pick(2) ? call("aten::div.Tensor", {e, s})
                     : call("aten::sub.Tensor", {shifted, call("aten::log", {s}), c10::Scalar(1)});
         r.reduces = true;
+        break;
+      }
+      case 24: {  // a and b concatenated along d, n of the 2n read back from s: across both, or inside one
+        ir::Value* both = call("aten::cat", {std::vector<ir::Value*>{a, b}, d});
+        const int64_t s = static_cast<int64_t>(pick(static_cast<size_t>(n) + 1));
+        v = call("aten::slice.Tensor", {both, d, s, s + n, int64_t{1}});
+        if (pick(2)) v = binary(v, a);
         break;
       }
       default:
