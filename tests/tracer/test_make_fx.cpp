@@ -316,9 +316,10 @@ TEST_CASE("make_fx: tensors the function makes itself, real or fake, functionali
   }
   // A new tensor pointed at another tensor's Storage by set_ (cuDNN's RNN
   // does it with its flattened weights): refused by name, not as a read of
-  // memory written outside the dispatcher, and functionalized too (where
-  // ATen would run it on the functional wrapper's empty Storage and crash in
-  // the next kernel).
+  // memory written outside the dispatcher; functionalized, the Storage is a
+  // functional tensor's, and in fake mode a meta tensor's, neither with any
+  // data (ATen would point the tensor at nothing and crash in the next
+  // kernel).
   auto set_storage = [](const Tensors& in) {
     at::Tensor w = at::empty({0}, in[0].options()).set_(in[0].storage(), 0, {4}, {1});
     return Tensors{w * 2};
@@ -329,7 +330,11 @@ TEST_CASE("make_fx: tensors the function makes itself, real or fake, functionali
       o.mode = mode;
       o.functionalize = functionalize;
       INFO("fake " << (mode == crucible::tracer::TraceMode::Fake) << ", functionalize " << functionalize);
-      REQUIRE_THROWS_WITH(make_fx(set_storage, {x}, o), CRUCIBLE_HAS_SUBSTR("at a Storage, which a graph cannot hold"));
+      REQUIRE_THROWS_WITH(make_fx(set_storage, {x}, o),
+                          CRUCIBLE_HAS_SUBSTR(functionalize ? "inside a functionalized trace, which holds no memory"
+                                              : mode == crucible::tracer::TraceMode::Fake
+                                                  ? "at a meta tensor's Storage, which holds no data"
+                                                  : "at a Storage, which a graph cannot hold"));
     }
   }
 }

@@ -4,6 +4,7 @@
 #include <crucible/tracer/error.h>
 
 #include <ATen/ATen.h>
+#include <ATen/FunctionalStorageImpl.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/enum_tag.h>
@@ -627,6 +628,13 @@ void TraceSession::check_uninitialized_reads(const c10::OperatorHandle& op, cons
     const c10::AliasInfo* alias = formals[a].alias_info();
     if (alias && alias->isWrite() && overwrites(op, a)) {
       uninitialized_.erase(it);  // a traced op defines it
+    } else if (op.schema().name() == "aten::set_") {
+      // Not a read: set_ points the tensor at other memory, here a Storage
+      // the graph has no value for.
+      throw TraceError(ir::operator_name(op) + " points %" + it->second.node->result()->name() +
+                       " at a Storage, which a graph cannot hold (ATen's cuDNN RNN does so with its flattened "
+                       "weights in a trace that is not functionalized, such as the pre-grad passes' forward "
+                       "trace); trace the function functionalized, or run it without those passes");
     } else if (!alias || alias->isWrite()) {
       throw TraceError(ir::operator_name(op) + " reads %" + it->second.node->result()->name() +
                        ", a tensor made by aten::empty that no traced op has written: its values were written "
@@ -664,17 +672,24 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
     stack.emplace_back(true);
     return;
   }
-  // A Storage is memory, not a value: an op taking one (set_ onto it, or
-  // set, set_'s functional form) has no graph form, and under
-  // functionalization ATen would run it on the functional wrapper's empty
-  // Storage and crash in the next kernel.
-  for (const c10::Argument& formal : schema.arguments())
-    if (formal.type()->kind() == c10::TypeKind::StorageType)
-      throw TraceError(i.name +
-                       " points a tensor at a Storage, which a graph cannot hold (ATen's cuDNN RNN does so "
-                       "with its flattened weights in a trace that is not functionalized, such as the pre-grad "
-                       "passes' forward trace); make the tensor with tensor ops instead (a view, as_strided, a copy), "
-                       "or run the function without those passes");
+  // A Storage argument is kept in the graph as a constant (cuDNN's RNN
+  // points a tensor at its flattened weights' Storage, functionalized on a
+  // GPU), but a functional tensor's Storage (taken by .storage() inside a
+  // functionalized trace) holds no memory, nor does a meta tensor's in
+  // fake mode: set_ onto it would point the tensor at nothing, and the next
+  // kernel crash or the graph hold a Storage without data.
+  for (size_t a = 0; a < nargs; ++a) {
+    if (!stack[base + a].isStorage()) continue;
+    const c10::Storage& storage = stack[base + a].toStorage();
+    if (dynamic_cast<const at::functionalization::FunctionalStorageImpl*>(storage.unsafeGetStorageImpl()))
+      throw TraceError(i.name + " points a tensor at the Storage of a tensor inside a functionalized trace, which " +
+                       "holds no memory of its own (a Storage is memory, not a value a graph computes); make the " +
+                       "tensor with tensor ops instead (a view, as_strided, a copy)");
+    if (storage.device_type() == c10::kMeta)
+      throw TraceError(i.name + " points a tensor at a meta tensor's Storage, which holds no data (a fake-mode " +
+                       "trace); make the tensor with tensor ops instead (a view, as_strided, a copy), or trace in " +
+                       "real mode");
+  }
   if (i.data_dependent && !has_static_shape(i.name, stack, base))
     throw TraceError(i.name + " " + i.data_dependent +
                      ": data-dependent control flow and shapes cannot be captured in a graph. Compute the value "
