@@ -1219,6 +1219,30 @@ TEST_CASE("lowering: cat of pointwise values and transposed inputs along any dim
   REQUIRE(ir.find("extern") == std::string::npos);
 }
 
+TEST_CASE("lowering: cat of i64, of bool compared into it, and of 0-size tensors", "[inductor][lowering]") {
+  // Masked loads give 0 where an input is not chosen: integers and bools
+  // too. A cat of no elements (a 0-size batch) still has the result's
+  // sizes. Exact.
+  const at::Tensor i = at::randint(-50, 50, {4, 3}, of(at::kLong)), j = at::randint(-50, 50, {4, 5}, of(at::kLong));
+  const at::Tensor x = at::randn({4, 3}), none = at::randn({0, 3}), also_none = at::randn({0, 2});
+  Builder g;
+  ir::Value *pi = g.input(i), *pj = g.input(j), *px = g.input(x), *pn = g.input(none), *pa = g.input(also_none);
+  using List = std::vector<ir::Value*>;
+  ir::Value* ints = g.call("aten::cat", {List{pi, pj, pi}, int64_t{1}});
+  ir::Value* shifted = g.call("aten::add.Scalar", {ints, c10::Scalar(7), c10::Scalar(1)});
+  ir::Value* positive = g.call("aten::gt.Scalar", {px, c10::Scalar(0)});
+  ir::Value* bools = g.call("aten::cat", {List{positive, g.call("aten::lt.Scalar", {px, c10::Scalar(0)})}});
+  ir::Value* empty = g.call("aten::cat", {List{pn, pa}, int64_t{1}});
+  check(g, {
+               exactly("i, j, i along dim 1, plus 7", shifted, at::cat({i, j, i}, 1) + 7),
+               exactly("x > 0, x < 0 along dim 0", bools, at::cat({x > 0, x < 0})),
+               exactly("[0, 3] and [0, 2] along dim 1", empty, at::cat({none, also_none}, 1)),
+           });
+  const std::string ir = inductor::loop_ir(g.g);
+  INFO(ir);
+  REQUIRE(ir.find("extern") == std::string::npos);
+}
+
 TEST_CASE("lowering: max_pool2d_with_indices and its backward, padded, strided, overlapping, ceil_mode, NaN and ties",
           "[inductor][lowering]") {
   // Note [Max pooling]. The forward selects (values and indices exact);
