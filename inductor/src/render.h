@@ -69,8 +69,7 @@ class CBody : public Body {
     int level = std::max(level_of(storage), info_.produced.contains(b) ? 1 : 0);
     // A mask that may change within a vector makes the load one element's.
     const Val* m = mask();
-    if (m && m->level == 2) return guarded(from_storage(buf.dtype, arg(b) + "[" + storage.str() + "]"), level, T);
-    if (level == 2 && width_ > 1) {
+    if (level == 2 && width_ > 1 && !(m && m->level == 2)) {
       if (std::optional<Expr> base = vector_base(storage)) {
         const std::string key = "vector " + (m ? m->name + " " : "") + arg(b) + "[" + base->str() + "]";
         const int vlevel = std::max({level_of(*base), info_.produced.contains(b) ? 1 : 0, m ? m->level : 0});
@@ -206,8 +205,7 @@ class CBody : public Body {
 
  private:
   // The element `access` reads (memory, or a scratch row), computed at
-  // `level`; under a mask, read only where the mask holds and 0 elsewhere
-  // (never as part of a vector: the mask may change within one).
+  // `level`; under a mask, read only where the mask holds and 0 elsewhere.
   Val guarded(const std::string& access, int level, const std::string& T, bool memory = true) {
     std::string expr = access;
     if (const Val* m = mask()) {
