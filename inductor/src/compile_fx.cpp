@@ -10,6 +10,7 @@
 
 #include <crucible/ir/graph.h>
 #include <crucible/ir/interpreter.h>
+#include <crucible/runtime/disk_cache.h>
 #include <crucible/runtime/instruments.h>
 
 #include <ATen/core/List.h>
@@ -471,7 +472,7 @@ int configuration(const Plan& plan, const Step& st, void* stream, void** args) {
   const std::string path = tuning_path(plan, st);
   if (auto it = plan.tuned.find(st.tuning_key); it != plan.tuned.end()) {
     chosen = it->second;
-  } else if (const std::string stored = detail::read_all(path); !stored.empty()) {
+  } else if (const std::string stored = runtime::read_file(path); !stored.empty()) {
     // "<choice> of <n>"; anything else (another format, a torn file) is timed again.
     int index = -1, of = -1;
     if (std::sscanf(stored.c_str(), "%d of %d", &index, &of) == 2 && of == n && index >= 0 && index < n) {

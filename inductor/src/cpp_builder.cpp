@@ -1,30 +1,22 @@
 #include "cpp_builder.h"
 
 #include <crucible/inductor/error.h>
+#include <crucible/runtime/disk_cache.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include <dlfcn.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 namespace crucible::inductor::detail {
 
 namespace {
-
-void make_dir(const std::string& path) {
-  if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST)
-    throw InductorError("inductor: cannot create the cache directory " + path + ": " + std::strerror(errno) +
-                        "; set InductorOptions::cache_dir to a writable directory");
-}
 
 std::string quote(const std::string& s) {
   std::string q = "'";
@@ -40,22 +32,12 @@ Library open_library(const std::string& path) {
 
 }  // namespace
 
-std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 void write_atomically(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    if (!f) throw InductorError("inductor: cannot write " + tmp);
+  try {
+    runtime::write_atomically(path, text);
+  } catch (const runtime::CacheError& e) {
+    throw InductorError(std::string("inductor: ") + e.what());
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw InductorError("inductor: cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
 }
 
 std::string cache_key(const std::string& identity) {
@@ -66,24 +48,11 @@ std::string cache_key(const std::string& identity) {
 }
 
 std::string cache_dir(const InductorOptions& options) {
-  std::string dir = options.cache_dir;
-  if (dir.empty()) {
-    const char* xdg = std::getenv("XDG_CACHE_HOME");
-    const char* home = std::getenv("HOME");
-    std::string base = (xdg && *xdg) ? xdg : std::string(home ? home : "/tmp") + "/.cache";
-    make_dir(base);
-    make_dir(base + "/crucible");
-    dir = base + "/crucible/inductor";
+  try {
+    return runtime::private_cache_dir(options.cache_dir, "inductor");
+  } catch (const runtime::CacheError& e) {
+    throw InductorError(std::string("inductor: ") + e.what() + " (InductorOptions::cache_dir)");
   }
-  make_dir(dir);
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-    throw InductorError("inductor: the cache directory " + dir + " is not a directory");
-  if (st.st_mode & (S_IWGRP | S_IWOTH))
-    throw InductorError("inductor: the cache directory " + dir +
-                        " is writable by group or others, so another user could plant code in it; "
-                        "chmod 700 it or set InductorOptions::cache_dir");
-  return dir;
 }
 
 Library compile_and_load(const std::string& source, const InductorOptions& options) {
@@ -103,7 +72,7 @@ Library compile_and_load(const std::string& source, const InductorOptions& optio
   std::string cmd = quote(options.compiler) + flags + " -shared -fPIC -o " + quote(tmp_so) + " " + quote(src) + " > " +
                     quote(log) + " 2>&1";
   int rc = std::system(cmd.c_str());
-  std::string message = read_all(log);
+  std::string message = runtime::read_file(log);
   std::remove(log.c_str());
   if (rc != 0) {
     std::remove(tmp_so.c_str());

@@ -9,8 +9,7 @@
 namespace crucible::inductor::detail {
 
 /// The cache directory of `options` (see InductorOptions::cache_dir),
-/// created mode 0700 if missing. Throws InductorError if it cannot be made,
-/// is not a directory, or group or others may write it.
+/// runtime::private_cache_dir's, with its CacheError as InductorError.
 std::string cache_dir(const InductorOptions& options);
 
 /// Bumped when generated code or its calling convention changes: part of
@@ -21,12 +20,7 @@ inline constexpr const char* kCodegenVersion = "crucible-inductor-3";
 /// compiler, flags) with kCodegenVersion: the stem of a cache entry.
 std::string cache_key(const std::string& identity);
 
-/// The whole file at `path` ("" if it cannot be read).
-std::string read_all(const std::string& path);
-
-/// Writes `text` to a temporary name beside `path` and renames it over
-/// `path`, so that a concurrent reader sees the old file or the whole new
-/// one. Throws InductorError when it cannot.
+/// runtime::write_atomically, with its CacheError as InductorError.
 void write_atomically(const std::string& path, const std::string& text);
 
 /// A loaded shared library; dlclose'd when the last owner goes.

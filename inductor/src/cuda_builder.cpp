@@ -3,6 +3,7 @@
 #include "cpp_builder.h"
 
 #include <crucible/inductor/error.h>
+#include <crucible/runtime/disk_cache.h>
 
 #if CRUCIBLE_HAVE_NVRTC
 #include <cuda.h>
@@ -190,9 +191,9 @@ std::string compile_cubin(const std::string& source, const std::string& arch, co
   const std::string cu = stem + ".cu", cubin_path = stem + ".cubin";
   // A cubin is an ELF file; anything else (a truncated write from a
   // process that died) is compiled again.
-  if (std::string cached = read_all(cubin_path); cached.size() > 4 && cached.compare(0, 4,
-                                                                                     "\x7f"
-                                                                                     "ELF") == 0)
+  if (std::string cached = runtime::read_file(cubin_path); cached.size() > 4 && cached.compare(0, 4,
+                                                                                               "\x7f"
+                                                                                               "ELF") == 0)
     return cached;
   write_atomically(cu, source);
 

@@ -5,9 +5,8 @@
 
 #include <crucible/inductor/error.h>
 #include <crucible/ir/hash.h>
+#include <crucible/runtime/disk_cache.h>
 
-#include <elf.h>
-#include <link.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -53,54 +52,11 @@ struct Positions {
 // binary that holds it, as torch/_inductor keys its caches on a hash of its
 // own sources (torch_key). A schedule embeds generated code, so one written
 // by another build of the generator (a lowering fixed since, the version not
-// bumped) must never be served. The linker's GNU build ID (a hash of the
-// linked binary, which Debian's and Ubuntu's toolchains write by default)
-// costs nothing to read. Empty for a binary linked without one: the cache
-// is then bypassed rather than keyed on something that may not change.
-struct ObjectSearch {
-  const void* address;
-  std::string build_id;
-};
-
-int find_object(dl_phdr_info* info, size_t, void* data) {
-  auto* search = static_cast<ObjectSearch*>(data);
-  const auto address = reinterpret_cast<ElfW(Addr)>(search->address);
-  bool contains = false;
-  for (int i = 0; i < info->dlpi_phnum && !contains; ++i) {
-    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
-    const ElfW(Addr) begin = info->dlpi_addr + ph.p_vaddr;
-    contains = ph.p_type == PT_LOAD && address >= begin && address < begin + ph.p_memsz;
-  }
-  if (!contains) return 0;
-  for (int i = 0; i < info->dlpi_phnum; ++i) {
-    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
-    if (ph.p_type != PT_NOTE) continue;
-    const char* p = reinterpret_cast<const char*>(info->dlpi_addr + ph.p_vaddr);
-    const char* end = p + ph.p_memsz;
-    while (p + sizeof(ElfW(Nhdr)) <= end) {
-      const auto* note = reinterpret_cast<const ElfW(Nhdr)*>(p);
-      const char* name = p + sizeof(ElfW(Nhdr));
-      const char* desc = name + ((note->n_namesz + 3) & ~3u);
-      if (note->n_type == NT_GNU_BUILD_ID && note->n_namesz == 4 && std::memcmp(name, "GNU", 4) == 0) {
-        for (uint32_t b = 0; b < note->n_descsz; ++b) {
-          char byte[3];
-          std::snprintf(byte, sizeof byte, "%02x", static_cast<unsigned char>(desc[b]));
-          search->build_id += byte;
-        }
-        return 1;
-      }
-      p = desc + ((note->n_descsz + 3) & ~3u);
-    }
-  }
-  return 1;
-}
-
+// bumped) must never be served. Empty for a binary linked without a build
+// ID: the cache is then bypassed rather than keyed on something that may
+// not change.
 const std::string& generator_identity() {
-  static const std::string id = [] {
-    ObjectSearch search{reinterpret_cast<const void*>(&compiled_schedule), {}};
-    ::dl_iterate_phdr(find_object, &search);
-    return search.build_id;
-  }();
+  static const std::string id = runtime::build_id(reinterpret_cast<const void*>(&compiled_schedule));
   return id;
 }
 
@@ -181,7 +137,7 @@ void store_schedule(const std::string& key, const CompiledSchedule& s, const ir:
 
 std::optional<CompiledSchedule> load_schedule(const std::string& key, const ir::Graph& graph,
                                               const InductorOptions& options) {
-  const std::string text = read_all(entry_path(key, options));
+  const std::string text = runtime::read_file(entry_path(key, options));
   if (text.empty()) return std::nullopt;
   // Anything that does not parse or fit is a miss: the entry is then
   // compiled again and overwritten (a truncated write, a disk error, an
