@@ -115,12 +115,12 @@ AotCompiled create_aot_dispatcher_function(AotRequest request) {
     {
       ir::StageScope analysis(instruments, ir::StageEvent{"collect_metadata"});
       std::vector<tracer::NamedTensor> found;
-      request.fw_metadata = collect_metadata(request, needs_autograd, &found);
+      request.fw_metadata = collect_metadata(request, needs_autograd, &found, &request.analysis_hash);
       if (!found.empty()) {
         // See Note [Lifting in AOTAutograd].
         detail::lift_inputs(request, found);
         needs_autograd = any_requires_grad(request.flat_args);
-        request.fw_metadata = collect_metadata(request, needs_autograd);
+        request.fw_metadata = collect_metadata(request, needs_autograd, nullptr, &request.analysis_hash);
         detail::check_lifted_aliasing(request);
       }
       analysis.done({});

@@ -1,5 +1,6 @@
 #include <crucible/autograd/collect_metadata.h>
 #include <crucible/autograd/error.h>
+#include <crucible/ir/error.h>
 
 #include "lift_inputs.h"
 #include "trace_call.h"
@@ -82,8 +83,8 @@ void classify_outputs(const std::vector<at::Tensor>& outs, const std::vector<at:
 
 }  // namespace
 
-ViewAndMutationMeta collect_metadata(const AotRequest& request, bool is_train,
-                                     std::vector<tracer::NamedTensor>* lifted) {
+ViewAndMutationMeta collect_metadata(const AotRequest& request, bool is_train, std::vector<tracer::NamedTensor>* lifted,
+                                     std::optional<ir::GraphHash>* graph_hash) {
   const std::vector<at::Tensor>& flat_args = request.flat_args;
   const size_t n = flat_args.size();
   const std::vector<bool> reached = detail::reached_inputs(request);
@@ -136,6 +137,13 @@ ViewAndMutationMeta collect_metadata(const AotRequest& request, bool is_train,
   };
   tracer::TraceResult traced =
       detail::trace_functionalized(request, body, flat_args, "metadata analysis", /*allow_lifting=*/true);
+  if (graph_hash) {
+    try {
+      *graph_hash = ir::graph_hash(traced.graph);
+    } catch (const ir::IrError&) {  // a constant no key can hold: nothing is cached
+      graph_hash->reset();
+    }
+  }
   for (size_t i = 0; i < n && i < traced.input_mutations.size(); ++i) {
     if (!reached[i]) continue;  // the others were read from their functional wrappers above
     const tracer::InputMutation& m = traced.input_mutations[i];

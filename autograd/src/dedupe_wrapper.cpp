@@ -48,7 +48,7 @@ void AOTDedupeWrapper::pre_compile(AotRequest& request) {
     return inner(full);
   };
   request.flat_args = std::move(deduped);
-  request.fw_metadata = collect_metadata(request, request.trace_joint);
+  request.fw_metadata = collect_metadata(request, request.trace_joint, nullptr, &request.analysis_hash);
 }
 
 ir::CompiledFn AOTDedupeWrapper::post_compile(ir::CompiledFn compiled, const AotRequest& request) {

@@ -5,6 +5,7 @@
 #include <crucible/ir/instrument.h>
 
 #include "lift_inputs.h"
+#include "trace_cache.h"
 #include "trace_call.h"
 #include "traced_function_transforms.h"
 
@@ -75,60 +76,62 @@ JointGraph create_joint_graph(const AotRequest& request) {
     if (!repeated) wrt.push_back(i);
   }
 
-  std::vector<size_t> grad_of;
-  auto body = [&](const std::vector<at::Tensor>& all) {
-    const std::vector<at::Tensor> primals(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(num_primals));
-    const std::vector<at::Tensor> args = fresh_inputs(primals, meta, reached, /*for_autograd=*/true);
-    std::vector<at::Tensor> outs = request.flat_fn(args);
-    std::vector<at::Tensor> ret;
-    for (size_t k : computed) ret.push_back(outs[k]);
-    for (size_t b = 0; b < meta.intermediate_bases.size(); ++b)
-      for (size_t k = 0; k < outs.size(); ++k)
-        if (meta.output_info[k].output_type == OutputType::alias_of_intermediate &&
-            *meta.output_info[k].base_idx == b) {
-          ret.push_back(at::Tensor(outs[k]._base()));
-          break;
-        }
-    for (size_t i : written) ret.push_back(args[i]);
-    torch::autograd::variable_list diff_outs, tangents, inputs;
-    for (size_t t = 0; t < joint.tangent_outputs.size(); ++t) {
-      const at::Tensor& o = ret[joint.tangent_outputs[t]];
-      if (!o.requires_grad())
-        throw AotError("compilation " + request.compile_id + ": forward output " +
-                       std::to_string(joint.tangent_outputs[t]) +
-                       " required grad in the metadata analysis but not in the joint trace; the function must "
-                       "compute the same thing on every run");
-      diff_outs.push_back(o);
-      tangents.push_back(all[num_primals + t]);
-    }
-    for (size_t i : wrt) inputs.push_back(primals[i]);
-    grad_of.clear();
-    if (!diff_outs.empty() && !inputs.empty()) {
-      const torch::autograd::variable_list grads = torch::autograd::grad(
-          diff_outs, inputs, tangents, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
-      for (size_t k = 0; k < grads.size(); ++k)
-        if (grads[k].defined()) {
-          ret.push_back(grads[k]);
-          grad_of.push_back(wrt[k]);
-        }
-    }
-    return ret;
-  };
-  ir::StageScope trace(request.config.instruments, ir::StageEvent{"trace_joint"});
-  joint.graph = trace_functionalized(request, body, joint_inputs, "the joint graph").graph;
-  // Mark the joint graph per Note [Joint graph contract].
-  ir::Graph& g = joint.graph;
   joint.num_fwd_outputs = fwd_meta.size();
-  keep_first_outputs(g, fwd_meta.size() + grad_of.size());
-  for (size_t i = num_primals; i < joint_inputs.size(); ++i) g.signature().inputs[i].kind = ir::InputKind::Tangent;
-  for (size_t w = 0; w < written.size(); ++w)
-    g.signature().outputs[computed.size() + meta.intermediate_bases.size() + w] =
-        ir::OutputSpec{ir::OutputKind::MutatedInput, written[w]};
-  for (size_t k = 0; k < grad_of.size(); ++k)
-    g.signature().outputs[fwd_meta.size() + k] = ir::OutputSpec{ir::OutputKind::Gradient, grad_of[k]};
-  mark_inputs(g, request, num_primals);
-  if (meta.is_rng_op_functionalized) check_no_unfunctionalized_rng(g);
-  trace.done(ir::StageEvent{"trace_joint", {{"joint", &g}}});
+  joint.graph = traced_graph(request, "joint", "trace_joint", "joint", joint_inputs.size(), [&] {
+    std::vector<size_t> grad_of;
+    auto body = [&](const std::vector<at::Tensor>& all) {
+      const std::vector<at::Tensor> primals(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(num_primals));
+      const std::vector<at::Tensor> args = fresh_inputs(primals, meta, reached, /*for_autograd=*/true);
+      std::vector<at::Tensor> outs = request.flat_fn(args);
+      std::vector<at::Tensor> ret;
+      for (size_t k : computed) ret.push_back(outs[k]);
+      for (size_t b = 0; b < meta.intermediate_bases.size(); ++b)
+        for (size_t k = 0; k < outs.size(); ++k)
+          if (meta.output_info[k].output_type == OutputType::alias_of_intermediate &&
+              *meta.output_info[k].base_idx == b) {
+            ret.push_back(at::Tensor(outs[k]._base()));
+            break;
+          }
+      for (size_t i : written) ret.push_back(args[i]);
+      torch::autograd::variable_list diff_outs, tangents, inputs;
+      for (size_t t = 0; t < joint.tangent_outputs.size(); ++t) {
+        const at::Tensor& o = ret[joint.tangent_outputs[t]];
+        if (!o.requires_grad())
+          throw AotError("compilation " + request.compile_id + ": forward output " +
+                         std::to_string(joint.tangent_outputs[t]) +
+                         " required grad in the metadata analysis but not in the joint trace; the function must "
+                         "compute the same thing on every run");
+        diff_outs.push_back(o);
+        tangents.push_back(all[num_primals + t]);
+      }
+      for (size_t i : wrt) inputs.push_back(primals[i]);
+      grad_of.clear();
+      if (!diff_outs.empty() && !inputs.empty()) {
+        const torch::autograd::variable_list grads = torch::autograd::grad(
+            diff_outs, inputs, tangents, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+        for (size_t k = 0; k < grads.size(); ++k)
+          if (grads[k].defined()) {
+            ret.push_back(grads[k]);
+            grad_of.push_back(wrt[k]);
+          }
+      }
+      return ret;
+    };
+    ir::StageScope trace(request.config.instruments, ir::StageEvent{"trace_joint"});
+    ir::Graph g = trace_functionalized(request, body, joint_inputs, "the joint graph").graph;
+    // Mark the joint graph per Note [Joint graph contract].
+    keep_first_outputs(g, fwd_meta.size() + grad_of.size());
+    for (size_t i = num_primals; i < joint_inputs.size(); ++i) g.signature().inputs[i].kind = ir::InputKind::Tangent;
+    for (size_t w = 0; w < written.size(); ++w)
+      g.signature().outputs[computed.size() + meta.intermediate_bases.size() + w] =
+          ir::OutputSpec{ir::OutputKind::MutatedInput, written[w]};
+    for (size_t k = 0; k < grad_of.size(); ++k)
+      g.signature().outputs[fwd_meta.size() + k] = ir::OutputSpec{ir::OutputKind::Gradient, grad_of[k]};
+    mark_inputs(g, request, num_primals);
+    if (meta.is_rng_op_functionalized) check_no_unfunctionalized_rng(g);
+    trace.done(ir::StageEvent{"trace_joint", {{"joint", &g}}});
+    return g;
+  });
   return joint;
 }
 
@@ -137,50 +140,53 @@ ir::Graph create_inference_graph(const AotRequest& request) {
   const std::vector<size_t> computed = meta.graph_computed_outputs();
   const std::vector<size_t> written = meta.mutated_data_inputs();
   const std::vector<bool> reached = reached_inputs(request);
-  auto body = [&](const std::vector<at::Tensor>& traced) {
-    const std::vector<at::Tensor> args = fresh_inputs(traced, meta, reached, /*for_autograd=*/false);
-    std::vector<at::Tensor> outs = request.flat_fn(args);
-    std::vector<at::Tensor> ret;
-    for (size_t k : computed) ret.push_back(outs[k]);
-    for (size_t i : written) ret.push_back(args[i]);
-    return ret;
-  };
-  at::NoGradGuard no_grad;
-  ir::StageScope trace(request.config.instruments, ir::StageEvent{"trace_inference"});
-  ir::Graph g = trace_functionalized(request, body, request.flat_args, "the inference graph").graph;
-  const size_t num_outputs = computed.size() + written.size();
-  // Writes kept in the graph and accumulated gradients: the tracer returned
-  // the new values and the gradients after ours.
-  std::vector<std::pair<size_t, ir::Value*>> kept;
-  std::vector<ir::Value*> grads(meta.input_info.size(), nullptr);
-  const std::vector<ir::Value*> outs = g.outputs();
-  for (size_t o = num_outputs; o < outs.size(); ++o) {
-    const ir::OutputSpec& spec = g.signature().outputs[o];
-    if (spec.kind == ir::OutputKind::MutatedInput && meta.input_info[*spec.input_index].mutation_in_graph)
-      kept.emplace_back(*spec.input_index, outs[o]);
-    if (spec.kind == ir::OutputKind::Gradient) grads.at(*spec.input_index) = outs[o];
-  }
-  keep_first_outputs(g, num_outputs);
-  add_input_copies(g, kept);
-  for (size_t w = 0; w < written.size(); ++w)
-    g.signature().outputs[computed.size() + w] = ir::OutputSpec{ir::OutputKind::MutatedInput, written[w]};
-  // See Note [Gradients a function accumulates].
-  std::vector<ir::Value*> with_grads = g.outputs();
-  std::vector<ir::OutputSpec> specs = g.signature().outputs;
-  for (size_t i : meta.grad_accumulating_inputs()) {
-    if (!grads[i])
-      throw AotError("compilation " + request.compile_id + ": input " + std::to_string(i) +
-                     " got a gradient in the metadata analysis but not in the inference graph; the function must "
-                     "compute the same thing on every run");
-    with_grads.push_back(grads[i]);
-    specs.push_back(ir::OutputSpec{ir::OutputKind::Gradient, i});
-  }
-  g.set_output(with_grads);
-  g.signature().outputs = specs;
-  mark_inputs(g, request, request.flat_args.size());
-  if (meta.is_rng_op_functionalized) check_no_unfunctionalized_rng(g);
-  trace.done(ir::StageEvent{"trace_inference", {{request.config.inference_graph_name, &g}}});
-  return g;
+  return traced_graph(
+      request, "inference", "trace_inference", request.config.inference_graph_name, request.flat_args.size(), [&] {
+        auto body = [&](const std::vector<at::Tensor>& traced) {
+          const std::vector<at::Tensor> args = fresh_inputs(traced, meta, reached, /*for_autograd=*/false);
+          std::vector<at::Tensor> outs = request.flat_fn(args);
+          std::vector<at::Tensor> ret;
+          for (size_t k : computed) ret.push_back(outs[k]);
+          for (size_t i : written) ret.push_back(args[i]);
+          return ret;
+        };
+        at::NoGradGuard no_grad;
+        ir::StageScope trace(request.config.instruments, ir::StageEvent{"trace_inference"});
+        ir::Graph g = trace_functionalized(request, body, request.flat_args, "the inference graph").graph;
+        const size_t num_outputs = computed.size() + written.size();
+        // Writes kept in the graph and accumulated gradients: the tracer returned
+        // the new values and the gradients after ours.
+        std::vector<std::pair<size_t, ir::Value*>> kept;
+        std::vector<ir::Value*> grads(meta.input_info.size(), nullptr);
+        const std::vector<ir::Value*> outs = g.outputs();
+        for (size_t o = num_outputs; o < outs.size(); ++o) {
+          const ir::OutputSpec& spec = g.signature().outputs[o];
+          if (spec.kind == ir::OutputKind::MutatedInput && meta.input_info[*spec.input_index].mutation_in_graph)
+            kept.emplace_back(*spec.input_index, outs[o]);
+          if (spec.kind == ir::OutputKind::Gradient) grads.at(*spec.input_index) = outs[o];
+        }
+        keep_first_outputs(g, num_outputs);
+        add_input_copies(g, kept);
+        for (size_t w = 0; w < written.size(); ++w)
+          g.signature().outputs[computed.size() + w] = ir::OutputSpec{ir::OutputKind::MutatedInput, written[w]};
+        // See Note [Gradients a function accumulates].
+        std::vector<ir::Value*> with_grads = g.outputs();
+        std::vector<ir::OutputSpec> specs = g.signature().outputs;
+        for (size_t i : meta.grad_accumulating_inputs()) {
+          if (!grads[i])
+            throw AotError("compilation " + request.compile_id + ": input " + std::to_string(i) +
+                           " got a gradient in the metadata analysis but not in the inference graph; the function must "
+                           "compute the same thing on every run");
+          with_grads.push_back(grads[i]);
+          specs.push_back(ir::OutputSpec{ir::OutputKind::Gradient, i});
+        }
+        g.set_output(with_grads);
+        g.signature().outputs = specs;
+        mark_inputs(g, request, request.flat_args.size());
+        if (meta.is_rng_op_functionalized) check_no_unfunctionalized_rng(g);
+        trace.done(ir::StageEvent{"trace_inference", {{request.config.inference_graph_name, &g}}});
+        return g;
+      });
 }
 
 }  // namespace crucible::autograd::detail

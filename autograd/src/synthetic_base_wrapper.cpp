@@ -109,7 +109,7 @@ void AOTSyntheticBaseWrapper::pre_compile(AotRequest& request) {
     return outs;
   };
   request.flat_args = std::move(merged);
-  request.fw_metadata = collect_metadata(request, request.trace_joint);
+  request.fw_metadata = collect_metadata(request, request.trace_joint, nullptr, &request.analysis_hash);
 }
 
 ir::CompiledFn AOTSyntheticBaseWrapper::post_compile(ir::CompiledFn compiled, const AotRequest& request) {

@@ -60,21 +60,36 @@ bool ViewAndMutationMeta::has_aliased_outputs() const {
 
 std::string ViewAndMutationMeta::to_string() const {
   std::ostringstream os;
+  auto ints = [&os](const std::vector<int64_t>& v) {
+    os << "[";
+    for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+    os << "]";
+  };
   os << "ViewAndMutationMeta(" << (is_train ? "train" : "inference") << ")\n";
   for (size_t i = 0; i < input_info.size(); ++i) {
     const InputAliasInfo& in = input_info[i];
     os << "  input " << i << ": mutates_data=" << in.mutates_data << " mutates_metadata=" << in.mutates_metadata
        << " requires_grad=" << in.requires_grad << " is_leaf=" << in.is_leaf
        << " mutations_under_no_grad=" << in.mutations_under_no_grad << " mutation_in_graph=" << in.mutation_in_graph
-       << " accumulates_grad=" << in.accumulates_grad << "\n";
+       << " accumulates_grad=" << in.accumulates_grad;
+    if (in.mutates_metadata) {
+      os << " final_sizes=";
+      ints(in.final_sizes);
+      os << " final_strides=";
+      ints(in.final_strides);
+      os << " final_offset_delta=" << in.final_offset_delta;
+    }
+    os << "\n";
   }
   for (size_t k = 0; k < output_info.size(); ++k) {
     const OutputAliasInfo& o = output_info[k];
     os << "  output " << k << ": " << autograd::to_string(o.output_type);
     if (o.base_idx) os << " base=" << *o.base_idx;
+    if (o.offset_delta != 0) os << " offset_delta=" << o.offset_delta;
     os << " " << ir::to_string(o.meta) << "\n";
   }
   os << "  intermediate bases: " << intermediate_bases.size();
+  for (const ir::TensorMeta& b : intermediate_bases) os << "; " << ir::to_string(b);
   if (is_rng_op_functionalized) os << "; rng functionalized";
   return os.str();
 }

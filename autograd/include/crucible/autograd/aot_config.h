@@ -127,6 +127,14 @@ struct AotConfig {
   /// cache by default, an AotCache of the caller's to share only among the
   /// callables given it, or nullptr for none.
   std::shared_ptr<AotCache> cache = default_aot_cache();
+  /// Where the graphs a compilation traces are kept for later processes
+  /// (Note [AOT trace cache], the seed's AOTAutogradCache): a directory,
+  /// made mode 0700 when missing; "" names the default, the inductor's
+  /// ($XDG_CACHE_HOME/crucible/inductor), where torch keeps its
+  /// AOTAutogradCache too. Unset (the default), or with an empty
+  /// compiler_key: nothing is kept. A directory that cannot be used is
+  /// warned of once and the compilation traces as without it.
+  std::optional<std::string> disk_cache_dir;
 };
 
 }  // namespace crucible::autograd

@@ -5,12 +5,14 @@
 
 #include <crucible/autograd/aot_config.h>
 #include <crucible/autograd/view_and_mutation_meta.h>
+#include <crucible/ir/hash.h>
 #include <crucible/runtime/compiler_wrapper.h>
 #include <crucible/tracer/make_fx.h>
 
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +50,10 @@ struct AotRequest {
   std::vector<std::string> lifted_names;
   /// collect_metadata(flat_fn, flat_args), kept up to date by the wrappers.
   ViewAndMutationMeta fw_metadata;
+  /// The digest of the graph that analysis traced (collect_metadata's
+  /// graph_hash), kept with fw_metadata: what the trace cache keys on
+  /// (Note [AOT trace cache]). Unset: nothing is cached.
+  std::optional<ir::GraphHash> analysis_hash;
   /// The compilers and options of this compilation: a copy of the
   /// callable's AotConfig, with num_params_buffers set for a module.
   AotConfig config;

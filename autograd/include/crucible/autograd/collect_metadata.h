@@ -6,7 +6,9 @@
 
 #include <crucible/autograd/aot_request.h>
 #include <crucible/autograd/view_and_mutation_meta.h>
+#include <crucible/ir/hash.h>
 
+#include <optional>
 #include <vector>
 
 namespace crucible::autograd {
@@ -42,7 +44,11 @@ namespace crucible::autograd {
 /// written in place on module state or a lifted tensor); and, with the
 /// function's own message, when the
 /// function fails while traced (nothing of the caller's is changed then).
+/// When `graph_hash` is given it is set to ir::graph_hash of the graph the
+/// analysis traced, or nullopt when that graph cannot be hashed: the key of
+/// the trace cache (Note [AOT trace cache] in trace_cache.h).
 ViewAndMutationMeta collect_metadata(const AotRequest& request, bool is_train,
-                                     std::vector<tracer::NamedTensor>* lifted = nullptr);
+                                     std::vector<tracer::NamedTensor>* lifted = nullptr,
+                                     std::optional<ir::GraphHash>* graph_hash = nullptr);
 
 }  // namespace crucible::autograd

@@ -124,7 +124,8 @@ struct ViewAndMutationMeta {
   /// True when any output is anything but non_alias.
   bool has_aliased_outputs() const;
 
-  /// A readable dump, one line per input and output, for error messages.
+  /// Every field, one line per input and output: for error messages, and
+  /// part of the trace cache's key (Note [AOT trace cache]).
   std::string to_string() const;
 
   bool operator==(const ViewAndMutationMeta&) const = default;

@@ -1,0 +1,203 @@
+// The trace cache across processes (Note [AOT trace cache] in
+// autograd/src/trace_cache.h): a compilation that finds the graph an earlier
+// one traced skips the trace and still computes what eager computes, input
+// mutations and aliased outputs included; entries that are corrupt, of
+// another function, or of unknown compilers are never served. A new process
+// is stood in for by new callables with no in-memory graph cache (the CLI
+// test runs two processes).
+#include <crucible/autograd/aot_function.h>
+#include <crucible/ir/instrument.h>
+#include <crucible/ir/interpreter.h>
+#include <crucible/runtime/instruments.h>
+
+#include <ATen/ATen.h>
+
+#include "catch.h"
+#include "testing.h"
+
+#include <sys/stat.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+
+using crucible::testing::kGradAtol;
+using crucible::testing::kGradRtol;
+using namespace crucible;
+using Tensors = std::vector<at::Tensor>;
+namespace fs = std::filesystem;
+
+namespace {
+
+int64_t counted(std::string_view key) { return runtime::default_counters().get("aot_autograd", key); }
+
+// A function that counts its calls: 2 per compilation (the metadata
+// analysis and the trace), 1 when the trace comes from the cache.
+struct Counted {
+  std::shared_ptr<std::atomic<int>> calls = std::make_shared<std::atomic<int>>(0);
+  tracer::TensorFn fn;
+  Tensors operator()(const Tensors& in) const {
+    ++*calls;
+    return fn(in);
+  }
+};
+
+// A process's worth of compilation state: no graph shared in memory, the
+// disk cache in `dir`.
+autograd::AotConfig config(const std::string& dir, std::string key = "interpreter;trace-cache-test") {
+  autograd::AotConfig c;
+  c.cache = nullptr;
+  c.compiler_key = std::move(key);
+  c.disk_cache_dir = dir;
+  return c;
+}
+
+std::vector<fs::path> entries(const std::string& dir) {
+  std::vector<fs::path> r;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().starts_with("a")) r.push_back(e.path());
+  return r;
+}
+
+// Writes into its first input and returns a view of its second and a new
+// tensor: the wrappers' epilogues must still run on a hit.
+Tensors mutating(const Tensors& in) {
+  in[0].mul_(2);
+  return {in[1].view({-1}), at::tanh(in[0] + in[1]).sum(0)};
+}
+
+Tensors layer(const Tensors& in) { return {at::tanh(at::addmm(in[2], in[0], in[1].t())).sum(1)}; }
+Tensors other_layer(const Tensors& in) { return {at::sigmoid(at::addmm(in[2], in[0], in[1].t())).sum(1)}; }
+
+Tensors layer_data() { return {at::randn({4, 3}), at::randn({5, 3}), at::randn({5})}; }
+
+Tensors clones(const Tensors& ts, bool requires_grad = false) {
+  Tensors r;
+  for (const at::Tensor& t : ts) r.push_back(t.detach().clone().requires_grad_(requires_grad));
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("trace cache: a new compilation skips the trace; input mutation and aliased outputs as eager",
+          "[autograd][cache]") {
+  at::manual_seed(0);
+  const std::string dir = testing::temp_dir("trace-cache");
+  const Tensors data = {at::randn({3, 4}), at::randn({3, 4})};
+  const int64_t hits = counted("trace_cache_hit"), misses = counted("trace_cache_miss");
+  Tensors eager_in = clones(data);
+  const Tensors eager_out = mutating(eager_in);
+  for (int process = 0; process < 2; ++process) {
+    const Counted f{.fn = mutating};
+    const autograd::AotFunction compiled = autograd::aot_function(f, config(dir));
+    Tensors in = clones(data);
+    const Tensors out = compiled(in);
+    CHECK(*f.calls == (process == 0 ? 2 : 1));
+    REQUIRE_EQUAL_TENSORS(in[0], eager_in[0]);  // the write reached the caller's tensor
+    REQUIRE_EQUAL_TENSORS(out[0], eager_out[0]);
+    REQUIRE_EQUAL_TENSORS(out[1], eager_out[1]);
+    CHECK(out[0].data_ptr() == in[1].data_ptr());  // still a view of the input, as eager's
+  }
+  CHECK(counted("trace_cache_miss") == misses + 1);
+  CHECK(counted("trace_cache_hit") == hits + 1);
+  CHECK(entries(dir).size() == 1);
+}
+
+TEST_CASE("trace cache: the joint graph of a hit gives eager's values and gradients", "[autograd][cache]") {
+  at::manual_seed(1);
+  const std::string dir = testing::temp_dir("trace-cache");
+  const Tensors data = layer_data();
+  Tensors e_in = clones(data, true);
+  const Tensors e_out = layer(e_in);
+  e_out[0].sum().backward();
+  for (int process = 0; process < 2; ++process) {
+    const Counted f{.fn = layer};
+    const autograd::AotFunction compiled = autograd::aot_function(f, config(dir));
+    Tensors in = clones(data, true);
+    const Tensors out = compiled(in);
+    CHECK(*f.calls == (process == 0 ? 2 : 1));
+    REQUIRE_CLOSE(out[0].detach(), e_out[0].detach(), kGradRtol, kGradAtol);
+    out[0].sum().backward();
+    for (size_t i = 0; i < in.size(); ++i) REQUIRE_CLOSE(in[i].grad(), e_in[i].grad(), kGradRtol, kGradAtol);
+  }
+}
+
+TEST_CASE("trace cache: another function over the same inputs, or other input metadata, misses", "[autograd][cache]") {
+  at::manual_seed(2);
+  const std::string dir = testing::temp_dir("trace-cache");
+  const Tensors data = layer_data();
+  const int64_t hits = counted("trace_cache_hit");
+  REQUIRE_EQUAL_TENSORS(autograd::aot_function(layer, config(dir))(data)[0], layer(data)[0]);
+  REQUIRE_EQUAL_TENSORS(autograd::aot_function(other_layer, config(dir))(data)[0], other_layer(data)[0]);
+  const Tensors wider = {at::randn({6, 3}), at::randn({5, 3}), at::randn({5})};
+  REQUIRE_EQUAL_TENSORS(autograd::aot_function(layer, config(dir))(wider)[0], layer(wider)[0]);
+  CHECK(counted("trace_cache_hit") == hits);
+  CHECK(entries(dir).size() == 3);
+}
+
+TEST_CASE("trace cache: a corrupt or truncated entry is traced again and rewritten", "[autograd][cache]") {
+  at::manual_seed(3);
+  const std::string dir = testing::temp_dir("trace-cache");
+  const Tensors data = layer_data();
+  REQUIRE_EQUAL_TENSORS(autograd::aot_function(layer, config(dir))(data)[0], layer(data)[0]);
+  REQUIRE(entries(dir).size() == 1);
+  const fs::path entry = entries(dir)[0];
+  const auto size = fs::file_size(entry);
+  // One character of the graph changed (tanh -> tanx): the digest no longer matches.
+  std::string text;
+  {
+    std::ifstream f(entry, std::ios::binary);
+    text.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  const size_t at = text.find("tanh");
+  REQUIRE(at != std::string::npos);
+  for (const std::string& broken : {text.substr(0, at) + "tanx" + text.substr(at + 4), text.substr(0, size / 2)}) {
+    std::ofstream(entry, std::ios::binary | std::ios::trunc) << broken;
+    const int64_t misses = counted("trace_cache_miss");
+    const Counted f{.fn = layer};
+    REQUIRE_EQUAL_TENSORS(autograd::aot_function(f, config(dir))(data)[0], layer(data)[0]);
+    CHECK(*f.calls == 2);
+    CHECK(counted("trace_cache_miss") == misses + 1);
+    CHECK(fs::file_size(entry) == size);  // rewritten whole
+  }
+}
+
+TEST_CASE("trace cache: nothing is kept without a directory or a compiler key; an unsafe directory is skipped",
+          "[autograd][cache]") {
+  at::manual_seed(4);
+  const std::string dir = testing::temp_dir("trace-cache");
+  const Tensors data = layer_data();
+  autograd::AotConfig no_dir = config(dir);
+  no_dir.disk_cache_dir.reset();
+  REQUIRE_EQUAL_TENSORS(autograd::aot_function(layer, no_dir)(data)[0], layer(data)[0]);
+  REQUIRE_EQUAL_TENSORS(autograd::aot_function(layer, config(dir, ""))(data)[0], layer(data)[0]);
+  CHECK(entries(dir).empty());
+  // Others may write it: another user could plant graphs, so it is not used.
+  const std::string shared = dir + "/shared";
+  fs::create_directory(shared);
+  ::chmod(shared.c_str(), 0777);
+  const int64_t bypasses = counted("trace_cache_bypass");
+  REQUIRE_EQUAL_TENSORS(autograd::aot_function(layer, config(shared))(data)[0], layer(data)[0]);
+  CHECK(entries(shared).empty());
+  CHECK(counted("trace_cache_bypass") == bypasses + 1);
+}
+
+TEST_CASE("trace cache: instruments see the trace stage of a hit as cached, with its graph", "[autograd][cache]") {
+  struct Stages : ir::Instrument {
+    std::vector<std::string> seen;
+    void after_stage(const ir::StageEvent& e) override {
+      if (e.stage == "trace_inference")
+        seen.push_back(std::string(e.cached ? "cached " : "traced ") + std::to_string(e.graphs.size()));
+    }
+  };
+  at::manual_seed(5);
+  const std::string dir = testing::temp_dir("trace-cache");
+  const Tensors data = layer_data();
+  auto stages = std::make_shared<Stages>();
+  for (int process = 0; process < 2; ++process) {
+    autograd::AotConfig c = config(dir);
+    c.instruments = {stages};
+    REQUIRE_EQUAL_TENSORS(autograd::aot_function(layer, c)(data)[0], layer(data)[0]);
+  }
+  CHECK(stages->seen == std::vector<std::string>{"traced 1", "cached 1"});
+}
