@@ -386,10 +386,12 @@ void run_train_command(const TrainCommandOptions& o) {
   for (const auto& [stage, s] : ordered_stages(timer)) j["compile_s"][stage] = s;
   if (compiled) j["compile_s"]["total"] = total_stage_s(timer);
   j["counters"] = counters.snapshot();
-  // Inductor counts its graph cache's outcomes process-wide, as
-  // torch/_inductor's counters["inductor"] (the test forward's compile too).
-  if (auto all = runtime::default_counters().snapshot(); all.contains("inductor"))
-    j["counters"]["inductor"] = all["inductor"];
+  // Inductor and AOTAutograd count their disk caches' outcomes
+  // process-wide, as torch's counters["inductor"] and
+  // counters["aot_autograd"] (the test forward's compile too).
+  auto all = runtime::default_counters().snapshot();
+  for (const char* group : {"inductor", "aot_autograd"})
+    if (all.contains(group)) j["counters"][group] = all[group];
   bool agree = true;
   if (eager) {
     const double diff = models::max_param_diff(*model.module, *eager->module);

@@ -29,7 +29,7 @@ BackendRegistry BackendRegistry::builtin() {
          [](const ir::Graph& g, const std::vector<at::Tensor>& example_inputs) {
            return inductor::compile_fx_inner(g, example_inputs, inductor::InductorOptions::from_environment());
          },
-         inductor_code, -1});
+         inductor_code, -1, /*cuda_graphs=*/false, inductor::InductorOptions::from_environment().cache_dir});
   r.add({"inductor-cudagraphs",
          "inductor, with each compiled graph captured as a CUDA graph and replayed (torch.compile's "
          "mode=\"reduce-overhead\"); graphs on the CPU run as with inductor",
@@ -38,7 +38,7 @@ BackendRegistry BackendRegistry::builtin() {
            options.cuda_graphs = true;
            return inductor::compile_fx_inner(g, example_inputs, options);
          },
-         inductor_code, -1, /*cuda_graphs=*/true});
+         inductor_code, -1, /*cuda_graphs=*/true, inductor::InductorOptions::from_environment().cache_dir});
   return r;
 }
 

@@ -90,6 +90,7 @@ Builder& Builder::backend(std::string_view name) {
   backend_name_ = info.name;
   backend_ = info.compile;
   backend_cuda_graphs_ = info.cuda_graphs;
+  backend_cache_dir_ = info.cache_dir;
   return *this;
 }
 
@@ -98,6 +99,7 @@ Builder& Builder::backend(std::string_view name, const BackendRegistry& registry
   backend_name_ = info.name;
   backend_ = info.compile;
   backend_cuda_graphs_ = info.cuda_graphs;
+  backend_cache_dir_ = info.cache_dir;
   user_compilers_ = true;
   return *this;
 }
@@ -107,6 +109,7 @@ Builder& Builder::backend(std::string name, ir::Backend backend) {
   backend_name_ = std::move(name);
   backend_ = std::move(backend);
   backend_cuda_graphs_ = false;
+  backend_cache_dir_.reset();
   user_compilers_ = true;
   return *this;
 }
@@ -225,6 +228,7 @@ autograd::AotConfig Builder::aot_config() const {
   config.instruments = instruments_;
   config.named_modules = named_modules_;
   config.compiler_key = compiler_key();
+  config.disk_cache_dir = backend_cache_dir_;
   return config;
 }
 

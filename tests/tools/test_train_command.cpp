@@ -8,7 +8,10 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstdlib>
+#include <optional>
 #include <string>
+#include <vector>
 
 using crucible::testing::run_cli;
 
@@ -142,6 +145,39 @@ TEST_CASE("crucible train trains the GPT on synthetic tokens", "[tools][train]")
   CHECK(j["model"] == "gpt");
   CHECK(j["dataset"] == "synthetic");
   CHECK(j["steps"] == 4);
+}
+
+TEST_CASE("crucible train: a second process finds the traced graph and the kernels in the disk caches",
+          "[tools][train]") {
+  // Note [AOT trace cache]: the new process runs the metadata analysis,
+  // then reads the graph its trace made instead of tracing again, and the
+  // backend's own caches serve the kernels; it trains to the same loss.
+  const std::string dir = crucible::testing::temp_dir("train-cache");
+  const char* old = std::getenv("CRUCIBLE_INDUCTOR_CACHE_DIR");
+  const std::optional<std::string> saved = old ? std::optional<std::string>(old) : std::nullopt;
+  ::setenv("CRUCIBLE_INDUCTOR_CACHE_DIR", dir.c_str(), 1);
+  std::vector<nlohmann::json> runs;
+  for (int process = 0; process < 2; ++process) {
+    const auto r = run_cli("train --model gpt --steps 3 --batch 4 --optimizer adamw --json");
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    runs.push_back(last_line_json(r.out));
+  }
+  if (saved)
+    ::setenv("CRUCIBLE_INDUCTOR_CACHE_DIR", saved->c_str(), 1);
+  else
+    ::unsetenv("CRUCIBLE_INDUCTOR_CACHE_DIR");
+  const nlohmann::json& cold = runs[0]["counters"]["aot_autograd"];
+  const nlohmann::json& warm = runs[1]["counters"]["aot_autograd"];
+  CHECK(cold.value("trace_cache_miss", 0) >= 1);
+  CHECK(cold.value("trace_cache_hit", 0) == 0);
+  CHECK(warm.value("trace_cache_hit", 0) == cold.value("trace_cache_miss", 0));
+  CHECK(warm.value("trace_cache_miss", 0) == 0);
+  CHECK(runs[1]["counters"]["inductor"].value("fxgraph_cache_miss", 0) == 0);
+  // The same graph and kernels on the same batches: the same arithmetic, up
+  // to the matmuls' (MKL may pick its kernels by the buffers' alignment).
+  CHECK_THAT(runs[1]["final_loss"].get<double>(),
+             Catch::Matchers::WithinRel(runs[0]["final_loss"].get<double>(), 1e-5));
 }
 
 TEST_CASE("crucible train: a missing dataset names the path and the package", "[tools][train][errors]") {

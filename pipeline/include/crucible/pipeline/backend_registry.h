@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -41,6 +42,12 @@ struct BackendInfo {
   /// "reduce-overhead"): a training step compiled for it keeps its step
   /// counts and learning rate on the device (TrainStepOptions::capturable).
   bool cuda_graphs = false;
+  /// The backend's disk cache directory, in the form
+  /// autograd::AotConfig::disk_cache_dir takes ("" for the default): a
+  /// Builder's compilations keep the graphs AOTAutograd traces there too
+  /// (Note [AOT trace cache]). Unset: the backend keeps nothing on disk,
+  /// and neither does AOTAutograd.
+  std::optional<std::string> cache_dir;
 };
 
 /// Backends by name (BackendInfo, sorted by name), as

@@ -197,7 +197,8 @@ class Builder {
   /// The builder's choices as AotConfig: fw/bw/inference compilers =
   /// graph_compiler("forward" / "backward" / "inference"), the joint passes
   /// then the partitioner as partition_fn, the decompositions, freeze, the
-  /// modules of name_module(), the instruments, compiler_key().
+  /// modules of name_module(), the instruments, compiler_key(), and the
+  /// backend's cache directory as disk_cache_dir (BackendInfo::cache_dir).
   autograd::AotConfig aot_config() const;
   /// The pre-grad stage (Note [Pre-grad graphs] in builder.cpp): traces
   /// `fn` on `args` with `trace` and the builder's trace options, neither
@@ -243,6 +244,7 @@ class Builder {
   partitioner::PartitionFn partition_fn_;
   std::string backend_name_;
   bool backend_cuda_graphs_ = false;
+  std::optional<std::string> backend_cache_dir_;  // BackendInfo::cache_dir
   ir::Backend backend_;
   runtime::WrapperList<runtime::GraphRequest> wrappers_;
   runtime::WrapperList<autograd::AotRequest> aot_wrappers_;
