@@ -1,10 +1,15 @@
 #include "meta_functions.h"
 
+#include <ATen/TensorIterator.h>
 #include <ATen/native/ConvUtils.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/result_type.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <c10/util/irange.h>
 
+#include <algorithm>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -12,10 +17,18 @@
 namespace crucible::ir::detail {
 
 // Note [Meta functions]
-// LibTorch 2.11 has no Meta kernel in C++ for convolution, its backward and
-// batch norm (Python registers them in torch/_meta_registrations.py), and
-// running them on CPU stand-ins costs what running them costs: on ResNet-18
-// they were nine tenths of deriving the train step's metadata. Their output
+// LibTorch 2.11 has no Meta kernel in C++ for convolution, its backward,
+// batch norm, var_mean, where and embedding (Python registers them in
+// torch/_meta_registrations.py), and running them on CPU stand-ins costs what
+// running them costs: on ResNet-18 they were nine tenths of deriving the
+// train step's metadata; on GPT-2 small (batch 8, T = 1024) the attention
+// mask's where over [8, 12, 1024, 1024] and the layer norms' var_mean made a
+// fake-mode metadata analysis slower than a real one on the GPU. var_mean's
+// results are contiguous, as every reduction's (ATen resizes them); embedding's
+// are those of index_select, contiguous; where's come from the very
+// TensorIterator ATen's where_self_out builds, run over the meta tensors, so
+// broadcasting, type promotion and the output's stride order are ATen's own.
+// The convolutions' and batch norms' output
 // metadata is simple where the layout is certain: contiguous inputs give
 // contiguous results (sizes by ATen's own conv_output_size /
 // conv_input_size), a 2-D convolution whose input or weight suggests
@@ -215,6 +228,89 @@ bool cudnn_batch_norm_backward(torch::jit::Stack& stack, size_t base) {
   return true;
 }
 
+// var_mean.dim(self, dim?, unbiased, keepdim) and var_mean.correction(self,
+// dim?, *, correction?, keepdim) -> (var, mean): the reduced sizes,
+// contiguous, in self's dtype (floating types only: complex inputs give a
+// real variance).
+bool var_mean(torch::jit::Stack& stack, size_t base) {
+  const at::Tensor& self = stack[base].toTensor();
+  if (!at::isFloatingType(self.scalar_type())) return false;
+  const bool keepdim = stack[base + 3].toBool();
+  std::vector<bool> reduced(static_cast<size_t>(self.dim()), stack[base + 1].isNone());
+  if (!stack[base + 1].isNone()) {
+    const std::vector<int64_t> dims = stack[base + 1].toIntVector();
+    if (dims.empty()) reduced.assign(reduced.size(), true);
+    for (int64_t d : dims) {
+      const int64_t n = std::max<int64_t>(self.dim(), 1);  // a 0-dim tensor takes dim 0 and -1
+      if (d < -n || d >= n) return false;                  // the kernel's error
+      if (self.dim() > 0) reduced[static_cast<size_t>(d < 0 ? d + self.dim() : d)] = true;
+    }
+  }
+  std::vector<int64_t> sizes;
+  for (int64_t d = 0; d < self.dim(); ++d)
+    if (!reduced[static_cast<size_t>(d)])
+      sizes.push_back(self.size(d));
+    else if (keepdim)
+      sizes.push_back(1);
+  stack.resize(base);
+  stack.emplace_back(empty_meta(sizes, self));
+  stack.emplace_back(empty_meta(sizes, self));
+  return true;
+}
+
+// embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse):
+// weight.index_select(0, indices.reshape(-1)) viewed as indices' sizes
+// followed by a row's, contiguous.
+bool embedding(torch::jit::Stack& stack, size_t base) {
+  const at::Tensor& weight = stack[base].toTensor();
+  const at::Tensor& indices = stack[base + 1].toTensor();
+  if (weight.dim() < 1 || (indices.scalar_type() != at::kLong && indices.scalar_type() != at::kInt)) return false;
+  std::vector<int64_t> sizes = indices.sizes().vec();
+  for (int64_t d = 1; d < weight.dim(); ++d) sizes.push_back(weight.size(d));
+  stack.resize(base);
+  stack.emplace_back(empty_meta(sizes, weight));
+  return true;
+}
+
+// where(condition, self, other) as ATen's where and where_self_out compute
+// it, over meta tensors: the promoted type, self and other converted to it,
+// and the TensorIterator whose output takes the broadcast sizes and the
+// stride order of the inputs. A Scalar self or other is a wrapped number,
+// as wrapped_scalar_tensor makes it. Declines unless every tensor is meta
+// (a CPU scalar beside meta tensors takes another path in ATen).
+bool where_of(torch::jit::Stack& stack, size_t base, bool scalar_self, bool scalar_other) {
+  auto operand = [&](size_t i, bool scalar) -> std::optional<at::Tensor> {
+    if (!scalar) {
+      const at::Tensor& t = stack[base + i].toTensor();
+      return t.is_meta() ? std::optional(t) : std::nullopt;
+    }
+    at::Tensor t = at::scalar_tensor(stack[base + i].toScalar(),
+                                     at::TensorOptions().dtype(stack[base + i].toScalar().type()).device(c10::kMeta));
+    t.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return t;
+  };
+  const at::Tensor& condition = stack[base].toTensor();
+  const std::optional<at::Tensor> self = operand(1, scalar_self), other = operand(2, scalar_other);
+  if (!condition.is_meta() || !self || !other) return false;
+  if (condition.scalar_type() != at::kBool && condition.scalar_type() != at::kByte) return false;
+  const at::ScalarType type = at::result_type(*self, *other);
+  at::Tensor out = at::empty({0}, at::TensorOptions().dtype(type).device(c10::kMeta));
+  at::TensorIteratorConfig()
+      .check_all_same_dtype(false)
+      .add_output(out)
+      .add_const_input(condition.scalar_type() == at::kByte ? condition.to(at::kBool) : condition)
+      .add_const_input(self->scalar_type() == type ? *self : self->to(type))
+      .add_const_input(other->scalar_type() == type ? *other : other->to(type))
+      .build();
+  stack.resize(base);
+  stack.emplace_back(std::move(out));
+  return true;
+}
+
+bool where_self(torch::jit::Stack& stack, size_t base) { return where_of(stack, base, false, false); }
+bool where_scalar_other(torch::jit::Stack& stack, size_t base) { return where_of(stack, base, false, true); }
+bool where_scalar_self(torch::jit::Stack& stack, size_t base) { return where_of(stack, base, true, false); }
+
 using MetaFunction = bool (*)(torch::jit::Stack&, size_t);
 
 const std::unordered_map<std::string_view, MetaFunction>& table() {
@@ -226,6 +322,12 @@ const std::unordered_map<std::string_view, MetaFunction>& table() {
       {"aten::cudnn_batch_norm", cudnn_batch_norm},
       {"aten::cudnn_batch_norm_backward", cudnn_batch_norm_backward},
       {"crucible::cudnn_batch_norm_functional", cudnn_batch_norm_functional},
+      {"aten::var_mean.dim", var_mean},
+      {"aten::var_mean.correction", var_mean},
+      {"aten::embedding", embedding},
+      {"aten::where.self", where_self},
+      {"aten::where.ScalarOther", where_scalar_other},
+      {"aten::where.ScalarSelf", where_scalar_self},
   };
   return t;
 }
@@ -234,8 +336,7 @@ const std::unordered_map<std::string_view, MetaFunction>& table() {
 
 bool call_meta_function(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
   const auto& name = op.operator_name();
-  if (!name.overload_name.empty()) return false;
-  auto it = table().find(name.name);
+  auto it = table().find(name.overload_name.empty() ? name.name : name.name + "." + name.overload_name);
   if (it == table().end()) return false;
   const size_t base = stack.size() - op.schema().arguments().size();
   return it->second(stack, base);

@@ -180,3 +180,48 @@ TEST_CASE("meta functions: cuDNN's batch norm and its backward keep their input'
     CHECK(back[1].toTensor().sizes() == c10::IntArrayRef{3});
   }
 }
+
+TEST_CASE("meta functions: var_mean over dims, kept or not, of contiguous and transposed inputs",
+          "[ir][meta][meta_functions]") {
+  for (const at::ScalarType dtype : {at::kFloat, at::kDouble, at::kBFloat16})
+    for (const bool transposed : {false, true})
+      for (const bool keepdim : {false, true})
+        for (const c10::IValue& dims : std::vector<c10::IValue>{c10::IValue(), Ints{}, Ints{-1}, Ints{0, 2}, Ints{1}}) {
+          INFO(c10::toString(dtype) << (transposed ? " transposed" : "") << (keepdim ? " keepdim" : "") << " dims "
+                                    << (dims.isNone() ? std::string("None") : c10::str(dims.toIntVector())));
+          const at::Tensor x = transposed ? meta({5, 3, 4}, dtype).transpose(0, 2) : meta({4, 3, 5}, dtype);
+          REQUIRE(compare("aten::var_mean.dim", {x, dims, true, keepdim}) == MetaPath::Function);
+          REQUIRE(compare("aten::var_mean.correction", {x, dims, at::Scalar(0), keepdim}) == MetaPath::Function);
+        }
+  // A 0-dim input reduced over dim 0 or -1, as ATen allows.
+  REQUIRE(compare("aten::var_mean.dim", {meta({}), Ints{-1}, true, false}) == MetaPath::Function);
+}
+
+TEST_CASE("meta functions: embedding of 1-D and 2-D indices, long and int", "[ir][meta][meta_functions]") {
+  for (const at::ScalarType index : {at::kLong, at::kInt})
+    for (const Ints& sizes : std::vector<Ints>{{7}, {2, 5}, {0}}) {
+      INFO(c10::toString(index) << " indices " << c10::IntArrayRef(sizes));
+      REQUIRE(compare("aten::embedding", {meta({10, 6}), meta(sizes, index), -1, false, false}) == MetaPath::Function);
+    }
+}
+
+TEST_CASE("meta functions: where broadcasts, promotes and keeps ATen's stride order", "[ir][meta][meta_functions]") {
+  const at::Tensor mask = meta({1, 1, 4, 4}, at::kBool);
+  const at::Tensor scores = meta({2, 3, 4, 4});
+  const at::Tensor permuted = meta({2, 4, 3, 4}).transpose(1, 2);  // [2, 3, 4, 4] in another order
+  const at::Tensor channels_last = meta({2, 3, 4, 4}, at::kFloat, at::MemoryFormat::ChannelsLast);
+  for (const at::Tensor& x : {scores, permuted, channels_last}) {
+    INFO("strides " << x.strides());
+    REQUIRE(compare("aten::where.self", {mask, x, meta({2, 3, 4, 4})}) == MetaPath::Function);
+    REQUIRE(compare("aten::where.self", {mask, meta({4}, at::kDouble), x}) == MetaPath::Function);  // promoted
+    REQUIRE(compare("aten::where.self", {meta({2, 3, 4, 4}, at::kBool), x, meta({}, at::kLong)}) == MetaPath::Function);
+    REQUIRE(compare("aten::where.ScalarOther", {mask, x, at::Scalar(-std::numeric_limits<double>::infinity())}) ==
+            MetaPath::Function);
+    REQUIRE(compare("aten::where.ScalarOther", {mask, x, at::Scalar(int64_t{0})}) == MetaPath::Function);
+    REQUIRE(compare("aten::where.ScalarSelf", {mask, at::Scalar(1.5), x}) == MetaPath::Function);
+  }
+  // Integer tensors with a float scalar: the scalar's category wins, at the default dtype.
+  REQUIRE(compare("aten::where.ScalarOther", {mask, meta({4, 4}, at::kLong), at::Scalar(0.5)}) == MetaPath::Function);
+  // A byte condition (deprecated in ATen, still taken).
+  REQUIRE(compare("aten::where.self", {meta({4, 4}, at::kByte), meta({4, 4}), meta({4, 4})}) == MetaPath::Function);
+}
