@@ -18,14 +18,15 @@ namespace crucible::ir::detail {
 
 // Note [Meta functions]
 // LibTorch 2.11 has no Meta kernel in C++ for convolution, its backward,
-// batch norm, var_mean, where and embedding (Python registers them in
+// batch and layer norm, var_mean, where and embedding (Python registers them in
 // torch/_meta_registrations.py), and running them on CPU stand-ins costs what
 // running them costs: on ResNet-18 they were nine tenths of deriving the
 // train step's metadata; on GPT-2 small (batch 8, T = 1024) the attention
 // mask's where over [8, 12, 1024, 1024] and the layer norms' var_mean made a
 // fake-mode metadata analysis slower than a real one on the GPU. var_mean's
 // results are contiguous, as every reduction's (ATen resizes them); embedding's
-// are those of index_select, contiguous; where's come from the very
+// are those of index_select, contiguous; layer norm's as its CPU and CUDA
+// kernels allocate them (contiguous); where's come from the very
 // TensorIterator ATen's where_self_out builds, run over the meta tensors, so
 // broadcasting, type promotion and the output's stride order are ATen's own.
 // The convolutions' and batch norms' output
@@ -228,6 +229,67 @@ bool cudnn_batch_norm_backward(torch::jit::Stack& stack, size_t base) {
   return true;
 }
 
+// native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd):
+// the normalized tensor contiguous (ATen normalizes a contiguous copy), the
+// statistics one per row, shaped as the input with the normalized dimensions
+// 1. float and double only: reduced-precision inputs may keep float
+// statistics, as the kernel decides.
+bool native_layer_norm(torch::jit::Stack& stack, size_t base) {
+  const at::Tensor& input = stack[base].toTensor();
+  const std::vector<int64_t> normalized = stack[base + 1].toIntVector();
+  const int64_t axis = input.dim() - static_cast<int64_t>(normalized.size());
+  if (!float_or_double(input) || axis < 0) return false;
+  for (size_t i = 0; i < normalized.size(); ++i)
+    if (input.size(axis + static_cast<int64_t>(i)) != normalized[i]) return false;  // the kernel's error
+  for (size_t i = 2; i <= 3; ++i)
+    if (stack[base + i].isTensor() && stack[base + i].toTensor().defined() &&
+        stack[base + i].toTensor().scalar_type() != input.scalar_type())
+      return false;
+  std::vector<int64_t> stats = input.sizes().vec();
+  for (int64_t d = axis; d < input.dim(); ++d) stats[static_cast<size_t>(d)] = 1;
+  stack.resize(base);
+  stack.emplace_back(empty_meta(input.sizes(), input));
+  stack.emplace_back(empty_meta(stats, input));
+  stack.emplace_back(empty_meta(stats, input));
+  return true;
+}
+
+// native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight?, bias?,
+//                            output_mask) -> (grad_input, grad_weight, grad_bias): the input
+// gradient contiguous, the parameters' gradients shaped as the parameters
+// (declined without them, where ATen's results depend on its paths).
+bool native_layer_norm_backward(torch::jit::Stack& stack, size_t base) {
+  const at::Tensor& grad_out = stack[base].toTensor();
+  const at::Tensor& input = stack[base + 1].toTensor();
+  if (!float_or_double(input) || grad_out.scalar_type() != input.scalar_type() || grad_out.sizes() != input.sizes())
+    return false;
+  const std::vector<bool> mask = stack[base + 7].toBoolList().vec();
+  if (mask.size() != 3) return false;
+  const c10::IValue& weight = stack[base + 5];
+  const c10::IValue& bias = stack[base + 6];
+  auto parameter = [](const c10::IValue& v) { return v.isTensor() && v.toTensor().defined(); };
+  if ((mask[1] && !parameter(weight)) || (mask[2] && !parameter(bias))) return false;
+  const at::Tensor grad_input = empty_meta(input.sizes(), input);
+  const at::Tensor grad_weight = mask[1] ? empty_meta(weight.toTensor().sizes(), weight.toTensor()) : at::Tensor();
+  const at::Tensor grad_bias = mask[2] ? empty_meta(bias.toTensor().sizes(), bias.toTensor()) : at::Tensor();
+  stack.resize(base);
+  stack.push_back(maybe(mask[0], grad_input));
+  stack.push_back(maybe(mask[1], grad_weight));
+  stack.push_back(maybe(mask[2], grad_bias));
+  return true;
+}
+
+// embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+// [num_weights, a row's size], contiguous, in the gradient's dtype.
+bool embedding_dense_backward(torch::jit::Stack& stack, size_t base) {
+  const at::Tensor& grad = stack[base].toTensor();
+  const int64_t num_weights = stack[base + 2].toInt();
+  if (grad.dim() < 1 || num_weights < 0) return false;
+  stack.resize(base);
+  stack.emplace_back(empty_meta({num_weights, grad.size(-1)}, grad));
+  return true;
+}
+
 // var_mean.dim(self, dim?, unbiased, keepdim) and var_mean.correction(self,
 // dim?, *, correction?, keepdim) -> (var, mean): the reduced sizes,
 // contiguous, in self's dtype (floating types only: complex inputs give a
@@ -325,6 +387,9 @@ const std::unordered_map<std::string_view, MetaFunction>& table() {
       {"aten::var_mean.dim", var_mean},
       {"aten::var_mean.correction", var_mean},
       {"aten::embedding", embedding},
+      {"aten::embedding_dense_backward", embedding_dense_backward},
+      {"aten::native_layer_norm", native_layer_norm},
+      {"aten::native_layer_norm_backward", native_layer_norm_backward},
       {"aten::where.self", where_self},
       {"aten::where.ScalarOther", where_scalar_other},
       {"aten::where.ScalarSelf", where_scalar_self},

@@ -225,3 +225,31 @@ TEST_CASE("meta functions: where broadcasts, promotes and keeps ATen's stride or
   // A byte condition (deprecated in ATen, still taken).
   REQUIRE(compare("aten::where.self", {meta({4, 4}, at::kByte), meta({4, 4}), meta({4, 4})}) == MetaPath::Function);
 }
+
+TEST_CASE("meta functions: layer norm and its backward, with and without affine parameters; embedding's backward",
+          "[ir][meta][meta_functions]") {
+  for (const at::ScalarType dtype : {at::kFloat, at::kDouble})
+    for (const Ints& normalized : std::vector<Ints>{{5}, {4, 5}})
+      for (const bool affine : {true, false}) {
+        INFO(c10::toString(dtype) << " normalized " << c10::IntArrayRef(normalized) << (affine ? " affine" : ""));
+        const at::Tensor input = meta({2, 3, 4, 5}, dtype);
+        const c10::IValue weight = affine ? c10::IValue(meta(normalized, dtype)) : c10::IValue();
+        const c10::IValue bias = affine ? c10::IValue(meta(normalized, dtype)) : c10::IValue();
+        REQUIRE(compare("aten::native_layer_norm", {input, normalized, weight, bias, 1e-5}) == MetaPath::Function);
+        // A transposed input is normalized as a contiguous copy.
+        const at::Tensor transposed = meta({2, 3, 5, 4}, dtype).transpose(2, 3);
+        REQUIRE(compare("aten::native_layer_norm", {transposed, Ints{5}, c10::IValue(), c10::IValue(), 1e-5}) ==
+                MetaPath::Function);
+        Ints stats = {2, 3, 4, 5};
+        for (size_t i = 0; i < normalized.size(); ++i) stats[3 - i] = 1;
+        const at::Tensor mean = meta(stats, dtype);
+        for (const std::vector<bool>& mask : std::vector<std::vector<bool>>{{true, true, true}, {true, false, false}}) {
+          if (!affine && mask[1]) continue;  // no parameter, no gradient of it (ATen fails; declined)
+          INFO("output_mask " << mask[0] << mask[1] << mask[2]);
+          REQUIRE(compare("aten::native_layer_norm_backward", {meta({2, 3, 4, 5}, dtype), input, normalized, mean, mean,
+                                                               weight, bias, bools(mask)}) == MetaPath::Function);
+        }
+      }
+  REQUIRE(compare("aten::embedding_dense_backward", {meta({2, 7, 6}), meta({2, 7}, at::kLong), 10, -1, false}) ==
+          MetaPath::Function);
+}
