@@ -201,3 +201,75 @@ TEST_CASE("trace cache: instruments see the trace stage of a hit as cached, with
   }
   CHECK(stages->seen == std::vector<std::string>{"traced 1", "cached 1"});
 }
+
+TEST_CASE("trace cache: duplicated inputs, aliased inputs that are written, and dropout, on a hit as eager",
+          "[autograd][cache]") {
+  const std::string dir = testing::temp_dir("trace-cache");
+  // f(x, x) writing one of them (the dedupe wrapper), two views of one
+  // storage, one written (a synthetic base), and dropout, drawing from the
+  // default generator or from Philox: each compiled twice on one directory,
+  // the second a hit, and each against eager from the same state (Philox's
+  // draws are not eager's: its forward and backward must keep one mask).
+  auto duplicated = [](const Tensors& in) {
+    in[0].mul_(2);
+    return Tensors{in[0] + in[1]};
+  };
+  auto aliased = [](const Tensors& in) {
+    in[0].mul_(2);
+    return Tensors{(in[1] * in[1]).sum()};
+  };
+  auto dropout = [](const Tensors& in) { return Tensors{(at::dropout(in[0], 0.5, /*train=*/true) * in[1]).sum()}; };
+  at::manual_seed(6);
+  const at::Tensor a = at::randn({4}), base = at::randn({3, 4}), x = at::randn({64}), w = at::randn({64});
+  const int64_t hits = counted("trace_cache_hit");
+  for (int process = 0; process < 2; ++process) {
+    INFO("process " << process);
+    {
+      const Counted f{.fn = duplicated};
+      const autograd::AotFunction compiled = autograd::aot_function(f, config(dir));
+      const at::Tensor ca = a.clone().requires_grad_(), ea = a.clone().requires_grad_();
+      const at::Tensor cx = ca * 1.0, ex = ea * 1.0;
+      const at::Tensor c = compiled({cx, cx})[0], e = duplicated({ex, ex})[0];
+      REQUIRE_EQUAL_TENSORS(c.detach(), e.detach());
+      REQUIRE_EQUAL_TENSORS(cx.detach(), ex.detach());
+      (c.sum() + cx.sum()).backward();
+      (e.sum() + ex.sum()).backward();
+      REQUIRE_CLOSE(ca.grad(), ea.grad(), kGradRtol, kGradAtol);
+    }
+    {
+      const autograd::AotFunction compiled = autograd::aot_function(aliased, config(dir));
+      const at::Tensor cleaf = base.clone().requires_grad_(), eleaf = base.clone().requires_grad_();
+      const at::Tensor cb = cleaf * 1.0, eb = eleaf * 1.0;
+      const at::Tensor c = compiled({cb.slice(0, 0, 2), cb.view({12})})[0];
+      const at::Tensor e = aliased({eb.slice(0, 0, 2), eb.view({12})})[0];
+      REQUIRE_EQUAL_TENSORS(c.detach(), e.detach());
+      REQUIRE_EQUAL_TENSORS(cb.detach(), eb.detach());
+      c.backward();
+      e.backward();
+      REQUIRE_CLOSE(cleaf.grad(), eleaf.grad(), kGradRtol, kGradAtol);
+    }
+    for (const bool philox : {false, true}) {  // the default generator, or Philox draws (its own wrapper)
+      autograd::AotConfig c_config = config(dir);
+      c_config.functionalize_rng_ops = philox;
+      const autograd::AotFunction compiled = autograd::aot_function(dropout, c_config);
+      const at::Tensor cx = x.clone().requires_grad_(), ex = x.clone().requires_grad_();
+      const at::Tensor cw = w.clone().requires_grad_(), ew = w.clone().requires_grad_();
+      at::manual_seed(100);
+      const at::Tensor e = dropout({ex, ew})[0];
+      at::manual_seed(100);
+      const at::Tensor c = compiled({cx, cw})[0];
+      c.backward();
+      e.backward();
+      if (!philox) {  // eager's own draws
+        REQUIRE_EQUAL_TENSORS(c.detach(), e.detach());
+        REQUIRE_EQUAL_TENSORS(cx.grad(), ex.grad());
+        REQUIRE_EQUAL_TENSORS(cw.grad(), ew.grad());
+      } else {  // Philox's draws: forward and backward agree on the mask
+        const at::Tensor kept = cx.grad() != 0;
+        REQUIRE_CLOSE(c.detach(), (x * w * kept).sum() * 2, 1e-5, 1e-5);
+        REQUIRE_CLOSE(cw.grad(), x * kept * 2, 1e-6, 1e-6);
+      }
+    }
+  }
+  CHECK(counted("trace_cache_hit") == hits + 4);
+}
