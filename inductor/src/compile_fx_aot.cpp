@@ -81,6 +81,7 @@ autograd::AotConfig compile_fx_config(const InductorOptions& options, ir::Instru
   config.keep_inference_input_mutations = true;
   config.instruments = std::move(instruments);
   config.compiler_key = compiler_key(options);
+  config.disk_cache_dir = options.cache_dir;  // Note [AOT trace cache]: beside the kernels and graphs
   return config;
 }
 

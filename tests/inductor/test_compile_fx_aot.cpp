@@ -284,6 +284,35 @@ TEST_CASE("compile_fx: callables with equal options share compiled graphs, other
   CHECK(outcome(other) == "hit");
 }
 
+TEST_CASE("compile_fx: a new compilation reads the traced graph kept in the cache directory", "[compile_fx_aot]") {
+  // Note [AOT trace cache]: the second compile_fx (as a new process would,
+  // here with the in-memory graph cache also hit) runs the function once
+  // for the metadata analysis and not again for the joint trace.
+  at::manual_seed(9);
+  inductor::InductorOptions o;
+  o.cache_dir = crucible::testing::temp_dir("crucible-compile-fx-trace-cache");
+  auto calls = std::make_shared<int>(0);
+  const tracer::TensorFn fn = [calls](const Tensors& in) {
+    ++*calls;
+    return gelu_softmax(in);
+  };
+  const Tensors data{at::randn({4, 5}), at::randn({6, 5}), at::randn({6})};
+  const int64_t hits = runtime::default_counters().get("aot_autograd", "trace_cache_hit");
+  for (int compile = 0; compile < 2; ++compile) {
+    *calls = 0;
+    const Tensors c_in = leaves(data, {true, true, true}), e_in = leaves(data, {true, true, true});
+    auto compiled = inductor::compile_fx(fn, c_in, o);
+    CHECK(*calls == (compile == 0 ? 2 : 1));
+    const Tensors c_out = compiled(c_in);
+    const Tensors e_out = gelu_softmax(e_in);
+    REQUIRE_CLOSE(c_out[1].detach(), e_out[1].detach(), kReductionRtol, kReductionAtol);
+    c_out[1].backward();
+    e_out[1].backward();
+    for (size_t i = 0; i < 3; ++i) REQUIRE_CLOSE(c_in[i].grad(), e_in[i].grad(), kReductionRtol, kReductionAtol);
+  }
+  CHECK(runtime::default_counters().get("aot_autograd", "trace_cache_hit") == hits + 1);
+}
+
 TEST_CASE("compile_fx: errors come at compile_fx, before anything runs", "[compile_fx_aot]") {
   // Shapes that do not multiply: fn fails while traced.
   const auto bad = [](const Tensors& in) { return Tensors{at::mm(in[0], in[1])}; };

@@ -46,7 +46,9 @@ namespace crucible::inductor {
 //    compile_fx_inner writes straight into the inputs;
 //  - compiler_key: the post-grad passes and every InductorOptions field,
 //    so callables compiled with equal options share compiled graphs
-//    through the process-wide AOT graph cache (Note [AOT graph cache]).
+//    through the process-wide AOT graph cache (Note [AOT graph cache]);
+//  - disk_cache_dir: the options' cache directory, so a later process finds
+//    the traced graphs there beside the kernels (Note [AOT trace cache]).
 // The seed's pre-grad and joint passes (pattern rewrites of Dynamo's graph
 // and of the joint graph) have no counterpart here yet: both lists are
 // empty, as pipeline::Builder's are by default. Tracing runs on copies of
