@@ -1,7 +1,8 @@
 // The trace cache across processes (Note [AOT trace cache] in
 // autograd/src/trace_cache.h): a compilation that finds the graph an earlier
-// one traced skips the trace and still computes what eager computes, input
-// mutations and aliased outputs included; entries that are corrupt, of
+// one traced skips the trace and still computes what eager computes (input
+// mutation, aliased outputs, duplicated and aliased written inputs, random
+// ops, tensors read from outside the function); entries that are corrupt, of
 // another function, or of unknown compilers are never served. A new process
 // is stood in for by new callables with no in-memory graph cache (the CLI
 // test runs two processes).
@@ -275,4 +276,35 @@ TEST_CASE("trace cache: duplicated inputs, aliased inputs that are written, and 
     }
   }
   CHECK(counted("trace_cache_hit") == hits + 4);
+}
+
+TEST_CASE("trace cache: tensors read from outside the function are read afresh on a hit", "[autograd][cache]") {
+  // Note [Lifting in AOTAutograd]: the captured weight and bias are lifted
+  // to inputs; a hit's graph takes them as such, so the compiled call sees
+  // their values of the moment, as eager does, and fills the weight's .grad.
+  at::manual_seed(7);
+  const std::string dir = testing::temp_dir("trace-cache");
+  at::Tensor w = at::randn({4, 3}).requires_grad_();
+  at::Tensor b = at::randn({3});
+  auto fn = [&](const Tensors& in) { return Tensors{at::tanh(at::matmul(in[0], w) + b).sum()}; };
+  const at::Tensor x = at::randn({5, 4});
+  const int64_t hits = counted("trace_cache_hit");
+  for (int process = 0; process < 2; ++process) {
+    const autograd::AotFunction compiled = autograd::aot_function(fn, config(dir));
+    const at::Tensor got = compiled({x})[0];
+    got.backward();
+    const at::Tensor compiled_grad = w.grad().clone();
+    w.mutable_grad().reset();
+    const at::Tensor expected = fn({x})[0];
+    expected.backward();
+    REQUIRE_EQUAL_TENSORS(got.detach(), expected.detach());
+    REQUIRE_CLOSE(compiled_grad, w.grad(), kGradRtol, kGradAtol);
+    {  // an optimizer step between the two: the hit must see it
+      at::NoGradGuard no_grad;
+      w.sub_(w.grad() * 0.1);
+      b.mul_(0.5);
+    }
+    w.mutable_grad().reset();
+  }
+  CHECK(counted("trace_cache_hit") == hits + 1);
 }
