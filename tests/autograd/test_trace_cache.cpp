@@ -281,30 +281,31 @@ TEST_CASE("trace cache: duplicated inputs, aliased inputs that are written, and 
 TEST_CASE("trace cache: tensors read from outside the function are read afresh on a hit", "[autograd][cache]") {
   // Note [Lifting in AOTAutograd]: the captured weight and bias are lifted
   // to inputs; a hit's graph takes them as such, so the compiled call sees
-  // their values of the moment, as eager does, and fills the weight's .grad.
+  // their values of the moment and fills the weight's .grad, as an eager
+  // twin reading its own copies does.
   at::manual_seed(7);
   const std::string dir = testing::temp_dir("trace-cache");
-  at::Tensor w = at::randn({4, 3}).requires_grad_();
-  at::Tensor b = at::randn({3});
-  auto fn = [&](const Tensors& in) { return Tensors{at::tanh(at::matmul(in[0], w) + b).sum()}; };
+  at::Tensor w = at::randn({4, 3}).requires_grad_(), b = at::randn({3});
+  at::Tensor twin_w = w.detach().clone().requires_grad_(), twin_b = b.clone();
+  auto reading = [](const at::Tensor& weight, const at::Tensor& bias) {
+    return [&weight, &bias](const Tensors& in) { return Tensors{at::tanh(at::matmul(in[0], weight) + bias).sum()}; };
+  };
   const at::Tensor x = at::randn({5, 4});
   const int64_t hits = counted("trace_cache_hit");
   for (int process = 0; process < 2; ++process) {
-    const autograd::AotFunction compiled = autograd::aot_function(fn, config(dir));
-    const at::Tensor got = compiled({x})[0];
+    const autograd::AotFunction compiled = autograd::aot_function(reading(w, b), config(dir));
+    const at::Tensor got = compiled({x})[0], expected = reading(twin_w, twin_b)({x})[0];
     got.backward();
-    const at::Tensor compiled_grad = w.grad().clone();
-    w.mutable_grad().reset();
-    const at::Tensor expected = fn({x})[0];
     expected.backward();
     REQUIRE_EQUAL_TENSORS(got.detach(), expected.detach());
-    REQUIRE_CLOSE(compiled_grad, w.grad(), kGradRtol, kGradAtol);
-    {  // an optimizer step between the two: the hit must see it
-      at::NoGradGuard no_grad;
-      w.sub_(w.grad() * 0.1);
-      b.mul_(0.5);
+    REQUIRE_CLOSE(w.grad(), twin_w.grad(), kGradRtol, kGradAtol);
+    at::NoGradGuard no_grad;  // an SGD step on both before the hit, which must see it
+    for (at::Tensor* p : {&w, &twin_w}) {
+      p->sub_(p->grad() * 0.1);
+      p->mutable_grad().reset();
     }
-    w.mutable_grad().reset();
+    b.mul_(0.5);
+    twin_b.mul_(0.5);
   }
   CHECK(counted("trace_cache_hit") == hits + 1);
 }
