@@ -23,13 +23,14 @@ BackendRegistry BackendRegistry::builtin() {
     if (!code.source.empty()) files.push_back({code.cuda ? "kernels.cu" : "kernels.cpp", code.source});
     return files;
   };
+  const std::string inductor_cache = inductor::InductorOptions::from_environment().cache_dir;
   r.add({"inductor",
          "lowers to a loop-level IR and fuses pointwise ops and reductions into generated kernels (C++/OpenMP on "
          "the CPU, CUDA through NVRTC on a GPU); other ops run as ATen extern kernels",
          [](const ir::Graph& g, const std::vector<at::Tensor>& example_inputs) {
            return inductor::compile_fx_inner(g, example_inputs, inductor::InductorOptions::from_environment());
          },
-         inductor_code, -1, /*cuda_graphs=*/false, inductor::InductorOptions::from_environment().cache_dir});
+         inductor_code, -1, /*cuda_graphs=*/false, inductor_cache});
   r.add({"inductor-cudagraphs",
          "inductor, with each compiled graph captured as a CUDA graph and replayed (torch.compile's "
          "mode=\"reduce-overhead\"); graphs on the CPU run as with inductor",
@@ -38,7 +39,7 @@ BackendRegistry BackendRegistry::builtin() {
            options.cuda_graphs = true;
            return inductor::compile_fx_inner(g, example_inputs, options);
          },
-         inductor_code, -1, /*cuda_graphs=*/true, inductor::InductorOptions::from_environment().cache_dir});
+         inductor_code, -1, /*cuda_graphs=*/true, inductor_cache});
   return r;
 }
 
