@@ -3,6 +3,7 @@
 #include <crucible/ir/error.h>
 
 #include "lift_inputs.h"
+#include "trace_cache.h"
 #include "trace_call.h"
 
 #include <ATen/ATen.h>
@@ -81,10 +82,8 @@ void classify_outputs(const std::vector<at::Tensor>& outs, const std::vector<at:
                      "one of them (.clone())");
 }
 
-}  // namespace
-
-ViewAndMutationMeta collect_metadata(const AotRequest& request, bool is_train, std::vector<tracer::NamedTensor>* lifted,
-                                     std::optional<ir::GraphHash>* graph_hash) {
+ViewAndMutationMeta analyze(const AotRequest& request, bool is_train, std::vector<tracer::NamedTensor>* lifted,
+                            std::optional<ir::GraphHash>* graph_hash) {
   const std::vector<at::Tensor>& flat_args = request.flat_args;
   const size_t n = flat_args.size();
   const std::vector<bool> reached = detail::reached_inputs(request);
@@ -185,6 +184,17 @@ ViewAndMutationMeta collect_metadata(const AotRequest& request, bool is_train, s
       lifted->push_back({traced.graph.signature().inputs[l.input_index].target, l.tensor});
   }
   return meta;
+}
+
+}  // namespace
+
+ViewAndMutationMeta collect_metadata(const AotRequest& request, bool is_train, std::vector<tracer::NamedTensor>* lifted,
+                                     std::optional<ir::GraphHash>* graph_hash) {
+  return detail::fingerprinted_analysis(
+      request, lifted, graph_hash,
+      [is_train](const AotRequest& r, std::vector<tracer::NamedTensor>* l, std::optional<ir::GraphHash>* h) {
+        return analyze(r, is_train, l, h);
+      });
 }
 
 }  // namespace crucible::autograd

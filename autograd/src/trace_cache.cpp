@@ -7,6 +7,7 @@
 #include <crucible/runtime/disk_cache.h>
 #include <crucible/runtime/instruments.h>
 
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
@@ -42,14 +43,15 @@ std::string hex64(std::string_view text) {
   return out;
 }
 
-// Everything of Note [AOT trace cache]'s key but the directory.
-std::optional<std::string> cache_key(const AotRequest& request, std::string_view kind) {
-  if (!request.analysis_hash) return std::nullopt;
+// The text both keys digest: Note [AOT trace cache]'s key, with `analysis`
+// and `metadata` standing for the analysis's graph digest and result.
+std::string key_text(const AotRequest& request, std::string_view kind, const ir::GraphHash& analysis,
+                     const ViewAndMutationMeta& metadata) {
   const AotConfig& c = request.config;
   std::string k = std::string(kTraceCacheVersion) + "\n" + std::string(kind) + "\ncode\n" +
-                  runtime::startup_code_identity() + "analysis " + request.analysis_hash->hex() + "\ncompiler " +
-                  c.compiler_key + "\nmode " + std::to_string(static_cast<int>(c.trace_mode)) + " freeze " +
-                  std::to_string(c.freeze) + " state " + std::to_string(c.num_params_buffers) + " keep_mutations " +
+                  runtime::startup_code_identity() + "analysis " + analysis.hex() + "\ncompiler " + c.compiler_key +
+                  "\nmode " + std::to_string(static_cast<int>(c.trace_mode)) + " freeze " + std::to_string(c.freeze) +
+                  " state " + std::to_string(c.num_params_buffers) + " keep_mutations " +
                   std::to_string(c.keep_inference_input_mutations) + " rng " + std::to_string(c.functionalize_rng_ops) +
                   " joint " + std::to_string(request.trace_joint) + "\ndecompositions";
   std::vector<std::string_view> ops;
@@ -58,7 +60,7 @@ std::optional<std::string> cache_key(const AotRequest& request, std::string_view
   for (std::string_view op : ops) k += " " + std::string(op);
   k += "\nwrappers";
   for (const auto& w : c.wrappers) k += " " + std::string(w->name());
-  k += "\n" + request.fw_metadata.to_string() + "\nlifted";
+  k += "\n" + metadata.to_string() + "\nlifted";
   for (const std::string& n : request.lifted_names) k += " " + n;
   k += "\narguments\n";
   std::unordered_map<const c10::StorageImpl*, size_t> first_of_storage;
@@ -75,10 +77,26 @@ std::optional<std::string> cache_key(const AotRequest& request, std::string_view
     }
     k += "\n";
   }
-  return hex128(k);
+  return k;
 }
 
-// The graph text of the entry at `path` if it is whole and stored under `key`.
+std::optional<std::string> cache_key(const AotRequest& request, std::string_view kind) {
+  if (!request.analysis_hash) return std::nullopt;
+  return hex128(key_text(request, kind, *request.analysis_hash, request.fw_metadata));
+}
+
+// The path of entry `<prefix><key>.txt` in the inductor's cache directory,
+// or nullopt when the directory is unusable (warned of once).
+std::optional<std::string> entry_path(const std::string& dir, char prefix, const std::string& key) {
+  try {
+    return runtime::private_cache_dir(dir, "inductor") + "/" + prefix + key + ".txt";
+  } catch (const runtime::CacheError& e) {
+    TORCH_WARN_ONCE("AOTAutograd: the trace cache is not used: ", e.what());
+    return std::nullopt;
+  }
+}
+
+// The body of the entry at `path` if it is whole and stored under `key`.
 std::optional<std::string> read_entry(const std::string& path, const std::string& key) {
   std::string text = runtime::read_file(path);
   const std::string header = std::string(kTraceCacheVersion) + " " + key + " ";
@@ -88,6 +106,14 @@ std::optional<std::string> read_entry(const std::string& path, const std::string
   std::string body = text.substr(eol + 1);
   if (text.compare(header.size(), eol - header.size(), hex64(body)) != 0) return std::nullopt;
   return body;
+}
+
+void write_entry(const std::string& path, const std::string& key, const std::string& body) {
+  try {
+    runtime::write_atomically(path, std::string(kTraceCacheVersion) + " " + key + " " + hex64(body) + "\n" + body);
+  } catch (const runtime::CacheError& e) {
+    TORCH_WARN_ONCE("AOTAutograd: a trace cache entry was not stored: ", e.what());
+  }
 }
 
 // The graph of an entry's text, if it parses and takes `num_inputs`.
@@ -101,6 +127,38 @@ std::optional<ir::Graph> parse_entry(std::string_view body, size_t num_inputs) {
   }
 }
 
+// The digest a fingerprint entry holds: 32 hex digits, high half first.
+std::optional<ir::GraphHash> parse_hash(std::string_view body) {
+  if (body.size() != 32 || body.find_first_not_of("0123456789abcdef") != std::string_view::npos) return std::nullopt;
+  ir::GraphHash h;
+  h.high = std::stoull(std::string(body.substr(0, 16)), nullptr, 16);
+  h.low = std::stoull(std::string(body.substr(16)), nullptr, 16);
+  return h;
+}
+
+// What a real-mode trace may follow that a fake-mode one does not see: the
+// process-wide switches by which ATen's composite ops pick a device's kernel
+// (Note [Fake fingerprints]).
+std::string device_routing_flags() {
+  const at::Context& ctx = at::globalContext();
+  return "cudnn " + std::to_string(ctx.userEnabledCuDNN()) + " mkldnn " + std::to_string(ctx.userEnabledMkldnn()) +
+         " flash " + std::to_string(ctx.userEnabledFlashSDP()) + " mem_efficient " +
+         std::to_string(ctx.userEnabledMemEfficientSDP()) + " math " + std::to_string(ctx.userEnabledMathSDP()) +
+         " cudnn_sdp " + std::to_string(ctx.userEnabledCuDNNSDP()) + " deterministic " +
+         std::to_string(ctx.deterministicAlgorithms());
+}
+
+bool same_tensors(const std::vector<tracer::NamedTensor>& a, const std::vector<tracer::NamedTensor>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const auto& x, const auto& y) { return x.name == y.name && x.tensor.is_same(y.tensor); });
+}
+
+// Drops the warnings of a fingerprint's trace: they speak of fake mode,
+// which the user did not ask for (the real analysis warns where it runs).
+struct DropWarnings final : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+
 }  // namespace
 
 ir::Graph traced_graph(const AotRequest& request, std::string_view kind, std::string_view stage,
@@ -109,19 +167,12 @@ ir::Graph traced_graph(const AotRequest& request, std::string_view kind, std::st
   if (!c.disk_cache_dir || c.compiler_key.empty()) return trace();
   runtime::Counters& counters = runtime::default_counters();
   const std::optional<std::string> key = cache_key(request, kind);
-  if (!key) {
+  const std::optional<std::string> path = key ? entry_path(*c.disk_cache_dir, 'a', *key) : std::nullopt;
+  if (!path) {
     counters.add("aot_autograd", "trace_cache_bypass");
     return trace();
   }
-  std::string path;
-  try {
-    path = runtime::private_cache_dir(*c.disk_cache_dir, "inductor") + "/a" + *key + ".txt";
-  } catch (const runtime::CacheError& e) {
-    TORCH_WARN_ONCE("AOTAutograd: the trace cache is not used: ", e.what());
-    counters.add("aot_autograd", "trace_cache_bypass");
-    return trace();
-  }
-  if (const std::optional<std::string> body = read_entry(path, *key)) {
+  if (const std::optional<std::string> body = read_entry(*path, *key)) {
     ir::StageScope scope(c.instruments, ir::StageEvent{stage});
     if (std::optional<ir::Graph> g = parse_entry(*body, num_inputs)) {
       counters.add("aot_autograd", "trace_cache_hit");
@@ -142,12 +193,57 @@ ir::Graph traced_graph(const AotRequest& request, std::string_view kind, std::st
     counters.add("aot_autograd", "trace_cache_bypass");
     return g;
   }
-  try {
-    runtime::write_atomically(path, std::string(kTraceCacheVersion) + " " + *key + " " + hex64(text) + "\n" + text);
-  } catch (const runtime::CacheError& e) {
-    TORCH_WARN_ONCE("AOTAutograd: a traced graph was not stored: ", e.what());
-  }
+  write_entry(*path, *key, text);
   return g;
+}
+
+ViewAndMutationMeta fingerprinted_analysis(const AotRequest& request, std::vector<tracer::NamedTensor>* lifted,
+                                           std::optional<ir::GraphHash>* graph_hash, const MetadataAnalysis& analyze) {
+  const AotConfig& c = request.config;
+  if (c.trace_mode != tracer::TraceMode::Real || !c.disk_cache_dir || c.compiler_key.empty() || !graph_hash)
+    return analyze(request, lifted, graph_hash);
+  runtime::Counters& counters = runtime::default_counters();
+  AotRequest fake = request;
+  fake.config.trace_mode = tracer::TraceMode::Fake;
+  ViewAndMutationMeta fake_meta;
+  std::vector<tracer::NamedTensor> fake_lifted;
+  std::optional<ir::GraphHash> fake_hash;
+  try {
+    DropWarnings drop;
+    c10::WarningUtils::WarningHandlerGuard quiet(&drop);
+    fake_meta = analyze(fake, lifted ? &fake_lifted : nullptr, &fake_hash);
+  } catch (const std::exception&) {
+    // Data-dependent code (item() on a meta tensor), an op fake mode cannot
+    // run: the function has no fingerprint, and the real analysis says
+    // whatever it has to say about it.
+    fake_hash.reset();
+  }
+  std::optional<std::string> key;
+  if (fake_hash) {
+    std::string text = key_text(request, "fingerprint", *fake_hash, fake_meta) + "found";
+    for (const tracer::NamedTensor& t : fake_lifted) text += " " + t.name;
+    key = hex128(text + "\n" + device_routing_flags());
+  }
+  const std::optional<std::string> path = key ? entry_path(*c.disk_cache_dir, 'f', *key) : std::nullopt;
+  if (!path) {
+    counters.add("aot_autograd", "fingerprint_bypass");
+    return analyze(request, lifted, graph_hash);
+  }
+  if (const std::optional<std::string> body = read_entry(*path, *key))
+    if (const std::optional<ir::GraphHash> real_hash = parse_hash(*body)) {
+      counters.add("aot_autograd", "fingerprint_hit");
+      *graph_hash = real_hash;
+      if (lifted) *lifted = std::move(fake_lifted);
+      return fake_meta;
+    }
+  counters.add("aot_autograd", "fingerprint_miss");
+  ViewAndMutationMeta meta = analyze(request, lifted, graph_hash);
+  if (*graph_hash && meta.to_string() == fake_meta.to_string() &&
+      same_tensors(lifted ? *lifted : std::vector<tracer::NamedTensor>{}, fake_lifted))
+    write_entry(*path, *key, (*graph_hash)->hex());
+  else
+    counters.add("aot_autograd", "fingerprint_differs");
+  return meta;
 }
 
 }  // namespace crucible::autograd::detail

@@ -32,8 +32,10 @@ namespace {
 
 int64_t counted(std::string_view key) { return runtime::default_counters().get("aot_autograd", key); }
 
-// A function that counts its calls: 2 per compilation (the metadata
-// analysis and the trace), 1 when the trace comes from the cache.
+// A function that counts its calls: 3 per compilation (the fingerprint on
+// meta tensors, the metadata analysis, the trace), 1 when the fingerprint
+// stands for the analysis and the trace comes from the cache (Note [Fake
+// fingerprints]), 2 when only the trace does.
 struct Counted {
   std::shared_ptr<std::atomic<int>> calls = std::make_shared<std::atomic<int>>(0);
   tracer::TensorFn fn;
@@ -93,7 +95,7 @@ TEST_CASE("trace cache: a new compilation skips the trace; input mutation and al
     const autograd::AotFunction compiled = autograd::aot_function(f, config(dir));
     Tensors in = clones(data);
     const Tensors out = compiled(in);
-    CHECK(*f.calls == (process == 0 ? 2 : 1));
+    CHECK(*f.calls == (process == 0 ? 3 : 1));
     REQUIRE_EQUAL_TENSORS(in[0], eager_in[0]);  // the write reached the caller's tensor
     REQUIRE_EQUAL_TENSORS(out[0], eager_out[0]);
     REQUIRE_EQUAL_TENSORS(out[1], eager_out[1]);
@@ -116,7 +118,7 @@ TEST_CASE("trace cache: the joint graph of a hit gives eager's values and gradie
     const autograd::AotFunction compiled = autograd::aot_function(f, config(dir));
     Tensors in = clones(data, true);
     const Tensors out = compiled(in);
-    CHECK(*f.calls == (process == 0 ? 2 : 1));
+    CHECK(*f.calls == (process == 0 ? 3 : 1));
     REQUIRE_CLOSE(out[0].detach(), e_out[0].detach(), kGradRtol, kGradAtol);
     out[0].sum().backward();
     for (size_t i = 0; i < in.size(); ++i) REQUIRE_CLOSE(in[i].grad(), e_in[i].grad(), kGradRtol, kGradAtol);
@@ -157,7 +159,7 @@ TEST_CASE("trace cache: a corrupt or truncated entry is traced again and rewritt
     const int64_t misses = counted("trace_cache_miss");
     const Counted f{.fn = layer};
     REQUIRE_EQUAL_TENSORS(autograd::aot_function(f, config(dir))(data)[0], layer(data)[0]);
-    CHECK(*f.calls == 2);
+    CHECK(*f.calls == 2);  // the fingerprint hits, the trace does not
     CHECK(counted("trace_cache_miss") == misses + 1);
     // Rewritten whole: the next compilation hits it.
     const Counted g{.fn = layer};
@@ -291,7 +293,7 @@ TEST_CASE("trace cache: tensors read from outside the function are read afresh o
     return [&weight, &bias](const Tensors& in) { return Tensors{at::tanh(at::matmul(in[0], weight) + bias).sum()}; };
   };
   const at::Tensor x = at::randn({5, 4});
-  const int64_t hits = counted("trace_cache_hit");
+  const int64_t hits = counted("trace_cache_hit"), fingerprints = counted("fingerprint_hit");
   for (int process = 0; process < 2; ++process) {
     const autograd::AotFunction compiled = autograd::aot_function(reading(w, b), config(dir));
     const at::Tensor got = compiled({x})[0], expected = reading(twin_w, twin_b)({x})[0];
@@ -308,4 +310,76 @@ TEST_CASE("trace cache: tensors read from outside the function are read afresh o
     twin_b.mul_(0.5);
   }
   CHECK(counted("trace_cache_hit") == hits + 1);
+  // Both analyses stood for by fingerprints: the one that finds the tensors, the one after lifting them.
+  CHECK(counted("fingerprint_hit") == fingerprints + 2);
+}
+
+TEST_CASE("trace cache: a fake-mode fingerprint stands for the real analysis, and the real trace is served",
+          "[autograd][cache]") {
+  // The function takes another path on meta tensors: the fingerprint is of
+  // the tanh path, the graph a hit serves is the real trace's (sigmoid),
+  // with eager's values and gradients.
+  auto two_paths = [](const Tensors& in) {
+    return Tensors{(in[0].is_meta() ? at::tanh(in[0]) : at::sigmoid(in[0])).sum(0)};
+  };
+  at::manual_seed(8);
+  const std::string dir = testing::temp_dir("trace-cache");
+  const at::Tensor x = at::randn({4, 3});
+  const at::Tensor ex = x.clone().requires_grad_();
+  const at::Tensor e = two_paths({ex})[0];
+  e.sum().backward();
+  const int64_t hits = counted("fingerprint_hit"), misses = counted("fingerprint_miss");
+  for (int process = 0; process < 2; ++process) {
+    const Counted f{.fn = two_paths};
+    const autograd::AotFunction compiled = autograd::aot_function(f, config(dir));
+    const at::Tensor cx = x.clone().requires_grad_();
+    const at::Tensor c = compiled({cx})[0];
+    CHECK(*f.calls == (process == 0 ? 3 : 1));
+    REQUIRE_EQUAL_TENSORS(c.detach(), e.detach());
+    c.sum().backward();
+    REQUIRE_CLOSE(cx.grad(), ex.grad(), kGradRtol, kGradAtol);
+  }
+  CHECK(counted("fingerprint_miss") == misses + 1);
+  CHECK(counted("fingerprint_hit") == hits + 1);
+}
+
+TEST_CASE("trace cache: no fingerprint where fake and real analyses disagree, fail, or the device switches change",
+          "[autograd][cache]") {
+  at::manual_seed(9);
+  const std::string dir = testing::temp_dir("trace-cache");
+  const at::Tensor x = at::randn({4, 3});
+  // On meta tensors the output aliases the input; on real ones it does not:
+  // a hit would return the wrong metadata, so nothing is stored.
+  auto aliasing_on_meta = [](const Tensors& in) {
+    return Tensors{in[0].is_meta() ? in[0].view({-1}) : (in[0] * 2).view({-1})};
+  };
+  // Fails on meta tensors: analysed for real every time.
+  auto refusing_meta = [](const Tensors& in) {
+    if (in[0].is_meta()) throw std::runtime_error("no meta tensors here");
+    return Tensors{at::tanh(in[0])};
+  };
+  const int64_t differs = counted("fingerprint_differs"), bypasses = counted("fingerprint_bypass");
+  for (int process = 0; process < 2; ++process) {
+    const Counted f{.fn = aliasing_on_meta};
+    const at::Tensor out = autograd::aot_function(f, config(dir))({x})[0];
+    REQUIRE_EQUAL_TENSORS(out, (x * 2).view({-1}));
+    CHECK_FALSE(out.is_alias_of(x));
+    CHECK(*f.calls == (process == 0 ? 3 : 2));  // the analysis runs again; the trace hits
+    const Counted g{.fn = refusing_meta};
+    REQUIRE_EQUAL_TENSORS(autograd::aot_function(g, config(dir))({x})[0], at::tanh(x));
+  }
+  CHECK(counted("fingerprint_differs") == differs + 2);
+  CHECK(counted("fingerprint_bypass") == bypasses + 2);
+  // A switch by which ATen routes composite ops to a device's kernel is in
+  // the key: a trace under another setting is not stood for.
+  const Tensors data = layer_data();
+  REQUIRE_EQUAL_TENSORS(autograd::aot_function(layer, config(dir))(data)[0], layer(data)[0]);  // stored
+  at::Context& ctx = at::globalContext();
+  const bool mkldnn = ctx.userEnabledMkldnn();
+  const int64_t misses = counted("fingerprint_miss");
+  ctx.setUserEnabledMkldnn(!mkldnn);
+  const Tensors out = autograd::aot_function(layer, config(dir))(data);
+  ctx.setUserEnabledMkldnn(mkldnn);
+  REQUIRE_EQUAL_TENSORS(out[0], layer(data)[0]);
+  CHECK(counted("fingerprint_miss") == misses + 1);
 }

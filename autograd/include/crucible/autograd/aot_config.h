@@ -133,7 +133,9 @@ struct AotConfig {
   /// ($XDG_CACHE_HOME/crucible/inductor), where torch keeps its
   /// AOTAutogradCache too. Unset (the default), or with an empty
   /// compiler_key: nothing is kept. A directory that cannot be used is
-  /// warned of once and the compilation traces as without it.
+  /// warned of once and the compilation traces as without it. In real mode
+  /// the function also runs once on meta tensors, its fingerprint (Note
+  /// [Fake fingerprints] in autograd/src/trace_cache.h).
   std::optional<std::string> disk_cache_dir;
 };
 

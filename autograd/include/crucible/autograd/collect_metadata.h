@@ -46,7 +46,9 @@ namespace crucible::autograd {
 /// function fails while traced (nothing of the caller's is changed then).
 /// When `graph_hash` is given it is set to ir::graph_hash of the graph the
 /// analysis traced, or nullopt when that graph cannot be hashed: the key of
-/// the trace cache (Note [AOT trace cache] in trace_cache.h).
+/// the trace cache (Note [AOT trace cache] in trace_cache.h). In real mode
+/// with the trace cache on, a fake-mode run of the analysis may stand for
+/// the real one (Note [Fake fingerprints] in trace_cache.h).
 ViewAndMutationMeta collect_metadata(const AotRequest& request, bool is_train,
                                      std::vector<tracer::NamedTensor>* lifted = nullptr,
                                      std::optional<ir::GraphHash>* graph_hash = nullptr);
