@@ -21,7 +21,7 @@
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/linear.h>
 
 namespace {
 

@@ -10,7 +10,8 @@
 #include <crucible/ir/parser.h>
 #include <crucible/runtime/metrics.h>
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/utils.h>
 
 #include "catch.h"
 #include "module_testing.h"

@@ -5,7 +5,11 @@
 #include <crucible/ir/interpreter.h>
 #include <crucible/ir/verifier.h>
 
-#include <torch/torch.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "catch.h"
 #include "module_testing.h"

@@ -4,7 +4,12 @@
 #include <crucible/autograd/aot_module.h>
 #include <crucible/autograd/error.h>
 
-#include <torch/torch.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "catch.h"
 #include "module_testing.h"

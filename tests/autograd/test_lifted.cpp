@@ -8,7 +8,9 @@
 #include <crucible/ir/interpreter.h>
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include "catch.h"
 #include "module_testing.h"

@@ -13,8 +13,6 @@
 #include "graph_testing.h"
 #include "testing.h"
 
-#include <torch/torch.h>
-
 #include <sys/stat.h>
 
 #include <cstdlib>

@@ -14,7 +14,9 @@
 #include "module_testing.h"
 #include "testing.h"
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <map>
 #include <memory>

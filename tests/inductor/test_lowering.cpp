@@ -24,8 +24,6 @@
 #include "graph_testing.h"
 #include "testing.h"
 
-#include <torch/torch.h>
-
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>

@@ -10,7 +10,8 @@
 #include <crucible/tracer/functional_call.h>
 #include <crucible/tracer/make_fx.h>
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/utils.h>
 
 using crucible::testing::module_graph_inputs;
 using crucible::testing::run_traced;

@@ -11,7 +11,12 @@
 #include <crucible/tracer/error.h>
 #include <crucible/tracer/functional_call.h>
 
-#include <torch/torch.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 using crucible::testing::count_calls;
 using crucible::testing::module_graph_inputs;

@@ -12,8 +12,10 @@
 #include <crucible/tracer/make_fx.h>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 using crucible::testing::count_calls;
 using crucible::testing::run_traced;
