@@ -149,9 +149,11 @@ TEST_CASE("crucible train trains the GPT on synthetic tokens", "[tools][train]")
 
 TEST_CASE("crucible train: a second process finds the traced graph and the kernels in the disk caches",
           "[tools][train]") {
-  // Note [AOT trace cache]: the new process runs the metadata analysis,
-  // then reads the graph its trace made instead of tracing again, and the
-  // backend's own caches serve the kernels; it trains to the same loss.
+  // Note [AOT trace cache]: the new process runs the metadata analysis on
+  // meta tensors, whose fingerprint stands for the real analysis (Note [Fake
+  // fingerprints]), then reads the graph its trace made instead of tracing
+  // again, and the backend's own caches serve the kernels; it trains to the
+  // same loss.
   const std::string dir = crucible::testing::temp_dir("train-cache");
   const char* old = std::getenv("CRUCIBLE_INDUCTOR_CACHE_DIR");
   const std::optional<std::string> saved = old ? std::optional<std::string>(old) : std::nullopt;
@@ -173,6 +175,9 @@ TEST_CASE("crucible train: a second process finds the traced graph and the kerne
   CHECK(cold.value("trace_cache_hit", 0) == 0);
   CHECK(warm.value("trace_cache_hit", 0) == cold.value("trace_cache_miss", 0));
   CHECK(warm.value("trace_cache_miss", 0) == 0);
+  CHECK(cold.value("fingerprint_miss", 0) >= 1);
+  CHECK(warm.value("fingerprint_hit", 0) == cold.value("fingerprint_miss", 0));
+  CHECK(warm.value("fingerprint_miss", 0) == 0);
   CHECK(runs[1]["counters"]["inductor"].value("fxgraph_cache_miss", 0) == 0);
   // The same graph and kernels on the same batches: the same arithmetic, up
   // to the matmuls' (MKL may pick its kernels by the buffers' alignment).
