@@ -832,11 +832,17 @@ class Lowerer {
     bool rounds = reduced_precision(l.dtype) && operands.empty();
     for (size_t k = 0; k < operands.size(); ++k) rounds = rounds || (!masks[k] && operands[k].dtype != l.dtype);
     const c10::ScalarType dtype = l.dtype;
-    l.fn = [operands, masks, T, R, n, &op, rounds, dtype](Body& b, const std::vector<Expr>& index) {
+    const bool one_hot = selects_one(n);
+    l.fn = [operands, masks, T, R, n, &op, rounds, dtype, one_hot](Body& b, const std::vector<Expr>& index) {
       std::vector<std::string> x;
       int level = 0;
+      Val condition;
       for (size_t k = 0; k < operands.size(); ++k) {
+        // Note [One-hot selections]: the selected operand read where chosen.
+        if (one_hot && k == 1) b.push_mask(condition.name, condition.level);
         Val v = operands[k].fn(b, broadcast(operands[k].sizes, index));
+        if (one_hot && k == 1) b.pop_mask();
+        if (k == 0) condition = v;
         level = std::max(level, v.level);
         std::string t = ctype_of(operands[k].dtype);
         x.push_back(masks[k] || t == T ? v.name : "static_cast<" + T + ">(" + v.name + ")");
@@ -849,6 +855,48 @@ class Lowerer {
     };
     define_lazy(out, std::move(l));
     realize_if_costly(out);
+  }
+
+  // Note [One-hot selections]
+  // where(i == t, v, 0), with i counting along a dimension d (an arange
+  // viewed along it) and t constant along d, selects at most one element of
+  // each line along d: nll_loss's decomposition picks the target's
+  // log-probability so, and sums over the classes. Its value operand, and
+  // the producers inlined into it, are then read under the condition
+  // (Body::push_mask, Note [Masked loads]): memory is read at the selected
+  // element alone, where the sum would otherwise walk the whole line of the
+  // value from memory (GPT-2's log-probabilities over its 50257-word
+  // vocabulary: a second pass over the logits, after the one that makes the
+  // maximum and the sum of exponentials). A masked operand is read one
+  // element at a time, which costs nothing here: almost nothing is read.
+  bool selects_one(const ir::Node* n) const {
+    if (n->target() != "aten::where.self" && n->target() != "aten::where.ScalarOther") return false;
+    const ir::Value* cond = n->arg(0).value();
+    if (!cond->node()->is_call() || cond->node()->target() != "aten::eq.Tensor") return false;
+    const ir::Node* eq = cond->node();
+    for (int side = 0; side < 2; ++side) {
+      const ir::Argument &i = eq->arg(side), &t = eq->arg(1 - side);
+      if (!i.is_value() || !t.is_value() || !i.value()->has_meta() || !t.value()->has_meta()) continue;
+      const std::vector<int64_t>&is = i.value()->meta().sizes, &ts = t.value()->meta().sizes;
+      if (is.size() != ts.size() || std::count_if(is.begin(), is.end(), [](int64_t s) { return s > 1; }) != 1) continue;
+      const size_t d = std::find_if(is.begin(), is.end(), [](int64_t s) { return s > 1; }) - is.begin();
+      if (ts[d] == 1 && counts(i.value())) return true;
+    }
+    return false;
+  }
+
+  // `v` is an arange (integers counting by a step that is not 0), seen
+  // through views that keep its elements in order.
+  static bool counts(const ir::Value* v) {
+    static const std::unordered_set<std::string> views = {"aten::view", "aten::_unsafe_view", "aten::reshape",
+                                                          "aten::unsqueeze"};
+    const ir::Node* n = v->node();
+    while (n->is_call() && views.contains(n->target()) && n->arg(0).is_value()) n = n->arg(0).value()->node();
+    if (!n->is_call() || !n->result()->has_meta() || !c10::isIntegralType(n->result()->meta().dtype, false))
+      return false;
+    if (n->target() == "aten::arange" || n->target() == "aten::arange.start") return true;
+    return n->target() == "aten::arange.start_step" && n->arg(2).is_constant() &&
+           n->arg(2).constant().toScalar().toDouble() != 0;
   }
 
   // Realizes a new pointwise value where inlining it would not pay: a

@@ -1148,6 +1148,39 @@ TEST_CASE("lowering: integer arange as a function of the index; one-hot rows com
   REQUIRE(inductor::loop_ir(g.g).find("extern") == std::string::npos);
 }
 
+TEST_CASE("lowering: a one-hot selection summed over its line (nll_loss's pick of the target) reads the pick alone",
+          "[inductor][lowering]") {
+  // Note [One-hot selections]: where(arange(C) == target[:, None], logp, 0)
+  // summed over the classes, logp the decomposed log_softmax of the row.
+  // Targets outside [0, C) select nothing (0, as eager sums), and nothing is
+  // read for them.
+  const int64_t C = 1000;
+  const at::Tensor x = at::randn({6, C}), target = at::tensor({3, 999, 0, -1, 1000, 517}, at::kLong);
+  Builder g;
+  ir::Value *px = g.input(x), *pt = g.input(target);
+  const c10::Device where = compile_only() ? at::Device(at::kCPU) : test_device();
+  ir::Value* classes =
+      g.call("aten::arange", {c10::Scalar(C), c10::IValue(at::kLong), c10::IValue(), where, c10::IValue()});
+  ir::Value* hit = g.call("aten::eq.Tensor",
+                          {g.call("aten::view", {classes, Dims{1, C}}), g.call("aten::unsqueeze", {pt, int64_t{1}})});
+  ir::Value* logp = log_softmax_rows(g, px, 1);
+  ir::Value* picked = g.call("aten::sum.dim_IntList",
+                             {g.call("aten::where.ScalarOther", {hit, logp, c10::Scalar(0.0)}), Dims{1}, false});
+  const at::Tensor hit_e = at::arange(C, at::kLong).view({1, C}) == target.unsqueeze(1);
+  const at::Tensor logp_e = at::log_softmax(x, 1);
+  const at::Tensor want = at::where(hit_e, logp_e, 0).sum(1);
+  // The pick is logp at one element, computed as the log_softmax rows are:
+  // the row's sum of exponentials within red_rtol of eager's.
+  check(g, {reduction("sum(where(one-hot, log_softmax(x), 0), 1)", picked, want, logp_e.abs().amax(1))});
+  // The logits are read unmasked by the pass that makes the maximum and the
+  // sum of exponentials, and under the one-hot condition by the pick.
+  if (!compile_only()) {
+    const std::string source = inductor::generate_code(g.g).source;
+    INFO(source);
+    CHECK(source.find(" ? buf0_in0[") != std::string::npos);
+  }
+}
+
 TEST_CASE("lowering: constant_pad_nd of a pointwise value, on any sides, fused without reading out of bounds",
           "[inductor][lowering]") {
   // pad_mm's padded gradients (Note [Padding matmuls]): the pad is computed
