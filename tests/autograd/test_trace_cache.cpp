@@ -7,11 +7,16 @@
 // is stood in for by new callables with no in-memory graph cache (the CLI
 // test runs two processes).
 #include <crucible/autograd/aot_function.h>
+#include <crucible/autograd/aot_module.h>
 #include <crucible/ir/instrument.h>
 #include <crucible/ir/interpreter.h>
 #include <crucible/runtime/instruments.h>
 
 #include <ATen/ATen.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
 
 #include "catch.h"
 #include "testing.h"
@@ -382,4 +387,47 @@ TEST_CASE("trace cache: no fingerprint where fake and real analyses disagree, fa
   ctx.setUserEnabledMkldnn(mkldnn);
   REQUIRE_EQUAL_TENSORS(out[0], layer(data)[0]);
   CHECK(counted("fingerprint_miss") == misses + 1);
+}
+
+TEST_CASE("trace cache: a module's buffers are updated on a hit as eager updates them", "[autograd][cache]") {
+  // aot_module over conv -> BatchNorm (train mode: its running statistics
+  // and batch count are module state the step writes) -> ReLU. The second
+  // compilation's fingerprint stands for its analysis and its joint graph
+  // comes from the cache; both give eager's outputs, buffers and gradients.
+  auto net = [] {
+    at::manual_seed(10);
+    return torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(2, 3, 3).padding(1)),
+                                 torch::nn::BatchNorm2d(3), torch::nn::ReLU());
+  };
+  const std::string dir = testing::temp_dir("trace-cache");
+  const int64_t fingerprints = counted("fingerprint_hit"), hits = counted("trace_cache_hit");
+  for (int process = 0; process < 2; ++process) {
+    INFO("process " << process);
+    torch::nn::Sequential compiled_net = net(), eager_net = net();
+    const autograd::AotModule compiled = autograd::aot_module(
+        compiled_net.ptr(),
+        [](torch::nn::Module& m, const Tensors& in) {
+          return Tensors{static_cast<torch::nn::SequentialImpl&>(m).forward(in[0])};
+        },
+        config(dir));
+    at::manual_seed(11);
+    for (int step = 0; step < 2; ++step) {
+      const at::Tensor x = at::randn({4, 2, 5, 5});
+      const at::Tensor c = compiled({x})[0], e = eager_net->forward(x);
+      // The interpreter runs eager's kernels in eager's order: bitwise.
+      REQUIRE_EQUAL_TENSORS(c.detach(), e.detach());
+      c.sum().backward();
+      e.sum().backward();
+    }
+    const auto cb = compiled_net->named_buffers(), eb = eager_net->named_buffers();
+    REQUIRE(cb.size() == 3);
+    for (size_t i = 0; i < cb.size(); ++i) REQUIRE_EQUAL_TENSORS(cb[i].value(), eb[i].value());
+    const auto cp = compiled_net->named_parameters(), ep = eager_net->named_parameters();
+    for (size_t i = 0; i < cp.size(); ++i) {
+      INFO(cp[i].key());
+      REQUIRE_CLOSE(cp[i].value().grad(), ep[i].value().grad(), kGradRtol, kGradAtol);
+    }
+  }
+  CHECK(counted("fingerprint_hit") > fingerprints);
+  CHECK(counted("trace_cache_hit") == hits + 1);
 }
