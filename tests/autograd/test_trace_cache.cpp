@@ -431,3 +431,23 @@ TEST_CASE("trace cache: a module's buffers are updated on a hit as eager updates
   CHECK(counted("fingerprint_hit") > fingerprints);
   CHECK(counted("trace_cache_hit") == hits + 1);
 }
+
+TEST_CASE("trace cache: frozen tensors of other values in a later process are not served the earlier constants",
+          "[autograd][cache]") {
+  // AotConfig::freeze makes the captured weight a constant of the graph:
+  // another process whose weight holds other values (another checkpoint)
+  // must compile its own values in, fingerprint or not.
+  at::manual_seed(12);
+  const std::string dir = testing::temp_dir("trace-cache");
+  const at::Tensor x = at::randn({5, 4});
+  const int64_t hits = counted("trace_cache_hit");
+  for (int process = 0; process < 2; ++process) {
+    const at::Tensor w = at::randn({4, 3});
+    auto reading = [&w](const Tensors& in) { return Tensors{at::tanh(at::matmul(in[0], w))}; };
+    autograd::AotConfig c = config(dir);
+    c.freeze = true;
+    at::NoGradGuard no_grad;
+    REQUIRE_EQUAL_TENSORS(autograd::aot_function(reading, c)({x})[0], reading({x})[0]);
+  }
+  CHECK(counted("trace_cache_hit") == hits);  // each process traced its own constants
+}
