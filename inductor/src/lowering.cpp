@@ -878,9 +878,11 @@ class Lowerer {
       const ir::Argument &i = eq->arg(side), &t = eq->arg(1 - side);
       if (!i.is_value() || !t.is_value() || !i.value()->has_meta() || !t.value()->has_meta()) continue;
       const std::vector<int64_t>&is = i.value()->meta().sizes, &ts = t.value()->meta().sizes;
-      if (is.size() != ts.size() || std::count_if(is.begin(), is.end(), [](int64_t s) { return s > 1; }) != 1) continue;
-      const size_t d = std::find_if(is.begin(), is.end(), [](int64_t s) { return s > 1; }) - is.begin();
-      if (ts[d] == 1 && counts(i.value())) return true;
+      // i counts along its one dimension d of more than one element.
+      const auto counting = [](int64_t s) { return s > 1; };
+      const auto d = std::find_if(is.begin(), is.end(), counting);
+      if (is.size() != ts.size() || d == is.end() || std::find_if(d + 1, is.end(), counting) != is.end()) continue;
+      if (ts[static_cast<size_t>(d - is.begin())] == 1 && counts(i.value())) return true;
     }
     return false;
   }
