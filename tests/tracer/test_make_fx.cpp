@@ -192,6 +192,28 @@ TEST_CASE("make_fx: at::equal of a tensor and itself is the identity test multi-
   REQUIRE_EQUAL_TENSORS(run_traced(r, {x})[0], fn(x));
 }
 
+TEST_CASE("make_fx: expanded inputs and expanded tensors read from outside, lifted or frozen", "[tracer]") {
+  // Their elements share memory (stride 0): the trace's copies hold the
+  // same values in the same layout, as elementwise copy_ cannot write them.
+  at::manual_seed(3);
+  const at::Tensor x = at::randn({1, 4}).expand({3, 4});
+  const at::Tensor bias = at::randn({4, 1}).expand({4, 3}).t();
+  auto fn = [&](const Tensors& in) { return Tensors{in[0] * 2 + bias, in[0].sum(0)}; };
+  const Tensors expected = fn({x});
+  for (bool freeze : {false, true}) {
+    CAPTURE(freeze);
+    TraceOptions o;
+    o.freeze = freeze;
+    auto r = make_fx(fn, Tensors{x}, o);
+    Tensors inputs = {x};
+    for (const auto& l : r.lifted) inputs.push_back(l.tensor);
+    REQUIRE(inputs.size() == (freeze ? 1 : 2));
+    const auto actual = run_traced(r, inputs);
+    REQUIRE_EQUAL_TENSORS(actual[0], expected[0]);
+    REQUIRE_EQUAL_TENSORS(actual[1], expected[1]);
+  }
+}
+
 TEST_CASE("make_fx with freeze: tensors read from outside become constants; large ones are refused", "[tracer]") {
   at::manual_seed(7);
   at::Tensor bias = at::randn({4});

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/FunctionalStorageImpl.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/enum_tag.h>
@@ -243,10 +244,23 @@ void swap_data(const at::Tensor& t, const at::Tensor& data) {
 
 int64_t nbytes(const at::Tensor& t) { return static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size()); }
 
+// `src`'s values into `dst`, of the same sizes and strides. Where elements
+// share memory (an expanded tensor, stride 0), copy_ refuses to write them,
+// so the memory range they span is copied as one flat run instead.
+void copy_values(const at::Tensor& dst, const at::Tensor& src) {
+  if (at::has_internal_overlap(dst) != at::MemOverlap::Yes) {
+    dst.copy_(src.detach());
+    return;
+  }
+  int64_t span = 1;
+  for (int64_t d = 0; d < dst.dim(); ++d) span += (dst.size(d) - 1) * dst.stride(d);
+  dst.as_strided({span}, {1}).copy_(src.detach().as_strided({span}, {1}));
+}
+
 // A copy of `t`'s values with the same sizes, strides and dtype.
 at::Tensor copy_of(const at::Tensor& t) {
   at::Tensor copy = at::empty_strided(t.sizes(), t.strides(), t.options().requires_grad(false));
-  copy.copy_(t.detach());
+  copy_values(copy, t);
   return copy;
 }
 
@@ -259,7 +273,7 @@ at::Tensor traced_copy(const at::Tensor& t, TraceMode mode) {
   const int64_t storage_numel =
       t.has_storage() ? static_cast<int64_t>(t.storage().nbytes()) / static_cast<int64_t>(t.element_size()) : t.numel();
   at::Tensor c = at::empty({storage_numel}, opts).as_strided(t.sizes(), t.strides(), t.storage_offset());
-  if (mode == TraceMode::Real) c.copy_(t.detach());
+  if (mode == TraceMode::Real) copy_values(c, t);
   return c.detach();
 }
 
