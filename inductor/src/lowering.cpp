@@ -4,6 +4,8 @@
 #include <crucible/ir/tensor_meta.h>
 
 #include <c10/core/Scalar.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cmath>
@@ -120,6 +122,21 @@ Render binary_scalar(std::string op) {
   return [op](const Ctx& c) { return "(" + c.x[0] + " " + op + " " + lit(c, 1) + ")"; };
 }
 
+// A comparison with a scalar: ATen converts the scalar to the tensor's
+// dtype first, so a half or bf16 tensor is compared with the rounded
+// scalar (x == 0.1 holds where x holds 0.1 rounded), not with the float
+// the formula computes in.
+Render compare_scalar(std::string op) {
+  return [op](const Ctx& c) {
+    const c10::ScalarType dt = c.n->arg(0).value()->meta().dtype;
+    const c10::IValue& v = c.n->arg(1).constant();
+    if (!reduced_precision(dt) || v.isBool()) return "(" + c.x[0] + " " + op + " " + lit(c, 1) + ")";
+    const float d = static_cast<float>(v.toScalar().toDouble());
+    const float rounded = dt == c10::kHalf ? static_cast<float>(c10::Half(d)) : static_cast<float>(c10::BFloat16(d));
+    return "(" + c.x[0] + " " + op + " " + literal(c10::IValue(static_cast<double>(rounded)), c.T) + ")";
+  };
+}
+
 // a / b as the preludes define it (Note [Division]).
 std::string divide(const std::string& a, const std::string& b) { return "crucible_div(" + a + ", " + b + ")"; }
 
@@ -203,12 +220,12 @@ const std::unordered_map<std::string, PointwiseOp>& table() {
        {{0, 1},
         {},
         [](const Ctx& c) { return "(" + c.x[0] + " * (" + c.T + "(1) - " + c.x[1] + " * " + c.x[1] + "))"; }}},
-      {"aten::eq.Scalar", {{0}, {1}, binary_scalar("=="), true, true}},
-      {"aten::ne.Scalar", {{0}, {1}, binary_scalar("!="), true, true}},
-      {"aten::lt.Scalar", {{0}, {1}, binary_scalar("<"), true, true}},
-      {"aten::le.Scalar", {{0}, {1}, binary_scalar("<="), true, true}},
-      {"aten::gt.Scalar", {{0}, {1}, binary_scalar(">"), true, true}},
-      {"aten::ge.Scalar", {{0}, {1}, binary_scalar(">="), true, true}},
+      {"aten::eq.Scalar", {{0}, {1}, compare_scalar("=="), true, true}},
+      {"aten::ne.Scalar", {{0}, {1}, compare_scalar("!="), true, true}},
+      {"aten::lt.Scalar", {{0}, {1}, compare_scalar("<"), true, true}},
+      {"aten::le.Scalar", {{0}, {1}, compare_scalar("<="), true, true}},
+      {"aten::gt.Scalar", {{0}, {1}, compare_scalar(">"), true, true}},
+      {"aten::ge.Scalar", {{0}, {1}, compare_scalar(">="), true, true}},
       {"aten::eq.Tensor", {{0, 1}, {}, binary("=="), true, true}},
       {"aten::ne.Tensor", {{0, 1}, {}, binary("!="), true, true}},
       {"aten::lt.Tensor", {{0, 1}, {}, binary("<"), true, true}},
@@ -290,6 +307,17 @@ bool numeric_constant(const ir::Argument& a) {
 }
 
 bool is_float(c10::ScalarType t) { return t == c10::kFloat || t == c10::kDouble || reduced_precision(t); }
+
+// Whether a scalar operand of a higher category (bool < integer < float)
+// than tensor dtype `t` promotes the op's computation (an int64 tensor
+// compared with 2.5 is compared as float, a bool one with 2 as int64), as
+// ATen's result_type rules say.
+bool scalar_promotes(const c10::IValue& v, c10::ScalarType t) {
+  const c10::Scalar s = v.toScalar();
+  const int category = s.isBoolean() ? 0 : s.isIntegral(/*includeBool=*/false) ? 1 : 2;
+  const int tensor_category = t == c10::kBool ? 0 : c10::isIntegralType(t, /*includeBool=*/false) ? 1 : 2;
+  return category > tensor_category;
+}
 
 // Views whose index map lowering knows (Note [Lowering]).
 const std::unordered_set<std::string>& view_ops() {
@@ -541,9 +569,12 @@ class Lowerer {
     }
     c10::ScalarType compute = compute_type(n, op);
     if (op.reads_index && (is_float(compute) || n->result()->meta().sizes.size() != 1)) return Kind::Extern;
-    if (op.compute_in_operands)
+    if (op.compute_in_operands) {
       for (c10::ScalarType dt : operand_types)
         if (dt != compute) return Kind::Extern;  // comparisons across dtypes promote: leave them to ATen
+      for (size_t i : op.scalar_args)
+        if (scalar_promotes(n->arg(i).constant(), compute)) return Kind::Extern;
+    }
     if (!is_float(compute) && !op.integer_ok) return Kind::Extern;
     return Kind::Pointwise;
   }

@@ -1122,6 +1122,27 @@ TEST_CASE("lowering: comparisons to bool, where, masked_fill with a broadcast ma
            });
 }
 
+TEST_CASE("lowering: comparisons with a scalar of another kind, or of more precision than a half or bf16 tensor",
+          "[inductor][lowering]") {
+  // ATen compares an i64 tensor with 2.5 as float and a bool one with 2 as
+  // i64 (the scalar's higher category promotes), and a half or bf16 tensor
+  // with the scalar rounded to its dtype (so 0.1 rounded equals x = 0.1).
+  const at::Tensor i = at::arange(-1, 5, at::kLong), flags = at::arange(4).remainder(2).to(at::kBool);
+  const at::Tensor h = at::tensor({0.1, 0.2, 0.3}).to(at::kHalf), bf = h.to(at::kBFloat16);
+  Builder g;
+  ir::Value *pi = g.input(i), *pflags = g.input(flags), *ph = g.input(h), *pbf = g.input(bf);
+  check(g, {
+               exactly("i < 2.5", g.call("aten::lt.Scalar", {pi, c10::Scalar(2.5)}), i < 2.5),
+               exactly("i == 2.5", g.call("aten::eq.Scalar", {pi, c10::Scalar(2.5)}), i == 2.5),
+               exactly("flags == 2", g.call("aten::eq.Scalar", {pflags, c10::Scalar(2)}), flags == 2),
+               exactly("flags < 0.5", g.call("aten::lt.Scalar", {pflags, c10::Scalar(0.5)}), flags < 0.5),
+               exactly("half == 0.1", g.call("aten::eq.Scalar", {ph, c10::Scalar(0.1)}), h == 0.1),
+               exactly("half >= 0.3", g.call("aten::ge.Scalar", {ph, c10::Scalar(0.3)}), h >= 0.3),
+               exactly("bf16 == 0.1", g.call("aten::eq.Scalar", {pbf, c10::Scalar(0.1)}), bf == 0.1),
+               exactly("bf16 > 0.2", g.call("aten::gt.Scalar", {pbf, c10::Scalar(0.2)}), bf > 0.2),
+           });
+}
+
 TEST_CASE("lowering: integer arange as a function of the index; one-hot rows compared with a target",
           "[inductor][lowering]") {
   // nll_loss_backward's decomposition: -(arange(C) == target[:, None]) * grad,
