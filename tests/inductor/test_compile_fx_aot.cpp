@@ -553,6 +553,27 @@ TEST_CASE("compile_fx: mutations, aliasing outputs and random ops as AOTAutograd
          return Tensors{r({3, 4})};
        },
        {false}},
+      // Batch norm in training writes the running statistics its schema
+      // does not mark as written: inputs of the function, and tensors it makes.
+      {"batch norm statistics as inputs",
+       [](const Tensors& in) {
+         const at::Tensor y = at::batch_norm(in[0], in[1], {}, in[2], in[3], true, 0.3, 1e-5, false);
+         return Tensors{y, in[2] * 2};
+       },
+       [&] {
+         return Tensors{r({4, 3, 5}), r({3}), r({3}), r({3}).abs()};
+       },
+       {true, true, false, false}},
+      {"batch norm statistics made inside",
+       [](const Tensors& in) {
+         const at::Tensor mean = at::zeros({3}, in[0].options()), var = at::ones({3}, in[0].options());
+         const at::Tensor y = at::batch_norm(in[0], {}, {}, mean, var, true, 0.3, 1e-5, false);
+         return Tensors{y, mean + var};
+       },
+       [&] {
+         return Tensors{r({4, 3})};
+       },
+       {true}},
   };
   for (auto& c : cases) {
     INFO(c.name);

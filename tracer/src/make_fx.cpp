@@ -67,8 +67,36 @@ void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch
 // state] turns into an out-of-place op and a MutatedInput output. Autograd
 // then records no history for the write; a value that requires grad written
 // this way under grad mode raises TraceError instead of losing its gradient.
+// native_batch_norm in training writes its running statistics although its
+// schema does not say so (Note [Ops with hidden writes]). Where they are
+// functional tensors (the function's inputs or tensors it made), that write
+// must reach Functionalize to become an input mutation or the tensors' new
+// value, so the op runs as _native_batch_norm_legit instead: the same kernel
+// and backward, with the write in its schema, which Functionalize turns into
+// _native_batch_norm_legit_functional and writes into the wrappers. Returns
+// false, changing nothing, for any other call.
+bool batch_norm_into_functional_statistics(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+  namespace fn = at::functionalization::impl;
+  if (op.schema().name() != "aten::native_batch_norm" || !op.schema().overload_name().empty()) return false;
+  const size_t base = stack.size() - 8;
+  const c10::IValue &mean = stack[base + 3], &var = stack[base + 4];
+  if (!stack[base + 5].toBool() || !mean.isTensor() || !var.isTensor() || !fn::isFunctionalTensor(mean.toTensor()) ||
+      !fn::isFunctionalTensor(var.toTensor()))
+    return false;
+  at::Tensor running_mean = mean.toTensor(), running_var = var.toTensor();
+  auto [out, save_mean, save_invstd] = at::_native_batch_norm_legit(
+      stack[base].toTensor(), stack[base + 1].toOptional<at::Tensor>(), stack[base + 2].toOptional<at::Tensor>(),
+      running_mean, running_var, /*training=*/true, stack[base + 6].toDouble(), stack[base + 7].toDouble());
+  stack.resize(base);
+  stack.emplace_back(out);
+  stack.emplace_back(save_mean);
+  stack.emplace_back(save_invstd);
+  return true;
+}
+
 void write_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   namespace fn = at::functionalization::impl;
+  if (batch_norm_into_functional_statistics(op, *stack)) return;
   const c10::FunctionSchema& schema = op.schema();
   if (schema.is_mutable()) {
     const auto& formals = schema.arguments();
