@@ -438,6 +438,11 @@ TEST_CASE("compile_fx: values and gradients of ops beyond the zoo's equal eager'
        [](const at::Tensor& x) {
          return at::avg_pool2d(x.view({1, 1, 4, 6}), 3, 2, 1, true, false);
        }},
+      {"ctc_loss",  // lengths given as ints: a static shape, though the op is tagged dynamic
+       [](const at::Tensor& x) {
+         return at::ctc_loss(at::log_softmax(x.view({4, 2, 3}), 2), torch::tensor({{1, 2}, {2, 0}}, torch::kLong),
+                             std::vector<int64_t>{4, 3}, std::vector<int64_t>{2, 1}, 0, at::Reduction::None);
+       }},
       {"maxpool_dil",
        [](const at::Tensor& x) {
          return at::max_pool2d(x.view({1, 1, 4, 6}), 2, 1, 0, 2);

@@ -64,8 +64,11 @@ const char* data_dependent_reason(const c10::OperatorHandle& op) {
 
 // aten::index.Tensor is tagged dynamic_output_shape for its boolean masks
 // (x[mask]); with integer indices (x[idx], an embedding by hand, a gather
-// of rows) its shape follows from the indices' shapes.
+// of rows) its shape follows from the indices' shapes. aten::_ctc_loss
+// shares the tag with its overload taking the lengths as tensors; its own
+// lengths are lists of ints in the call, which fix its log_alpha's shape.
 bool has_static_shape(const std::string& op, const torch::jit::Stack& stack, size_t base) {
+  if (op == "aten::_ctc_loss") return true;
   if (op != "aten::index.Tensor") return false;
   for (const std::optional<at::Tensor>& index : stack[base + 1].toOptionalTensorList().vec())
     if (index && index->defined() && (index->scalar_type() == at::kBool || index->scalar_type() == at::kByte))
