@@ -59,6 +59,20 @@ struct TrainStepState {
       throw PipelineError("TrainStep: the optimizer has " + std::to_string(torch_groups.size()) +
                           " parameter groups; the step was compiled for " + std::to_string(groups.size()) +
                           " and updates those only: compile a new step for the new groups");
+    // The other options are constants of the graph: a change (a momentum
+    // or weight decay schedule) would be silently ignored.
+    const std::vector<OptimizerOptions> now = optimizer_group_options(*optimizer);
+    for (size_t i = 0; i < groups.size(); ++i) {
+      OptimizerOptions o = now[i];
+      o.lr = groups[i].options.lr;
+      o.capturable = groups[i].options.capturable;
+      o.device_type = groups[i].options.device_type;
+      if (!(o == groups[i].options))
+        throw PipelineError("TrainStep: the options of the optimizer's parameter group " + std::to_string(i) +
+                            " other than the learning rate (momentum, dampening, weight decay, betas, eps, ...) "
+                            "changed since compile_train_step; the compiled step holds them as constants: compile "
+                            "a new step for the new options");
+    }
     for (size_t i = 0; i < groups.size(); ++i) {
       const double lr = torch_groups[i].options().get_lr();
       if (lr != groups[i].lr_value) {

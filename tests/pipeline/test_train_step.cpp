@@ -688,6 +688,17 @@ TEST_CASE("train step: clear errors for optimizers it cannot compile", "[pipelin
         m.module, opt, [&](torch::nn::Module&, const std::vector<at::Tensor>& b) { return m.forward(b[0]); });
     CHECK_THROWS_WITH(step({at::ones({2, 4}), at::zeros({2}, at::kLong)}), CRUCIBLE_HAS_SUBSTR("0-dim"));
   }
+  SECTION("options other than the learning rate changed after compiling (constants of the step)") {
+    torch::optim::SGD opt(m.module->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    TrainStep step = compile_train_step(m.module, opt, loss);
+    const std::vector<at::Tensor> batch = {at::ones({2, 4}), at::zeros({2}, at::kLong)};
+    step(batch);
+    auto& options = static_cast<torch::optim::SGDOptions&>(opt.param_groups()[0].options());
+    options.lr(0.05);  // a scheduler's change: read at every call
+    step(batch);
+    options.momentum(0.5);
+    CHECK_THROWS_WITH(step(batch), CRUCIBLE_HAS_SUBSTR("compile a new step for the new options"));
+  }
 }
 
 TEST_CASE("train step: every zoo model's graph is functional, its writes the trailing copies",

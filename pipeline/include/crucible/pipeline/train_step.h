@@ -63,7 +63,7 @@ class Builder;
 // zero_grad()` would. Each param group is updated with its own options
 // (optimizer_group_options: a rate per group, no weight decay for biases);
 // options other than the learning rate are read once, when the step is
-// created. A step compiles again for inputs
+// created, and a call after they changed throws. A step compiles again for inputs
 // of other sizes, dtypes, devices or aliasing, when any submodule's
 // train()/eval() mode changed, or when a lifted tensor was freed (its
 // variable now holds another tensor).
@@ -119,9 +119,9 @@ class TrainStep {
   /// the gradients of lifted tensors to their .grad.
   /// Compiles first when this batch's metadata (sizes, strides, dtype,
   /// device of every input, and the module's train/eval mode) has not been
-  /// seen. Throws PipelineError when the optimizer's count of param groups
-  /// has changed since compile_train_step; tracing and backend errors
-  /// propagate.
+  /// seen. Throws PipelineError when the optimizer's count of param groups,
+  /// or a group's options other than the learning rate, have changed since
+  /// compile_train_step; tracing and backend errors propagate.
   at::Tensor operator()(const std::vector<at::Tensor>& batch) const;
   /// Compiles for `batch`'s metadata without running a step (a no-op when it
   /// is compiled already). The traces run the step on copies: neither the
