@@ -113,13 +113,19 @@ void push_results(std::vector<c10::IValue>& stack, std::initializer_list<at::Ten
   for (const at::Tensor& r : results) stack.emplace_back(r);
 }
 
+// x - max(x) along dim, for softmax's exponentials; x itself when empty,
+// where amax refuses a 0-size dim and there is nothing to shift.
+at::Tensor minus_max(const at::Tensor& x, int64_t dim) {
+  return x.numel() == 0 ? x : x - at::amax(x, {dim}, /*keepdim=*/true);
+}
+
 // _softmax(x, dim, half_to_float): exp(x - max) / sum(exp(x - max)).
 void softmax(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
   const at::Tensor x = stack[0].toTensor();
   const int64_t dim = stack[1].toInt();
   const at::ScalarType out = stack[2].toBool() ? at::kFloat : x.scalar_type();
   const at::Tensor xc = upcast(x);
-  const at::Tensor e = at::exp(xc - at::amax(xc, {dim}, /*keepdim=*/true));
+  const at::Tensor e = at::exp(minus_max(xc, dim));
   push_results(stack, {(e / at::sum(e, {dim}, /*keepdim=*/true)).to(out)});
 }
 
@@ -129,7 +135,7 @@ void log_softmax(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
   const int64_t dim = stack[1].toInt();
   const at::ScalarType out = stack[2].toBool() ? at::kFloat : x.scalar_type();
   const at::Tensor xc = upcast(x);
-  const at::Tensor shifted = xc - at::amax(xc, {dim}, /*keepdim=*/true);
+  const at::Tensor shifted = minus_max(xc, dim);
   push_results(stack, {(shifted - at::log(at::sum(at::exp(shifted), {dim}, /*keepdim=*/true))).to(out)});
 }
 
