@@ -236,6 +236,9 @@ class Scheduler {
     // and takes only per-outer epilogues after it.
     if (l.reduction && l.column) return false;
     if (column(g) && (l.reduction || l.numel() != g.outer)) return false;
+    // A reduction over nothing (a sum of an empty tensor) tiles its group
+    // with no inner elements: no row to place another loop's elements in.
+    if (g.tiled && g.inner == 0) return false;
     if (l.reduction) {
       if (l.numel() == 0 || l.rnumel() == 0 || g.outer == 0) return false;
       if (g.tiled) {

@@ -962,6 +962,19 @@ TEST_CASE("lowering: reductions over 0-size dims, and of 1-element and 0-dim ten
   }
 }
 
+TEST_CASE("lowering: an empty input summed and written back in place (a reduction over nothing, then its write)",
+          "[inductor][lowering][reduction]") {
+  // The sum's group reduces rows of 0 elements; the write-back, of 0
+  // elements too, must not be placed in those rows.
+  at::Tensor x = at::randn({0, 3});
+  Builder g;
+  ir::Value* px = g.input(x);
+  ir::Value* y = g.call("aten::add.Scalar", {px, c10::Scalar(1.0), c10::Scalar(1)});
+  ir::Value* s = g.call("aten::sum", {y});
+  g.call("aten::copy_", {px, y, false});
+  check(g, {exactly("sum(x + 1) of [0, 3]", s, at::zeros({}))});
+}
+
 // --- fused rows: softmax, log_softmax, layer norm ------------------------------------
 
 TEST_CASE("lowering: decomposed softmax and log_softmax rows match at::softmax and at::log_softmax",
