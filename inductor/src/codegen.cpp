@@ -970,8 +970,12 @@ Schedule compile_schedule(const ir::Graph& graph, int threads) {
     sig.name = "kernel_" + std::to_string(gi);
     sig.fuses = fuses(gi);
     const Group& g = s.groups[gi];
-    const std::string body = p.device.is_cuda() ? render_cuda_group(p, g, info[gi], sig.name, sig)
-                                                : render_group(p, g, info[gi], sig.name, threads, sig);
+    std::string body = p.device.is_cuda() ? render_cuda_group(p, g, info[gi], sig.name, sig)
+                                          : render_group(p, g, info[gi], sig.name, threads, sig);
+    // A group of no elements (an empty batch) computes nothing, and its
+    // loop-invariant loads, hoisted before its loops, would read buffers
+    // that hold no elements: its kernel does nothing.
+    if (g.outer == 0 && !p.device.is_cuda()) body = "extern \"C\" void " + sig.name + "(void* const*) {}\n";
     const std::string comment = "// " + sig.name + " (" + shape(g) + ") fuses: " + sig.fuses + "\n";
     emit(std::move(sig), comment, body);
   };

@@ -975,6 +975,17 @@ TEST_CASE("lowering: an empty input summed and written back in place (a reductio
   check(g, {exactly("sum(x + 1) of [0, 3]", s, at::zeros({}))});
 }
 
+TEST_CASE("lowering: softmax rows of an empty batch, whose kernels have no elements",
+          "[inductor][lowering][reduction]") {
+  // The division reads the row sums through an index that simplifies to a
+  // constant (o has no values), a load hoisted before the loop: a kernel of
+  // no elements must not run it.
+  at::Tensor x = at::randn({0, 3});
+  Builder g;
+  ir::Value* y = softmax_rows(g, g.input(x), -1);
+  check(g, {exactly("softmax([0, 3], -1)", y, at::softmax(x, -1))});
+}
+
 // --- fused rows: softmax, log_softmax, layer norm ------------------------------------
 
 TEST_CASE("lowering: decomposed softmax and log_softmax rows match at::softmax and at::log_softmax",
