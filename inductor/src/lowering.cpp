@@ -198,9 +198,17 @@ const std::unordered_map<std::string, PointwiseOp>& table() {
        {{0},
         {1},
         [](const Ctx& c) {
-          const c10::IValue& e = c.n->arg(1).constant();
-          bool two = (e.isInt() && e.toInt() == 2) || (e.isDouble() && e.toDouble() == 2.0);
-          return two ? "(" + c.x[0] + " * " + c.x[0] + ")" : "std::pow(" + c.x[0] + ", " + lit(c, 1) + ")";
+          // ATen's special cases (PowKernel.cpp), which differ from
+          // std::pow at -0 and -inf (sqrt(-inf) is NaN, pow(-inf, 0.5) inf).
+          const double e = c.n->arg(1).constant().toScalar().toDouble();
+          const std::string& x = c.x[0];
+          if (e == 0.5) return "std::sqrt(" + x + ")";
+          if (e == -0.5) return divide(c.T + "(1)", "std::sqrt(" + x + ")");
+          if (e == -1) return divide(c.T + "(1)", x);
+          if (e == 2) return "(" + x + " * " + x + ")";
+          if (e == 3) return "(" + x + " * " + x + " * " + x + ")";
+          if (e == -2) return divide(c.T + "(1)", "(" + x + " * " + x + ")");
+          return "std::pow(" + x + ", " + lit(c, 1) + ")";
         }}},
       {"aten::pow.Scalar", {{1}, {0}, [](const Ctx& c) { return "std::pow(" + lit(c, 0) + ", " + c.x[0] + ")"; }}},
       {"aten::pow.Tensor_Tensor",

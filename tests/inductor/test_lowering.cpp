@@ -1146,6 +1146,22 @@ TEST_CASE("lowering: comparisons to bool, where, masked_fill with a broadcast ma
            });
 }
 
+TEST_CASE(
+    "lowering: pow with the exponents ATen computes otherwise (sqrt, rsqrt, reciprocal, products), at -0 and -inf",
+    "[inductor][lowering]") {
+  // pow(-inf, 0.5) is inf but ATen's sqrt gives NaN; pow(-0, -0.5) is inf,
+  // ATen's rsqrt -inf.
+  const at::Tensor x = at::tensor({-kInf, -0.0, 0.0, 0.25, -4.0, 4.0, kInf, kNaN}).to(at::kFloat);
+  Builder g;
+  ir::Value* px = g.input(x);
+  std::vector<Expect> expects;
+  for (double e : {0.5, -0.5, -1.0, 2.0, 3.0, -2.0, 1.5}) {
+    ir::Value* y = g.call("aten::pow.Tensor_Scalar", {px, c10::Scalar(e)});
+    expects.push_back(pointwise("pow(x, " + std::to_string(e) + ")", y, x.pow(e)));
+  }
+  check(g, expects);
+}
+
 TEST_CASE("lowering: comparisons with a scalar of another kind, or of more precision than a half or bf16 tensor",
           "[inductor][lowering]") {
   // ATen compares an i64 tensor with 2.5 as float and a bool one with 2 as
