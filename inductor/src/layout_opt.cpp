@@ -53,11 +53,16 @@ bool channels_last(const ir::TensorMeta& m) {
   return true;
 }
 
-bool rewrite(ir::Graph& g) {
+// The 2-D convolutions and their backwards: what the rewrite starts from.
+std::vector<ir::Node*> convolutions(const ir::Graph& g) {
   std::vector<ir::Node*> convs;
   for (ir::Node* n : g.nodes())
     if (is_conv(n) && n->arg(0).is_value() && four_d_float(n->arg(0).value())) convs.push_back(n);
-  if (convs.empty()) return false;
+  return convs;
+}
+
+void rewrite(ir::Graph& g) {
+  const std::vector<ir::Node*> convs = convolutions(g);
   std::unordered_map<ir::Value*, ir::Value*> copies;
   for (ir::Node* n : convs) {
     const size_t operands = n->target() == "aten::convolution" ? 2 : 3;
@@ -92,16 +97,17 @@ bool rewrite(ir::Graph& g) {
       copy->replace_all_uses_with(v);
       g.erase(copy->node());
     }
-  return true;
 }
 
 }  // namespace
 
 void channels_last_convolutions(ir::Graph& g) {
-  if (!loop_device(g).is_cuda()) return;
+  // Copied only where there is something to rewrite: a warm compile of a
+  // large graph without convolutions should not pay for a copy of it.
+  if (!loop_device(g).is_cuda() || convolutions(g).empty()) return;
   ir::Graph work = g.clone();
   try {
-    if (!rewrite(work)) return;
+    rewrite(work);
   } catch (const std::exception&) {
     return;  // metadata it cannot derive: the graph keeps its layout
   }

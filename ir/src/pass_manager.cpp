@@ -87,22 +87,29 @@ void PassManager::run(Graph& graph) const {
     }
   }
   const auto& instruments = options_.instruments;
+  // The fingerprint tells the instruments whether a pass changed the graph,
+  // and spares a graph the pass left as it was a second verification: a
+  // fingerprint costs a fraction of a verification (MLIR's pass manager
+  // skips its verifier after a pass that preserved all analyses, for the
+  // same reason).
+  const bool fingerprinting = verifying || !instruments.empty();
   for (const Pass& pass : passes_) {
     const StageEvent event{pass.name, {{options_.graph_name, &graph}}};
     if (!should_run(instruments, event)) continue;
-    const size_t before = instruments.empty() ? 0 : fingerprint(graph);
+    const size_t before = fingerprinting ? fingerprint(graph) : 0;
     StageScope scope(instruments, event);
     try {
       pass.run(graph);
     } catch (const std::exception& e) {
       throw IrError("pass '" + pass.name + "' failed: " + e.what());
     }
+    const bool changed = fingerprinting && fingerprint(graph) != before;
     if (!instruments.empty()) {
       StageEvent after{pass.name, {{options_.graph_name, &graph}}};
-      after.changed = fingerprint(graph) != before;
+      after.changed = changed;
       scope.done(std::move(after));
     }
-    if (verifying) {
+    if (verifying && changed) {
       try {
         verify(graph, checks);
       } catch (const IrError& e) {

@@ -287,11 +287,12 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
     // instruments (a dump) see the names.
     const ir::Pass name_state{
         "name_state", [&](ir::Graph& step) { detail::name_train_step(step, num_module_tensors, param_names, groups); }};
-    // The step's graph holds forward, backward and update: the joint passes, then the post-grad ones.
-    std::vector<ir::Pass> joint = {name_state};
-    joint.insert(joint.end(), builder.joint_passes().begin(), builder.joint_passes().end());
-    builder.run_passes(joint, *g, "train_step");
-    builder.run_passes(*g, "train_step");
+    // The step's graph holds forward, backward and update: the joint passes,
+    // then the post-grad ones, in one run (the graph verified once on entry).
+    std::vector<ir::Pass> passes = {name_state};
+    passes.insert(passes.end(), builder.joint_passes().begin(), builder.joint_passes().end());
+    passes.insert(passes.end(), builder.passes().begin(), builder.passes().end());
+    builder.run_passes(passes, *g, "train_step");
     ir::CompiledFn fn = builder.run_backend(*g, examples, "train_step");
     std::vector<at::Tensor> lifted;
     for (size_t i = 0; i < g->signature().inputs.size(); ++i)

@@ -24,7 +24,8 @@ struct Pass {
 };
 
 struct PassManagerOptions {
-  /// Verify (verifier.h) the graph before the first pass and after each one.
+  /// Verify (verifier.h) the graph before the first pass and after each one
+  /// that changed it (a structural fingerprint differs).
   bool verify = true;
   /// Around each pass: a stage named after the pass, the graph under
   /// `graph_name` before and after (Note [Compilation stages]); `changed`
@@ -32,9 +33,9 @@ struct PassManagerOptions {
   Instruments instruments;
   std::string graph_name = "graph";
   /// Also check the metadata against the ops (VerifyOptions::check_meta)
-  /// before the first pass and after each one, whatever `verify` says: a
-  /// pass that leaves wrong metadata is named. Off by default: it runs every
-  /// call on meta tensors each time.
+  /// before the first pass and after each one that changed the graph,
+  /// whatever `verify` says: a pass that leaves wrong metadata is named. Off
+  /// by default: it runs every call on meta tensors each time.
   bool verify_meta = false;
 };
 
