@@ -867,3 +867,45 @@ TEST_CASE("horizontal fusion: a loop joins an earlier group it shares a read wit
   REQUIRE_CLOSE(w2, at::mm(at::tanh(x), w), 1e-5, 1e-6);
   REQUIRE_CLOSE(got[1], at::sigmoid(x), 1e-5, 1e-6);
 }
+
+TEST_CASE("on a GPU, independent loops stay apart unless they share an operand larger than a scalar", "[inductor]") {
+  // Note [Independent loops on a GPU]: tanh(a)·s and tanh(b)·s read a shared
+  // scalar only; sigmoid(a) shares a with the first. On the CPU the three
+  // make one kernel; on a GPU the second is a part of its own in a
+  // combined launch, and the graph's values are the same.
+  const at::Tensor a = at::randn({1000}), b = at::randn({1000}), s = at::randn({});
+  ir::Graph g;
+  ir::Value* pa = g.add_placeholder("a", ir::TensorMeta::of(a));
+  ir::Value* pb = g.add_placeholder("b", ir::TensorMeta::of(b));
+  ir::Value* ps = g.add_placeholder("s", ir::TensorMeta::of(s));
+  ir::Value* first = g.add_call("aten::mul.Tensor", {g.add_call("aten::tanh", {pa})->result(), ps})->result();
+  ir::Value* second = g.add_call("aten::mul.Tensor", {g.add_call("aten::tanh", {pb})->result(), ps})->result();
+  ir::Value* third = g.add_call("aten::sigmoid", {pa})->result();
+  g.set_output({first, second, third});
+  ir::propagate_meta(g);
+  const std::string cpp = inductor::generate_code(g).source;
+  INFO(cpp);
+  CHECK(occurrences(cpp, "void kernel_") == 1);
+
+  ir::Graph on_gpu = g.clone();
+  crucible::testing::relabel_device(on_gpu, c10::Device(c10::kCUDA, 0));
+  const std::string cuda = inductor::generate_code(on_gpu).source;
+  INFO(cuda);
+  CHECK(occurrences(cuda, "__global__") == 1);
+  CHECK(occurrences(cuda, "_part0(") == 2);  // defined and called
+  CHECK(occurrences(cuda, "_part1(") == 2);
+  CHECK(occurrences(cuda, "_part2(") == 0);
+  // The part with sigmoid reads a once, as the CPU kernel does.
+  CHECK(occurrences(cuda, "(aten::sigmoid)") == 1);
+
+  const std::vector<at::Tensor> expected = {at::tanh(a) * s, at::tanh(b) * s, at::sigmoid(a)};
+  for (bool gpu : {false, true}) {
+    if (gpu && (!crucible::testing::test_device().is_cuda() || crucible::testing::compile_only())) continue;
+    CAPTURE(gpu);
+    const c10::Device d = gpu ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+    const std::vector<at::Tensor> in = {a.to(d), b.to(d), s.to(d)};
+    const std::vector<at::Tensor> got = run(inductor::compile_fx_inner(gpu ? on_gpu : g, in, options()), in);
+    // tanh and sigmoid a few ulps from ATen's.
+    for (size_t i = 0; i < expected.size(); ++i) REQUIRE_CLOSE(got[i].cpu(), expected[i], 1e-5, 1e-6);
+  }
+}
