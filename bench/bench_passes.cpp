@@ -2,6 +2,8 @@
 // rewrites buy the interpreter on GPT graphs:
 //   BM_Pass/<pass>/<model>/<graph>   one built-in pass (ir::PassRegistry::builtin())
 //                                    on a fresh copy of the graph (the copy untimed)
+//   BM_Verify/<model>/<graph>        ir::verify (structure, schemas, use lists),
+//                                    as the pass manager runs it between passes
 //   BM_VerifyMeta/<model>/<graph>    ir::verify with VerifyOptions::check_meta
 //   BM_InterpretRewritten/<gpt>/<graph>/<passes>
 //                                    one interpreter run of the graph after dce+cse
@@ -95,6 +97,12 @@ void pass(benchmark::State& state, const std::string& pass, const std::string& m
     state.ResumeTiming();
     manager.run(g);
   }
+  state.counters["nodes"] = static_cast<double>(graph.num_nodes());
+}
+
+void verify(benchmark::State& state, const std::string& model, const std::string& kind) {
+  const ir::Graph& graph = zoo_graphs(model).graphs.at(kind);
+  for (auto _ : state) ir::verify(graph);
   state.counters["nodes"] = static_cast<double>(graph.num_nodes());
 }
 
@@ -194,6 +202,8 @@ void interpret_text(benchmark::State& state, const std::string& text, const std:
       for (const std::string& p : ir::PassRegistry::builtin().names())
         benchmark::RegisterBenchmark(("BM_Pass/" + p + "/" + model + "/" + kind).c_str(), pass, p, model, kind)
             ->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(("BM_Verify/" + model + "/" + kind).c_str(), verify, model, kind)
+          ->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark(("BM_VerifyMeta/" + model + "/" + kind).c_str(), verify_meta, model, kind)
           ->Unit(benchmark::kMillisecond);
     }

@@ -33,29 +33,31 @@ std::string describe(const Argument& a) {
   return "a constant of type " + a.constant().type()->str();
 }
 
-bool is_tensor_type(const c10::TypePtr& t) { return t->kind() == c10::TypeKind::TensorType; }
+// Types as raw pointers: verification runs between passes, and a TypePtr
+// copy or cast is an atomic reference count each.
+bool is_tensor_type(const c10::Type* t) { return t->kind() == c10::TypeKind::TensorType; }
 
-bool is_optional_tensor_type(const c10::TypePtr& t) {
-  auto opt = t->cast<c10::OptionalType>();
-  return opt && is_tensor_type(opt->getElementType());
+bool is_optional_tensor_type(const c10::Type* t) {
+  const auto* opt = t->castRaw<c10::OptionalType>();
+  return opt && is_tensor_type(opt->getElementType().get());
 }
 
 // Whether a non-tensor Value or constant of type `actual` may stand where the
 // schema says `formal` (the boxed convention's type: ScalarType, Layout and
 // MemoryFormat are ints, SymInt is int). Scalar takes bools too.
-bool fits(const c10::TypePtr& actual, const c10::TypePtr& formal) {
-  if (actual->isSubtypeOf(*formal)) return true;
-  return formal->kind() == c10::TypeKind::NumberType && actual->kind() == c10::TypeKind::BoolType;
+bool fits(const c10::Type& actual, const c10::Type& formal) {
+  if (actual.isSubtypeOf(formal)) return true;
+  return formal.kind() == c10::TypeKind::NumberType && actual.kind() == c10::TypeKind::BoolType;
 }
 
 void check_argument(const Node* n, const c10::Argument& formal, const Argument& a) {
-  c10::TypePtr type = formal.type();
+  const c10::Type* type = formal.type().get();
   auto bad = [&](const std::string& expected) {
     fail(n, "argument '" + formal.name() + "' (" + type->str() + ") takes " + expected + ", got " + describe(a));
   };
-  if (auto opt = type->cast<c10::OptionalType>()) {
+  if (const auto* opt = type->castRaw<c10::OptionalType>()) {
     if (a.is_constant() && a.constant().isNone()) return;
-    type = opt->getElementType();
+    type = opt->getElementType().get();
   }
   if (is_tensor_type(type)) {
     if (!a.is_value() || !a.value()->is_tensor())
@@ -64,9 +66,9 @@ void check_argument(const Node* n, const c10::Argument& formal, const Argument& 
               : "a tensor Value");
     return;
   }
-  if (auto list = type->cast<c10::ListType>();
-      list && (is_tensor_type(list->getElementType()) || is_optional_tensor_type(list->getElementType()))) {
-    const bool optional = is_optional_tensor_type(list->getElementType());
+  if (const auto* list = type->castRaw<c10::ListType>();
+      list && (is_tensor_type(list->getElementType().get()) || is_optional_tensor_type(list->getElementType().get()))) {
+    const bool optional = is_optional_tensor_type(list->getElementType().get());
     if (!a.is_value_list()) bad("a list of tensor Values");
     for (Value* v : a.value_list()) {
       if (!v && !optional) bad("a list of tensor Values without None (None is for Tensor?[])");
@@ -76,18 +78,21 @@ void check_argument(const Node* n, const c10::Argument& formal, const Argument& 
   }
   if (a.is_value_list()) bad("a constant or a Value (lists of Values are for Tensor[] and Tensor?[])");
   if (a.is_value()) {
-    if (!fits(a.value()->type(), type)) bad("a constant or a Value of that type");
+    if (!fits(*a.value()->type(), *type)) bad("a constant or a Value of that type");
     return;
   }
   if (a.constant().isNone()) bad("a value (the argument is not optional)");
-  if (!fits(a.constant().type(), type)) bad("a constant of that type");
+  if (!fits(*a.constant().type(), *type)) bad("a constant of that type");
 }
 
 void check_results(const Node* n) {
   const auto& rets = n->schema().returns();
   size_t list_returns = 0;
-  for (const auto& r : rets)
-    if (auto l = r.type()->cast<c10::ListType>(); l && is_tensor_type(l->getElementType())) ++list_returns;
+  auto tensor_list = [](const c10::Argument& r) {
+    const auto* l = r.type()->castRaw<c10::ListType>();
+    return l && is_tensor_type(l->getElementType().get());
+  };
+  for (const auto& r : rets) list_returns += tensor_list(r);
   const size_t fixed = rets.size() - list_returns;
   if (list_returns > 1) fail(n, "the schema has several Tensor[] returns, which the IR cannot split into results");
   if (list_returns == 0 ? n->num_results() != fixed : n->num_results() <= fixed)
@@ -96,8 +101,7 @@ void check_results(const Node* n) {
                 "; build it with Graph::add_call (and list_size for Tensor[])");
   size_t next = 0;
   for (const auto& r : rets) {
-    const bool list =
-        r.type()->cast<c10::ListType>() && is_tensor_type(r.type()->expectRef<c10::ListType>().getElementType());
+    const bool list = tensor_list(r);
     const size_t count = list ? n->num_results() - fixed : 1;
     for (size_t j = 0; j < count; ++j, ++next) {
       const Value* v = n->result(next);
@@ -166,13 +170,25 @@ void verify(const Graph& graph, const VerifyOptions& options) {
 }
 
 void verify(const Graph& graph) {
-  std::unordered_set<const Value*> defined;
-  std::unordered_map<const Value*, std::vector<const Node*>> readers;
-  std::unordered_set<std::string_view> names;
+  // Every Value defined so far, numbered in order, and every read as (the
+  // Value's number, the reader): the use lists are checked against these
+  // at the end, with no container per Value (verification runs between
+  // passes, on graphs of thousands of nodes).
+  std::unordered_map<const Value*, uint32_t> defined;
+  defined.reserve(graph.num_nodes() + graph.num_nodes() / 4);
+  std::vector<const Value*> values;
+  std::vector<std::pair<uint32_t, const Node*>> reads;
   size_t num_placeholders = 0;
   const Node* output = nullptr;
   bool seen_non_placeholder = false;
 
+  auto read = [&](const Node* n, const Value* v) {
+    if (v->node()->graph() != &graph) fail(n, "reads %" + v->name() + ", a Value of another graph");
+    auto it = defined.find(v);
+    if (it == defined.end())
+      fail(n, "reads %" + v->name() + " before it is defined; nodes must be in topological order");
+    reads.emplace_back(it->second, n);
+  };
   for (const Node* n : graph.nodes()) {
     if (n->graph() != &graph) fail(n, "belongs to another graph");
     if (output) fail(n, "comes after the output node, which must be last");
@@ -203,37 +219,45 @@ void verify(const Graph& graph) {
     }
     if (!n->is_placeholder()) seen_non_placeholder = true;
 
-    for (const Argument& a : n->args())
-      for (Value* v : a.values()) {
-        if (v->node()->graph() != &graph) fail(n, "reads %" + v->name() + ", a Value of another graph");
-        if (!defined.count(v))
-          fail(n, "reads %" + v->name() + " before it is defined; nodes must be in topological order");
-        readers[v].push_back(n);
-      }
+    for (const Argument& a : n->args()) {
+      if (a.is_value()) read(n, a.value());
+      if (a.is_value_list())
+        for (const Value* v : a.value_list())
+          if (v) read(n, v);
+    }
     for (const auto& r : n->results()) {
       if (r->node() != n) fail(n, "result %" + r->name() + " points at another node");
       if (r->is_tensor() && !r->has_meta() && !uncomputed_result(*n, *r))
         fail(n, "tensor result %" + r->name() + " has no TensorMeta; set it with Value::set_meta");
-      if (!names.insert(r->name()).second) fail(n, "result name %" + r->name() + " is used twice");
-      if (graph.find_value(r->name()) != r.get())
+      if (const Value* named = graph.find_value(r->name()); named != r.get()) {
+        if (named && defined.contains(named)) fail(n, "result name %" + r->name() + " is used twice");
         fail(n, "result %" + r->name() +
                     " is not what Graph::find_value finds under its name; rename through Graph::rename");
-      defined.insert(r.get());
+      }
+      defined.emplace(r.get(), static_cast<uint32_t>(values.size()));
+      values.push_back(r.get());
     }
   }
   if (!output) throw IrError("verify: the graph has no output node; call Graph::set_output");
 
-  // Use lists against the arguments, as multisets.
-  for (const Node* n : graph.nodes())
-    for (const auto& r : n->results()) {
-      std::vector<const Node*> users(r->users().begin(), r->users().end());
-      std::vector<const Node*> expected = readers[r.get()];
-      std::sort(users.begin(), users.end());
-      std::sort(expected.begin(), expected.end());
-      if (users != expected)
-        fail(n, "the use list of %" + r->name() + " has " + std::to_string(users.size()) + " entries, but " +
-                    std::to_string(expected.size()) + " argument(s) read it; edit arguments through Node::set_arg");
-    }
+  // Use lists against the arguments, as multisets: the reads sorted by
+  // Value, each Value's readers against its users.
+  std::sort(reads.begin(), reads.end());
+  std::vector<const Node*> users;
+  auto next = reads.begin();
+  for (uint32_t i = 0; i < values.size(); ++i) {
+    const Value* r = values[i];
+    const auto end = std::find_if(next, reads.end(), [&](const auto& read) { return read.first != i; });
+    users.assign(r->users().begin(), r->users().end());
+    std::sort(users.begin(), users.end());
+    const bool same =
+        static_cast<size_t>(end - next) == users.size() &&
+        std::equal(users.begin(), users.end(), next, [](const Node* u, const auto& read) { return u == read.second; });
+    if (!same)
+      fail(r->node(), "the use list of %" + r->name() + " has " + std::to_string(users.size()) + " entries, but " +
+                          std::to_string(end - next) + " argument(s) read it; edit arguments through Node::set_arg");
+    next = end;
+  }
 
   check_signature(graph, num_placeholders, output->args().size());
 }
