@@ -13,6 +13,7 @@
 
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/instancenorm.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/types.h>
@@ -232,4 +233,47 @@ TEST_CASE("functionalize: a module's in-place state writes become MutatedInput o
   REQUIRE_EQUAL_TENSORS(actual[2], bn->running_var);
   REQUIRE(actual[3].item<int64_t>() == bn->num_batches_tracked.item<int64_t>());
   for (size_t i = 0; i < graph_in.size(); ++i) REQUIRE_EQUAL_TENSORS(graph_in[i], before[i]);
+}
+
+TEST_CASE("functionalize: in-place writes to tensors computed from module state alone, and through its alias",
+          "[tracer]") {
+  // A weight standardized in place (no functional wrapper: it is computed
+  // from a parameter alone), and InstanceNorm's running statistics, which
+  // instance_norm writes through aten::alias after a batch norm over their
+  // repeats.
+  torch::manual_seed(7);
+  auto lin = std::make_shared<torch::nn::LinearImpl>(5, 5);
+  auto norm = std::make_shared<torch::nn::InstanceNorm1dImpl>(
+      torch::nn::InstanceNorm1dOptions(4).affine(true).track_running_stats(true));
+  auto m = std::make_shared<torch::nn::Module>();
+  m->register_module("lin", lin);
+  m->register_module("norm", norm);
+  m->train();
+  auto forward = [&](const at::Tensor& x) {
+    at::Tensor w = lin->weight - lin->weight.mean();
+    w.div_(w.std());
+    return norm->forward(at::linear(x, w, lin->bias));
+  };
+  const at::Tensor x = torch::randn({3, 4, 5});
+  ModuleTraceOptions options;
+  options.trace.functionalize = true;
+  auto r = functional_call(
+      *m, [&](torch::nn::Module&, const Tensors& in) { return Tensors{forward(in[0])}; }, {x}, options);
+  for (const ir::Node* n : r.graph.nodes()) REQUIRE_FALSE(n->is_mutating());
+  Tensors graph_in = module_graph_inputs(*m, {x});
+  const auto actual = run_traced(r, graph_in);
+  const at::Tensor expected = forward(x);
+  REQUIRE_CLOSE(actual[0], expected.detach(), 1e-6, 1e-6);
+  // running_mean and running_var come back as written.
+  REQUIRE(actual.size() == 3);
+  REQUIRE_CLOSE(actual[1], norm->running_mean, 1e-6, 1e-6);
+  REQUIRE_CLOSE(actual[2], norm->running_var, 1e-6, 1e-6);
+
+  // A write through a view of such a tensor would not reach the tensor.
+  auto through_view = [&](torch::nn::Module&, const Tensors& in) {
+    at::Tensor w = lin->weight.clone();
+    w.select(1, 0).mul_(0.5);
+    return Tensors{at::linear(in[0], w)};
+  };
+  REQUIRE_THROWS_AS(functional_call(*m, through_view, {x}, options), TraceError);
 }

@@ -153,7 +153,44 @@ struct ActiveTrace {
 // schema (native_batch_norm's running statistics in training) is not a
 // mutation the graph can see: the node stays, and running the graph updates
 // the tensors it is given, as the eager kernel does.
+//
+// Tensors the function computes from module state alone are not wrappers
+// either (a Functionalize kernel wraps its results only when an argument is
+// one), so an in-place op on them reaches the tracer too: a weight
+// standardized in place, a mask cloned from a buffer and filled. Such a
+// write becomes its out-of-place variant when nothing could see the old
+// value through an alias: the tensor is no view (its op returns no alias),
+// nothing takes a view of it, and nothing reads it after the write (the
+// tracer maps the written tensor to the op's result from then on, so a
+// later read of the old Value would be an alias it cannot follow). A write
+// through aten::alias of module state (instance_norm's running statistics)
+// is a write to that state under the same conditions. Anything else throws.
 namespace {
+
+// Whether a result of `n` may alias an argument (a view, an in-place op).
+bool returns_alias(const ir::Node& n) {
+  if (!n.is_call()) return false;
+  for (const c10::Argument& r : n.schema().returns())
+    if (r.alias_info()) return true;
+  return false;
+}
+
+// Whether `v`, written by `write` (through `view`, if set), is read after
+// the write or has other views (Note [Functionalizing module state]).
+bool aliased_or_read_after(const ir::Graph& graph, const ir::Value* v, const ir::Node* write,
+                           const ir::Node* view = nullptr) {
+  bool after = false;
+  for (const ir::Node* m : graph.nodes()) {
+    if (m == write) {
+      after = true;
+      continue;
+    }
+    bool reads = false;
+    for (const ir::Value* in : m->inputs()) reads |= in == v;
+    if (reads && m != view && (after || returns_alias(*m))) return true;
+  }
+  return false;
+}
 
 c10::OperatorHandle out_of_place_variant(const ir::Node& n) {
   const c10::FunctionSchema& schema = n.schema();
@@ -191,11 +228,23 @@ void functionalize_state_writes(ir::Graph& graph, const std::vector<bool>& reach
     const c10::OperatorHandle functional = out_of_place_variant(*n);
     const ir::Argument& self = n->arg(0);
     auto it = self.is_value() ? state_of.find(self.value()) : state_of.end();
-    if (it == state_of.end())
+    const ir::Node* producer = self.is_value() ? self.value()->node() : nullptr;
+    bool intermediate = false;
+    if (it == state_of.end() && producer && producer->is_call() && !aliased_or_read_after(graph, self.value(), n)) {
+      if (!returns_alias(*producer)) {
+        intermediate = true;
+      } else if (producer->target() == "aten::alias" && producer->arg(0).is_value()) {
+        auto base = state_of.find(producer->arg(0).value());
+        if (base != state_of.end() && !aliased_or_read_after(graph, base->first, n, producer)) it = base;
+      }
+    }
+    if (it == state_of.end() && !intermediate)
       throw TraceError("functionalize: " + n->target() + " writes in place to %" +
                        (self.is_value() ? self.value()->name() : std::string("?")) +
-                       ", a view of module state or a lifted tensor, or a tensor functionalization did not wrap; "
-                       "write the parameter, buffer or tensor itself, or trace without functionalize");
+                       ", a view of module state, of a lifted tensor or of a tensor computed from them alone "
+                       "(which functionalization does not wrap), or such a tensor viewed or read after the write; "
+                       "write the parameter, buffer or tensor itself, compute the new value out of place, or trace "
+                       "without functionalize");
     ir::Node* replacement = nullptr;
     {
       ir::Graph::InsertGuard before(graph, n);
@@ -206,6 +255,7 @@ void functionalize_state_writes(ir::Graph& graph, const std::vector<bool>& reach
     replacement->result()->set_meta(n->result()->meta());
     n->result()->replace_all_uses_with(replacement->result());
     graph.erase(n);
+    if (intermediate) continue;
     state_of.emplace(replacement->result(), it->second);
     final_value[it->second] = replacement->result();
   }

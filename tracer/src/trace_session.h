@@ -57,8 +57,9 @@ struct TraceHooks {
 // (cuDNN's kernel on copies of the statistics, for eager's exact numbers on
 // CUDA) — which returns the new statistics, followed by copy_ writes into the
 // buffers that Note [Functionalizing module state] turns into MutatedInput
-// outputs. Statistics that are not reached tensors (passed as arguments)
-// keep the op as it is.
+// outputs. Statistics that are functional tensors (the function's inputs,
+// tensors it made) run native_batch_norm as _native_batch_norm_legit, whose
+// write Functionalize sees (make_fx.cpp); others keep the op as it is.
 
 /// Whether `op_name` ("aten::native_batch_norm") is one Note [Ops with hidden
 /// writes] replaces.
