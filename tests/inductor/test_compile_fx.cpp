@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <random>
 #include <sstream>
@@ -277,13 +278,26 @@ TEST_CASE("the graph cache: a graph compiled before skips lowering; a corrupt en
   // Other sizes are another graph.
   check(at::randn({4, 7}), w, b);
   CHECK((hits() == hit0 + 1 && misses() == miss0 + 2));
-  // A truncated entry misses, compiles again, and is written whole again.
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().extension() == ".json") fs::resize_file(e.path(), fs::file_size(e.path()) / 2);
+  // A truncated entry misses, compiles again, and is written whole again;
+  // so does one whose source (after the header line) was altered.
+  auto entries = [&](const std::function<void(const fs::path&)>& damage) {
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().extension() == ".entry") damage(e.path());
+  };
+  entries([](const fs::path& p) { fs::resize_file(p, fs::file_size(p) / 2); });
   check(x, w, b);
   CHECK((hits() == hit0 + 1 && misses() == miss0 + 3));
   check(x, w, b);
   CHECK((hits() == hit0 + 2 && misses() == miss0 + 3));
+  entries([](const fs::path& p) {
+    std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-2, std::ios::end);  // the last line of the source: a kernel's closing brace
+    f.put('#');
+  });
+  check(x, w, b);
+  CHECK((hits() == hit0 + 2 && misses() == miss0 + 4));
+  check(x, w, b);
+  CHECK((hits() == hit0 + 3 && misses() == miss0 + 4));
 }
 
 TEST_CASE(
