@@ -190,6 +190,14 @@ TEST_CASE("make_fx: at::equal of a tensor and itself is the identity test multi-
   auto r = make_fx(fn, x);
   REQUIRE(count_calls(r.graph, "aten::equal") == 0);
   REQUIRE_EQUAL_TENSORS(run_traced(r, {x})[0], fn(x));
+  // Tensors of other sizes (a decoder's queries and its memory) are unequal
+  // whatever their values; of the same sizes, their values decide.
+  auto cross = [](const Tensors& in) { return Tensors{at::equal(in[0], in[1]) ? in[0] : in[0] * 2}; };
+  const Tensors q_m = {at::randn({5, 2, 8}), at::randn({4, 2, 8})};
+  auto rc = make_fx(cross, q_m);
+  REQUIRE(count_calls(rc.graph, "aten::equal") == 0);
+  REQUIRE_EQUAL_TENSORS(run_traced(rc, q_m)[0], cross(q_m)[0]);
+  REQUIRE_THROWS_AS(make_fx(cross, Tensors{at::randn({4}), at::randn({4})}), TraceError);
 }
 
 TEST_CASE("make_fx: expanded inputs and expanded tensors read from outside, lifted or frozen", "[tracer]") {

@@ -670,7 +670,9 @@ void TraceSession::check_uninitialized_reads(const c10::OperatorHandle& op, cons
 // holds a NaN (NaN != NaN), a value the trace cannot see; the trace takes it
 // as true, the identity test the caller means, and records nothing. (In
 // multi-head attention both branches compute the same values, NaN or not.)
-// at::equal of two different tensors stays a data-dependent read.
+// at::equal of two different tensors of other sizes is false without a
+// look at their values (a decoder's queries and a memory of another length);
+// of the same sizes it stays a data-dependent read.
 bool TraceSession::is_equal_of_one_tensor(const torch::jit::Stack& stack, size_t base) {
   const at::Tensor& a = stack[base].toTensor();
   const at::Tensor& b = stack[base + 1].toTensor();
@@ -684,10 +686,16 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
   const size_t nargs = schema.arguments().size();
   const size_t base = stack.size() - nargs;
   const OpInfo& i = info(op);
-  if (i.name == "aten::equal" && is_equal_of_one_tensor(stack, base)) {
-    stack.resize(base);
-    stack.emplace_back(true);
-    return;
+  if (i.name == "aten::equal") {
+    // See Note [equal of one tensor]; other sizes are ATen's own check,
+    // after those of device and dtype, which throw.
+    const at::Tensor &a = stack[base].toTensor(), &b = stack[base + 1].toTensor();
+    const bool unequal = a.device() == b.device() && a.scalar_type() == b.scalar_type() && a.sizes() != b.sizes();
+    if (unequal || is_equal_of_one_tensor(stack, base)) {
+      stack.resize(base);
+      stack.emplace_back(!unequal);
+      return;
+    }
   }
   // A Storage argument is kept in the graph as a constant (cuDNN's RNN
   // points a tensor at its flattened weights' Storage, functionalized on a
