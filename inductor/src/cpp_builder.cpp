@@ -13,6 +13,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
+#include <string_view>
 
 namespace crucible::inductor::detail {
 
@@ -28,6 +31,29 @@ Library open_library(const std::string& path) {
   void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!h) return nullptr;
   return Library(h, [](void* p) { ::dlclose(p); });
+}
+
+// Note [Kernels built for this CPU]
+// With -march=native (the default flags) what the compiler makes depends on
+// the host's CPU as well as on its flags: a cache directory shared by
+// machines of other CPUs (a home directory on NFS) would hand one a library
+// of instructions it lacks, which dies of SIGILL when called. Where a flag
+// says native, the kernel's key also holds the CPU's identity and features
+// as /proc/cpuinfo gives them for its first processor (torch/_inductor's C++
+// code cache keys on the vector ISA it picked, likewise).
+const std::string& host_cpu() {
+  static const std::string id = [] {
+    static constexpr std::string_view kFields[] = {"vendor_id",   "cpu family", "model",           "stepping",
+                                                   "flags",       "Features",   "CPU implementer", "CPU architecture",
+                                                   "CPU variant", "CPU part"};
+    std::ifstream in("/proc/cpuinfo");
+    std::string id, line;
+    while (std::getline(in, line) && !line.empty())  // the first processor's block
+      for (std::string_view f : kFields)
+        if (line.rfind(f, 0) == 0) id += line + "\n";
+    return id;
+  }();
+  return id;
 }
 
 }  // namespace
@@ -59,7 +85,8 @@ Library compile_and_load(const std::string& source, const InductorOptions& optio
   std::string dir = cache_dir(options);
   std::string flags;
   for (const std::string& f : options.flags) flags += " " + quote(f);
-  std::string stem = dir + "/k" + cache_key(options.compiler + "\n" + flags + "\n" + source);
+  const std::string cpu = flags.find("native") == std::string::npos ? "" : host_cpu();
+  std::string stem = dir + "/k" + cache_key(options.compiler + "\n" + flags + "\n" + cpu + source);
   std::string src = stem + ".cpp", so = stem + ".so";
 
   if (::access(so.c_str(), R_OK) == 0) {

@@ -27,7 +27,8 @@ void write_atomically(const std::string& path, const std::string& text);
 using Library = std::shared_ptr<void>;
 
 /// Compiles `source` into a shared library and loads it, through the cache:
-/// the key hashes the source, compiler, flags and Crucible's version, and a
+/// the key hashes the source, compiler, flags and Crucible's version (and,
+/// where a flag says -march=native, the host CPU's model and features), and a
 /// library already built under that key is loaded without running the
 /// compiler. Source and library are written to temporary names and renamed,
 /// so concurrent compilers never see half a file; a library that does not
