@@ -11,6 +11,13 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <memory>
+#include <unordered_map>
+#include <utility>
 
 namespace crucible::autograd::detail {
 
@@ -26,6 +33,58 @@ ir::TensorMeta new_value_meta(const at::Tensor& input, const InputAliasInfo& inf
   m.requires_grad = info.requires_grad && !info.mutations_under_no_grad;
   return m;
 }
+
+// Note [Hooks of reached tensors in the joint trace]
+// A reached input (module state, a lifted tensor) enters the joint trace as
+// the caller's tensor itself, autograd metadata included (Note [Swapping
+// reached tensors] in the tracer), so torch::autograd::grad would run the
+// hooks registered on it (Tensor::register_hook, retain_grad) and the joint
+// graph would record them. At run time the compiled backward's gradient for
+// that input reaches the same tensor's AccumulateGrad (or grad_fn), which
+// runs them again: twice where eager runs them once. So the joint trace
+// differentiates with those hooks set aside, and only the run-time autograd
+// runs them, as eager does.
+class HooksSetAside {
+ public:
+  explicit HooksSetAside(const std::vector<at::Tensor>& tensors) {
+    for (const at::Tensor& t : tensors) {
+      if (!t.requires_grad()) continue;
+      if (t.is_leaf()) {
+        const bool seen =
+            std::any_of(leaves_.begin(), leaves_.end(), [&](const Leaf& l) { return l.tensor.is_same(t); });
+        if (!seen) leaves_.push_back(Leaf{t, std::exchange(torch::autograd::impl::hooks(t), {})});
+        continue;
+      }
+      std::shared_ptr<torch::autograd::Node> fn = t.grad_fn();
+      if (std::any_of(nodes_.begin(), nodes_.end(), [&](const NodeHooks& n) { return n.node == fn; })) continue;
+      nodes_.push_back(
+          NodeHooks{fn, std::exchange(fn->tensor_pre_hooks(), {}), std::exchange(fn->retains_grad_hooks(), {})});
+    }
+  }
+  HooksSetAside(const HooksSetAside&) = delete;
+  HooksSetAside& operator=(const HooksSetAside&) = delete;
+  ~HooksSetAside() {
+    for (Leaf& l : leaves_) torch::autograd::impl::hooks(l.tensor) = std::move(l.hooks);
+    for (NodeHooks& n : nodes_) {
+      n.node->tensor_pre_hooks() = std::move(n.pre);
+      n.node->retains_grad_hooks() = std::move(n.retains_grad);
+    }
+  }
+
+ private:
+  using PreHooks = std::vector<std::unique_ptr<torch::autograd::FunctionPreHook>>;
+  struct Leaf {
+    at::Tensor tensor;
+    PreHooks hooks;
+  };
+  struct NodeHooks {
+    std::shared_ptr<torch::autograd::Node> node;
+    PreHooks pre;
+    std::unordered_map<size_t, std::unique_ptr<torch::autograd::FunctionPreHook>> retains_grad;
+  };
+  std::vector<Leaf> leaves_;
+  std::vector<NodeHooks> nodes_;
+};
 
 }  // namespace
 
@@ -104,9 +163,14 @@ JointGraph create_joint_graph(const AotRequest& request) {
         diff_outs.push_back(o);
         tangents.push_back(all[num_primals + t]);
       }
-      for (size_t i : wrt) inputs.push_back(primals[i]);
+      std::vector<at::Tensor> hooked;
+      for (size_t i : wrt) {
+        inputs.push_back(primals[i]);
+        if (i < reached.size() && reached[i]) hooked.push_back(primals[i]);
+      }
       grad_of.clear();
       if (!diff_outs.empty() && !inputs.empty()) {
+        const HooksSetAside set_aside(hooked);  // See Note [Hooks of reached tensors in the joint trace].
         const torch::autograd::variable_list grads = torch::autograd::grad(
             diff_outs, inputs, tangents, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
         for (size_t k = 0; k < grads.size(); ++k)
