@@ -10,6 +10,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -42,6 +43,8 @@ struct TrainStepState {
   std::vector<at::Tensor> params;  // the optimizer's parameters, in its order
   OptimizerState optimizer_state;
   std::vector<at::Tensor> flat_state;
+  std::vector<bool> fresh;  // per parameter: torch::optim had no state for it (see follow_params)
+  bool stepped = false;     // a step has run: the state is the graph's own since
   std::shared_ptr<LatestGraph> latest = std::make_shared<LatestGraph>();
   std::optional<autograd::AotModule> aot;  // the step, compiled by AOTAutograd (Note [Train step graph])
 
@@ -51,6 +54,32 @@ struct TrainStepState {
     for (const StepGroup& g : groups) in.push_back(g.lr);
     in.insert(in.end(), batch.begin(), batch.end());
     return in;
+  }
+
+  // torch::optim makes a parameter's state at its first step, with the
+  // parameter's dtype, device and layout then. Until a step has run, the
+  // fresh state compile_train_step made is made again for a parameter that
+  // has changed since (module->to(at::kDouble) or to a GPU after
+  // compile_train_step), so that the step neither rounds through the old
+  // dtype nor mixes devices.
+  void follow_params() {
+    if (stepped) return;
+    auto same_layout = [](const at::Tensor& a, const at::Tensor& b) {
+      return a.dtype() == b.dtype() && a.device() == b.device() && a.sizes() == b.sizes() && a.strides() == b.strides();
+    };
+    bool remade = false;
+    size_t i = 0;
+    for (const StepGroup& g : groups)
+      for (size_t k = 0; k < g.num_params; ++k, ++i) {
+        if (!fresh[i]) continue;
+        ParamState now = std::move(init_optimizer_state(g.options, {params[i]}).params.front());
+        const std::vector<at::Tensor> a = OptimizerState{{now}}.flat(),
+                                      b = OptimizerState{{optimizer_state.params[i]}}.flat();
+        if (std::equal(a.begin(), a.end(), b.begin(), b.end(), same_layout)) continue;
+        optimizer_state.params[i] = std::move(now);
+        remade = true;
+      }
+    if (remade) flat_state = optimizer_state.flat();
   }
 
   void update_lr() {
@@ -190,11 +219,15 @@ void name_train_step(ir::Graph& g, size_t num_module_tensors, const std::vector<
 at::Tensor TrainStep::operator()(const std::vector<at::Tensor>& batch) const {
   detail::TrainStepState& s = *state_;
   s.update_lr();
+  s.follow_params();
   at::NoGradGuard no_grad;  // the inference path: one graph, forward to update
-  return s.aot->operator()(s.arguments(batch)).at(0);
+  at::Tensor loss = s.aot->operator()(s.arguments(batch)).at(0);
+  s.stepped = true;
+  return loss;
 }
 
 void TrainStep::compile(const std::vector<at::Tensor>& batch) const {
+  state_->follow_params();
   at::NoGradGuard no_grad;
   state_->aot->compile(state_->arguments(batch));
 }
@@ -209,6 +242,7 @@ const ir::Graph& TrainStep::graph() const {
 }
 
 std::vector<at::Tensor> TrainStep::graph_inputs(const std::vector<at::Tensor>& batch) const {
+  state_->follow_params();
   std::vector<at::Tensor> inputs = autograd::module_state(*state_->module);
   for (at::Tensor& t : inputs) t = t.detach();
   for (const at::Tensor& t : state_->arguments(batch)) inputs.push_back(t);
@@ -258,6 +292,7 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
                                                s->params.end());
     for (ParamState& ps : optimizer_state_from(optimizer, group.options, group_params).params)
       s->optimizer_state.params.push_back(std::move(ps));
+    for (const at::Tensor& p : group_params) s->fresh.push_back(!optimizer.state().count(p.unsafeGetTensorImpl()));
     // Where the step counts are: Note [Traceable optimizer state].
     group.lr = lr_tensor(group.options.lr,
                          capturable && !group_params.empty() ? group_params.front().device() : c10::Device(c10::kCPU));

@@ -170,7 +170,9 @@ class TrainStep {
 /// of `module`, and must outlive the TrainStep (the learning rate is read from
 /// it at every call). Its state, where it has some (it has stepped before), is
 /// copied as the starting state (optimizer_state_from); otherwise the state
-/// starts fresh (init_optimizer_state).
+/// starts fresh (init_optimizer_state), made, as torch::optim makes it, like
+/// the parameter at the first step (after a module->to() that follows
+/// compile_train_step).
 /// Compiles nothing itself; throws PipelineError when `module` is null,
 /// `loss_fn` is empty, the optimizer is not SGD, Adam or AdamW, has no
 /// param groups, updates a tensor that is
