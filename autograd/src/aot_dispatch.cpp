@@ -123,6 +123,7 @@ AotCompiled create_aot_dispatcher_function(AotRequest request) {
         request.fw_metadata = collect_metadata(request, needs_autograd, nullptr, &request.analysis_hash);
         detail::check_lifted_aliasing(request);
       }
+      detail::check_state_aliasing(request);
       analysis.done({});
     }
     request.trace_joint = needs_autograd;

@@ -2,6 +2,10 @@
 
 #include <crucible/autograd/error.h>
 
+#include <ATen/MemoryOverlap.h>
+
+#include <algorithm>
+
 namespace crucible::autograd::detail {
 
 namespace {
@@ -63,6 +67,29 @@ void check_lifted_aliasing(const AotRequest& request) {
                        "right: pass the tensor as an argument instead of reading it from outside");
     }
   }
+}
+
+void check_state_aliasing(const AotRequest& request) {
+  const std::vector<at::Tensor>& args = request.flat_args;
+  const std::vector<InputAliasInfo>& info = request.fw_metadata.input_info;
+  const size_t n = std::min(request.config.num_params_buffers, args.size());
+  auto written = [&](size_t i) { return info.at(i).mutates_data || info.at(i).mutates_metadata; };
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = i + 1; j < n; ++j) {
+      const at::Tensor &a = args[i], &b = args[j];
+      if ((!written(i) && !written(j)) || !a.defined() || !b.defined() || !a.has_storage() || !b.has_storage() ||
+          a.is_same(b))
+        continue;
+      // Views that cannot be told apart cheaply (TooHard) are taken to overlap.
+      if (at::get_overlap_status(a, b) == at::MemOverlapStatus::No) continue;
+      throw AotError("compilation " + request.compile_id + ": the module's state tensors " + std::to_string(i) +
+                     " (sizes " + c10::str(a.sizes()) + ") and " + std::to_string(j) + " (sizes " +
+                     c10::str(b.sizes()) + "), in named_parameters() then named_buffers() order, share memory and " +
+                     std::to_string(written(i) ? i : j) +
+                     " is written in place (an optimizer update, a buffer the function updates); the compiled "
+                     "graph takes them as separate inputs and would not see a write to one in the other: give "
+                     "each its own storage (clone one), or register one tensor under both names");
+    }
 }
 
 }  // namespace crucible::autograd::detail

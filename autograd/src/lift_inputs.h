@@ -24,4 +24,13 @@ std::vector<bool> reached_inputs(const AotRequest& request);
 /// request.flat_args and one of them is written (request.fw_metadata says).
 void check_lifted_aliasing(const AotRequest& request);
 
+/// Throws AotError when two of a module's state tensors (the first
+/// config.num_params_buffers of request.flat_args, other tensors) share
+/// memory and one of them is written (request.fw_metadata says): the
+/// function reaches both itself, so no wrapper can rebase them on one input
+/// as it does aliased arguments, and the graph would see each write on one
+/// of them only. State that shares a storage without overlapping (views of
+/// one flat buffer) is fine.
+void check_state_aliasing(const AotRequest& request);
+
 }  // namespace crucible::autograd::detail

@@ -197,6 +197,46 @@ TEST_CASE("aot_module: hooks on a parameter and on lifted tensors run once, as i
   }
 }
 
+namespace {
+
+// Two buffers that are views of one flat tensor, overlapping in one element
+// or not; forward writes the first and reads the second.
+struct FlatBuffersImpl : torch::nn::Module {
+  explicit FlatBuffersImpl(bool overlap) {
+    const at::Tensor flat = torch::arange(7, torch::kDouble);
+    register_buffer("a", flat.narrow(0, 0, 4));
+    register_buffer("b", flat.narrow(0, overlap ? 3 : 4, 3));
+  }
+  Tensors forward(const Tensors& in) {
+    auto buffers = named_buffers();
+    buffers["a"].add_(in[0]);
+    return Tensors{buffers["b"] * 2};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("aot_module: module state sharing memory with a written tensor is refused; disjoint views compile",
+          "[autograd][module]") {
+  for (const bool overlap : {false, true}) {
+    auto compiled_module = std::make_shared<FlatBuffersImpl>(overlap),
+         eager = std::make_shared<FlatBuffersImpl>(overlap);
+    auto compiled = autograd::aot_module(compiled_module, [](torch::nn::Module& m, const Tensors& in) {
+      return static_cast<FlatBuffersImpl&>(m).forward(in);
+    });
+    const Tensors in = {torch::ones({4}, torch::kDouble)};
+    const at::Tensor a_before = compiled_module->named_buffers()["a"].clone();
+    if (overlap) {
+      // Eager's b reads the element a's write changed; separate graph inputs would not.
+      REQUIRE_THROWS_WITH(compiled(in), CRUCIBLE_HAS_SUBSTR("share memory and 0 is written in place"));
+      REQUIRE_EQUAL_TENSORS(compiled_module->named_buffers()["a"], a_before);
+      continue;
+    }
+    REQUIRE_EQUAL_TENSORS(compiled(in)[0], eager->forward(in)[0]);
+    REQUIRE_EQUAL_TENSORS(compiled_module->named_buffers()["a"], eager->named_buffers()["a"]);
+  }
+}
+
 TEST_CASE("aot_module: BatchNorm's buffers are updated in train mode as eager updates them", "[autograd][module]") {
   auto [cm, em] = twins<BnNetImpl>(26);
   auto compiled = autograd::aot_module(
