@@ -32,6 +32,13 @@ class CompileCache;
 // specialized to. Storage offsets of unaliased inputs are not guarded (the
 // graphs do not depend on them), so slices of one buffer at different
 // offsets share a compilation.
+// What C++ does not let a guard see is not guarded: a number or flag the
+// function captures is a constant of the graph (pass a value that changes
+// as a 0-dim tensor), and aot_module reads the tensors registered in the
+// module (named_parameters(), named_buffers()), so a member assigned
+// another tensor (`linear->weight = t`, which eager's forward reads but
+// the registration does not hold) is not seen: replace values with
+// set_data() or an in-place copy_, as torch::nn::Module::to() does.
 
 /// The callable aot_function returns. Copies share one cache.
 class AotFunction {
