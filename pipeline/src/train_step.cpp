@@ -7,6 +7,7 @@
 #include <crucible/tracer/functional_call.h>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -43,8 +44,10 @@ struct TrainStepState {
   std::vector<at::Tensor> params;  // the optimizer's parameters, in its order
   OptimizerState optimizer_state;
   std::vector<at::Tensor> flat_state;
-  std::vector<bool> fresh;  // per parameter: torch::optim had no state for it (see follow_params)
-  bool stepped = false;     // a step has run: the state is the graph's own since
+  std::vector<bool> fresh;                   // per parameter: torch::optim had no state for it (see follow_params)
+  bool stepped = false;                      // a step has run: the state is the graph's own since
+  std::vector<std::string> param_names;      // the parameters' names in the module
+  std::optional<std::vector<size_t>> hooks;  // per parameter: hooks_of() once first compiled
   std::shared_ptr<LatestGraph> latest = std::make_shared<LatestGraph>();
   std::optional<autograd::AotModule> aot;  // the step, compiled by AOTAutograd (Note [Train step graph])
 
@@ -80,6 +83,32 @@ struct TrainStepState {
         remade = true;
       }
     if (remade) flat_state = optimizer_state.flat();
+  }
+
+  // A step traces its backward, so the tensor hooks registered on a
+  // parameter (Tensor::register_hook) are ops of its graph: one registered or
+  // removed later would be silently ignored, so the call refuses it.
+  static size_t hooks_of(const at::Tensor& p) {
+    const torch::autograd::AutogradMeta* meta = torch::autograd::impl::get_autograd_meta(p);
+    if (!meta || !meta->cpp_hooks_list_) return 0;
+    return std::count_if(meta->cpp_hooks_list_->begin(), meta->cpp_hooks_list_->end(),
+                         [](const auto& hook) { return static_cast<bool>(hook); });  // removed ones are empty
+  }
+  std::vector<size_t> hooks_now() const {
+    std::vector<size_t> now;
+    for (const at::Tensor& p : params) now.push_back(hooks_of(p));
+    return now;
+  }
+  void check_hooks() const {
+    if (!hooks) return;
+    const std::vector<size_t> now = hooks_now();
+    for (size_t i = 0; i < params.size(); ++i)
+      if (now[i] != (*hooks)[i])
+        throw PipelineError("TrainStep: a gradient hook was registered on or removed from the parameter '" +
+                            param_names[i] +
+                            "' after the step was compiled; the compiled step holds the hooks it traced: "
+                            "create a new step with compile_train_step after changing hooks, or rewrite "
+                            "gradients with TrainStepOptions::gradient_hook");
   }
 
   void update_lr() {
@@ -219,17 +248,21 @@ void name_train_step(ir::Graph& g, size_t num_module_tensors, const std::vector<
 at::Tensor TrainStep::operator()(const std::vector<at::Tensor>& batch) const {
   detail::TrainStepState& s = *state_;
   s.update_lr();
+  s.check_hooks();
   s.follow_params();
   at::NoGradGuard no_grad;  // the inference path: one graph, forward to update
   at::Tensor loss = s.aot->operator()(s.arguments(batch)).at(0);
   s.stepped = true;
+  if (!s.hooks) s.hooks = s.hooks_now();
   return loss;
 }
 
 void TrainStep::compile(const std::vector<at::Tensor>& batch) const {
+  state_->check_hooks();
   state_->follow_params();
   at::NoGradGuard no_grad;
   state_->aot->compile(state_->arguments(batch));
+  if (!state_->hooks) state_->hooks = state_->hooks_now();
 }
 
 size_t TrainStep::num_compilations() const { return state_->aot->num_compilations(); }
@@ -286,6 +319,7 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
                             "optimizer each parameter once");
       s->params.push_back(p);
       param_names.push_back(it->second);
+      s->param_names.push_back(it->second);
       ++group.num_params;
     }
     const std::vector<at::Tensor> group_params(s->params.end() - static_cast<std::ptrdiff_t>(group.num_params),

@@ -699,6 +699,26 @@ TEST_CASE("train step: a module converted to float64 after compile_train_step ke
   }
 }
 
+TEST_CASE("train step: a parameter's hook is traced once; one registered after compiling is refused",
+          "[pipeline][train_step][errors]") {
+  Twins t = twins([] { return make_mlp({.in_features = 784, .hidden = {16}, .num_classes = 10}); });
+  torch::optim::SGD compiled_opt(t.compiled.module->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD eager_opt(t.eager.module->parameters(), torch::optim::SGDOptions(0.1));
+  // A factor of 3 on one gradient: applied twice or not at all, the
+  // parameters differ by far more than rounding.
+  for (const Model* m : {&t.compiled, &t.eager})
+    m->module->parameters().front().register_hook([](const at::Tensor& g) { return g * 3; });
+  TrainStep step = compile_train_step(t.compiled.module, compiled_opt, loss_of(t.compiled));
+  const Batch b = fashion_mnist_batches(16)(0);
+  REQUIRE_CLOSE(step({b.inputs, b.targets}), eager_train_step(t.eager, eager_opt, b), kRtol, kAtol);
+  require_same_state(t.compiled, t.eager, kRtol, kAtol);
+  const at::Tensor last = t.compiled.module->parameters().back();
+  last.register_hook([](const at::Tensor& g) { return g * 0; });
+  const at::Tensor before = last.detach().clone();
+  REQUIRE_THROWS_WITH(step({b.inputs, b.targets}), CRUCIBLE_HAS_SUBSTR("hook was registered on or removed from"));
+  REQUIRE_EQUAL_TENSORS(last.detach(), before);
+}
+
 TEST_CASE("train step: clear errors for optimizers it cannot compile", "[pipeline][train_step][errors]") {
   Model m = make_mlp({.in_features = 4, .hidden = {}, .num_classes = 2});
   const LossFn loss = loss_of(m);

@@ -121,7 +121,9 @@ class TrainStep {
   /// device of every input, and the module's train/eval mode) has not been
   /// seen. Throws PipelineError when the optimizer's count of param groups,
   /// or a group's options other than the learning rate, have changed since
-  /// compile_train_step; tracing and backend errors propagate.
+  /// compile_train_step, or when a hook was registered on or removed from
+  /// a parameter (Tensor::register_hook) since the first compilation, whose
+  /// trace holds the hooks as ops; tracing and backend errors propagate.
   at::Tensor operator()(const std::vector<at::Tensor>& batch) const;
   /// Compiles for `batch`'s metadata without running a step (a no-op when it
   /// is compiled already). The traces run the step on copies: neither the
