@@ -82,6 +82,9 @@ class Builder;
 
 /// The loss of one batch: runs the module on it and returns a 0-dim loss.
 /// `batch` is what the TrainStep is called with (e.g. {inputs, targets}).
+/// C++ numbers and flags it captures are constants of the compiled graph
+/// (Note [AOT cache guards]): pass a weight that changes between steps in
+/// `batch`, as a 0-dim tensor.
 using LossFn = std::function<at::Tensor(torch::nn::Module& module, const std::vector<at::Tensor>& batch)>;
 
 namespace detail {
