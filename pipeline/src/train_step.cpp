@@ -4,6 +4,7 @@
 #include <crucible/pipeline/train_step.h>
 
 #include <crucible/autograd/aot_module.h>
+#include <crucible/ir/tensor_meta.h>
 #include <crucible/tracer/functional_call.h>
 
 #include <ATen/ATen.h>
@@ -44,7 +45,9 @@ struct TrainStepState {
   std::vector<at::Tensor> params;  // the optimizer's parameters, in its order
   OptimizerState optimizer_state;
   std::vector<at::Tensor> flat_state;
-  std::vector<bool> fresh;                   // per parameter: torch::optim had no state for it (see follow_params)
+  // Per parameter: its layout when compile_train_step made its fresh state
+  // (torch::optim had none for it; see follow_params), or nullopt.
+  std::vector<std::optional<ir::TensorMeta>> fresh;
   bool stepped = false;                      // a step has run: the state is the graph's own since
   std::vector<std::string> param_names;      // the parameters' names in the module
   std::optional<std::vector<size_t>> hooks;  // per parameter: hooks_of() once first compiled
@@ -64,22 +67,22 @@ struct TrainStepState {
   // fresh state compile_train_step made is made again for a parameter that
   // has changed since (module->to(at::kDouble) or to a GPU after
   // compile_train_step), so that the step neither rounds through the old
-  // dtype nor mixes devices.
+  // dtype nor mixes devices. A change is seen in the parameter's layout,
+  // not by making its state again (GPT-2's Adam state is a gigabyte).
   void follow_params() {
     if (stepped) return;
-    auto same_layout = [](const at::Tensor& a, const at::Tensor& b) {
-      return a.dtype() == b.dtype() && a.device() == b.device() && a.sizes() == b.sizes() && a.strides() == b.strides();
-    };
     bool remade = false;
     size_t i = 0;
     for (const StepGroup& g : groups)
       for (size_t k = 0; k < g.num_params; ++k, ++i) {
         if (!fresh[i]) continue;
-        ParamState now = std::move(init_optimizer_state(g.options, {params[i]}).params.front());
-        const std::vector<at::Tensor> a = OptimizerState{{now}}.flat(),
-                                      b = OptimizerState{{optimizer_state.params[i]}}.flat();
-        if (std::equal(a.begin(), a.end(), b.begin(), b.end(), same_layout)) continue;
-        optimizer_state.params[i] = std::move(now);
+        const ir::TensorMeta now = ir::TensorMeta::of(params[i]);
+        const ir::TensorMeta& made = *fresh[i];
+        if (now.dtype == made.dtype && now.device == made.device && now.sizes == made.sizes &&
+            now.strides == made.strides)
+          continue;
+        optimizer_state.params[i] = std::move(init_optimizer_state(g.options, {params[i]}).params.front());
+        fresh[i] = now;
         remade = true;
       }
     if (remade) flat_state = optimizer_state.flat();
@@ -326,7 +329,9 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
                                                s->params.end());
     for (ParamState& ps : optimizer_state_from(optimizer, group.options, group_params).params)
       s->optimizer_state.params.push_back(std::move(ps));
-    for (const at::Tensor& p : group_params) s->fresh.push_back(!optimizer.state().count(p.unsafeGetTensorImpl()));
+    for (const at::Tensor& p : group_params)
+      s->fresh.push_back(optimizer.state().count(p.unsafeGetTensorImpl()) ? std::nullopt
+                                                                          : std::optional(ir::TensorMeta::of(p)));
     // Where the step counts are: Note [Traceable optimizer state].
     group.lr = lr_tensor(group.options.lr,
                          capturable && !group_params.empty() ? group_params.front().device() : c10::Device(c10::kCPU));
