@@ -156,9 +156,12 @@ tracer::ModuleFn step_function(std::vector<StepGroup> groups, std::vector<at::Te
     at::AutoGradMode grad_on(true);
     const std::vector<at::Tensor> batch(in.begin() + static_cast<std::ptrdiff_t>(num_flat + groups.size()), in.end());
     at::Tensor loss = loss_fn(m, batch);
-    if (!loss.defined() || loss.dim() != 0)
-      throw PipelineError("compile_train_step: the loss function must return a 0-dim tensor; it returned " +
-                          (loss.defined() ? "sizes " + c10::str(loss.sizes()) : std::string("an undefined tensor")));
+    // One element, as eager's backward() takes without a gradient argument.
+    if (!loss.defined() || loss.numel() != 1)
+      throw PipelineError(
+          "compile_train_step: the loss function must return a tensor of one element (reduce the loss with mean() "
+          "or sum()); it returned " +
+          (loss.defined() ? "sizes " + c10::str(loss.sizes()) : std::string("an undefined tensor")));
     loss.backward();
     std::vector<at::Tensor> grads;
     for (const at::Tensor& p : params) grads.push_back(p.grad());

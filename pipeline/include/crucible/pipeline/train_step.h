@@ -80,7 +80,8 @@ class Builder;
 // interpreter on the module's tensors: the step's trace records the ops the
 // interpreter dispatches, their backward and the update.
 
-/// The loss of one batch: runs the module on it and returns a 0-dim loss.
+/// The loss of one batch: runs the module on it and returns a loss of one
+/// element (0-dim, or of sizes [1] as eager's backward() also takes).
 /// `batch` is what the TrainStep is called with (e.g. {inputs, targets}).
 /// C++ numbers and flags it captures are constants of the compiled graph
 /// (Note [AOT cache guards]): pass a weight that changes between steps in
@@ -118,7 +119,8 @@ struct TrainStepOptions {
 class TrainStep {
  public:
   /// One step on `batch`: updates the module's parameters and buffers and the
-  /// optimizer state in place and returns the loss (0-dim, detached); adds
+  /// optimizer state in place and returns the loss (detached, of the loss
+  /// function's sizes); adds
   /// the gradients of lifted tensors to their .grad.
   /// Compiles first when this batch's metadata (sizes, strides, dtype,
   /// device of every input, and the module's train/eval mode) has not been
@@ -132,7 +134,7 @@ class TrainStep {
   /// is compiled already). The traces run the step on copies: neither the
   /// module nor the optimizer state changes. Throws what aot_module throws
   /// when it compiles: PipelineError when the loss function returns other
-  /// than a 0-dim tensor; autograd::AotError wrapping a c10::Error of the
+  /// than a tensor of one element; autograd::AotError wrapping a c10::Error of the
   /// loss function; the tracer's TraceError; the passes' ir::IrError; the
   /// backend's and the instruments' exceptions. Nothing is cached when it
   /// throws.
