@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <iostream>
@@ -61,6 +62,17 @@ int launch(const LaunchOptions& options) {
     if (!ours) base.push_back(kv);
   }
   base.insert(base.end(), options.env.begin(), options.env.end());
+  // As torchrun: several ranks on one machine each get one OpenMP thread
+  // unless told otherwise. Each rank's intra-op pool would otherwise take
+  // every core, and the ranks' threads spinning after their parallel
+  // regions take the cores the others launch GPU work from (ResNet-18's
+  // 4-GPU step: 9.63 ms, 9.37 with one thread a rank).
+  const bool omp_set =
+      std::any_of(base.begin(), base.end(), [](const std::string& kv) { return kv.rfind("OMP_NUM_THREADS=", 0) == 0; });
+  if (options.nproc > 1 && !omp_set) {
+    base.emplace_back("OMP_NUM_THREADS=1");
+    std::cerr << "launch: OMP_NUM_THREADS=1 for each rank (set it to use more threads a rank)\n";
+  }
   std::vector<char*> argv;
   for (const std::string& a : options.command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);

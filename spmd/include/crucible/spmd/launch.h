@@ -27,7 +27,10 @@ struct LaunchOptions {
   std::vector<std::string> env;
 };
 
-/// Starts the ranks and waits for all of them. Returns 0 when every rank
+/// Starts the ranks and waits for all of them. With more than one rank and
+/// no OMP_NUM_THREADS in the environment (or `env`), each rank gets
+/// OMP_NUM_THREADS=1, as torchrun gives them, and a line on standard error
+/// says so. Returns 0 when every rank
 /// exited with 0; otherwise the exit status of the first rank that failed
 /// (128 + the signal for a rank killed by one), after stopping the others.
 /// Writes one line per failed rank to standard error ("rank R exited with
