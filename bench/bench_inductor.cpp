@@ -21,12 +21,18 @@
 //                                       (transpose(1, 2).reshape) and concatenated on the last dim: 3 copies, a cat
 //   BM_InductorMergeHeads/inductor      the same graph: one loop, the cat's masked loads (Note [Masked loads])
 //   BM_InductorMergeHeadsCuda/{eager,inductor}  the same at GPT-2 small's size, [8, 12, 1024, 64] each
+//   BM_HostArith/{aten,host}           Adam's bias corrections of ResNet-18's 62 parameters on
+//                                       0-dim float64 CPU tensors (7 ops each): boxed ATen calls,
+//                                       as extern kernels of a GPU graph ran them, against the
+//                                       run-time plan's own arithmetic (Note [Host arithmetic])
 //   BM_InductorGenerateCode/gpt2-small  lowering, fusion and C++ rendering of GPT-2 small's
 //                                       training step (AdamW, batch 8, T 1024: about 7000 nodes,
 //                                       traced once in fake mode); no compiler runs
 // bytes_per_second counts the minimum traffic of each computation (every
 // input read once, every output written once), the same for its eager and
 // inductor rows, so the figures compare directly.
+#include "host_arith.h"
+
 #include <crucible/inductor/compile_fx.h>
 #include <crucible/ir/graph.h>
 #include <crucible/ir/propagate_meta.h>
@@ -293,6 +299,40 @@ void BM_InductorSoftmaxBackward_inductor(benchmark::State& state) {
   set_bytes(state, kSoftmaxBackwardBytes);
 }
 
+// --- host arithmetic ----------------------------------------------------------------------
+
+constexpr int kAdamParameters = 62;  // ResNet-18's
+
+void BM_HostArith_aten(benchmark::State& state) {
+  const at::Tensor step = at::zeros({}, at::kDouble), lr = at::scalar_tensor(1e-3, at::kDouble);
+  for (auto _ : state)
+    for (int p = 0; p < kAdamParameters; ++p) {
+      const at::Tensor s = at::add(step, 1);
+      const at::Tensor bc1 = at::rsub(at::pow(0.9, s), 1);
+      benchmark::DoNotOptimize(at::rsub(at::pow(0.999, s), 1));
+      benchmark::DoNotOptimize(at::div(lr, bc1).neg());
+    }
+}
+
+void BM_HostArith_host(benchmark::State& state) {
+  using inductor::detail::evaluate;
+  using inductor::detail::host_double;
+  using inductor::detail::host_tensor;
+  using H = inductor::detail::HostArith;
+  const H add{H::Op::Add, {0, -1}, {0, 1}}, pow{H::Op::Pow, {-1, 1}}, rsub{H::Op::Add, {-1, 0}, {1, 0}, -1},
+      div{H::Op::Div, {0, 1}}, neg{H::Op::Neg, {0, -1}};
+  const at::Tensor step = at::zeros({}, at::kDouble), lr = at::scalar_tensor(1e-3, at::kDouble);
+  // What the plan does per op: read the operands, compute, make the result.
+  auto op = [](const H& h, double a, double b) { return host_tensor(evaluate(h, a, b)); };
+  for (auto _ : state)
+    for (int p = 0; p < kAdamParameters; ++p) {
+      const at::Tensor s = op(add, *host_double(step), 1);
+      const at::Tensor bc1 = op(rsub, *host_double(op(pow, 0.9, *host_double(s))), 1);
+      benchmark::DoNotOptimize(op(rsub, *host_double(op(pow, 0.999, *host_double(s))), 1));
+      benchmark::DoNotOptimize(op(neg, *host_double(op(div, *host_double(lr), *host_double(bc1))), 0));
+    }
+}
+
 // --- layer norm rows --------------------------------------------------------------------
 
 constexpr double kEps = 1e-5;
@@ -454,6 +494,8 @@ BENCHMARK(BM_InductorLayerNorm_inductor)
     ->Name("BM_InductorLayerNorm/inductor")
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+BENCHMARK(BM_HostArith_aten)->Name("BM_HostArith/aten")->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_HostArith_host)->Name("BM_HostArith/host")->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_InductorColumnSum_eager)->Name("BM_InductorColumnSum/eager")->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_InductorColumnSum_inductor)
     ->Name("BM_InductorColumnSum/inductor")

@@ -6,6 +6,7 @@
 #include "cuda_builder.h"
 #include "cuda_graphs.h"
 #include "graph_cache.h"
+#include "host_arith.h"
 #include "rewrites.h"
 
 #include <crucible/ir/graph.h>
@@ -87,6 +88,7 @@ struct Step {
   std::vector<Source> args;
   std::vector<std::vector<uint32_t>> returns;  // per schema return: one slot, or a Tensor[]'s slots
   std::vector<bool> list_return;
+  std::optional<detail::HostArith> host;  // computed without the dispatcher (Note [Host arithmetic])
   // Generated kernel: a C++ function, or a CUDA kernel and its launch.
   KernelFn fn = nullptr;
   void* cuda_kernel = nullptr;
@@ -302,6 +304,7 @@ class Planner {
     Step st;
     st.node = n;
     st.op = n->op();
+    st.host = detail::host_arith_of(*n);
     const auto& formals = n->schema().arguments();
     for (size_t i = 0; i < n->args().size(); ++i) {
       const ir::Argument& a = n->args()[i];
@@ -411,7 +414,25 @@ c10::IValue read(const Source& s, std::vector<c10::IValue>& slots) {
   return {};
 }
 
+// Note [Host arithmetic] in host_arith.cpp: false where an operand is not
+// what the graph said (the step then runs through the dispatcher).
+bool run_host_arith(const Step& st, std::vector<c10::IValue>& slots) {
+  const detail::HostArith& h = *st.host;
+  std::array<double, 2> x = h.constant;
+  for (size_t i = 0; i < 2; ++i) {
+    if (h.arg[i] < 0) continue;
+    const Source& s = st.args[static_cast<size_t>(h.arg[i])];
+    const c10::IValue& v = s.kind == Source::Slot ? slots[s.slot] : *s.constant;
+    const std::optional<double> d = v.isTensor() ? detail::host_double(v.toTensor()) : std::nullopt;
+    if (!d) return false;
+    x[i] = *d;
+  }
+  slots[st.returns[0][0]] = detail::host_tensor(detail::evaluate(h, x[0], x[1]));
+  return true;
+}
+
 void run_extern(const Step& st, std::vector<c10::IValue>& slots) {
+  if (st.host && run_host_arith(st, slots)) return;
   torch::jit::Stack stack;
   stack.reserve(st.args.size());
   for (const Source& s : st.args) stack.push_back(read(s, slots));
@@ -545,8 +566,18 @@ void run_kernel(const Plan& plan, const Step& st, std::vector<c10::IValue>& slot
     if (a.written && a.slot != kNone) continue;
     at::Tensor t = read(a.source, slots).toTensor();
     if (a.host_scalar) {
-      const at::Tensor v = t.to(at::kCPU, a.dtype);
-      std::memcpy(&scalars[i], v.const_data_ptr(), v.element_size());
+      // A float64 step count or learning rate read as float or double
+      // needs no dispatcher call (Note [Host arithmetic]).
+      const std::optional<double> d = detail::host_double(t);
+      if (d && a.dtype == c10::kFloat) {
+        const auto f = static_cast<float>(*d);
+        std::memcpy(&scalars[i], &f, sizeof f);
+      } else if (d && a.dtype == c10::kDouble) {
+        std::memcpy(&scalars[i], &*d, sizeof *d);
+      } else {
+        const at::Tensor v = t.to(at::kCPU, a.dtype);
+        std::memcpy(&scalars[i], v.const_data_ptr(), v.element_size());
+      }
       ptrs[i] = nullptr;
       continue;
     }
