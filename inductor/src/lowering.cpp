@@ -1601,7 +1601,8 @@ class Lowerer {
   // copy_(dst, src) with dst a graph input and src a value whose every other
   // reader is lowered already (an optimizer's new parameter or state,
   // functionalization's write-back): src's loop writes dst's memory
-  // directly, with no buffer of its own and no copy. Safe when src reads dst only at the element it
+  // directly, with no buffer of its own and no copy. Where src is a buffer
+  // already (an extern kernel's result), a copy loop writes dst. Safe when src reads dst only at the element it
   // writes (read, then write, in one iteration); the readers of dst's old
   // value were realized above, and the scheduler keeps them before the
   // write (a read of dst elsewhere in the same kernel must be in the same
@@ -1613,8 +1614,13 @@ class Lowerer {
     const ir::Value* src = n->arg(1).value();
     auto db = p_.buffer_of.find(dst);
     auto sl = lazy_.find(src);
-    if (!dst->node()->is_placeholder() || db == p_.buffer_of.end() || sl == lazy_.end() || p_.buffer_of.contains(src) ||
-        sl->second.view || pending_[src] > 0)
+    if (!dst->node()->is_placeholder() || db == p_.buffer_of.end() || sl == lazy_.end() || sl->second.view)
+      return false;
+    // A src realized already (an extern kernel's result: batch norm's new
+    // running statistics) is copied by a loop, which the scheduler launches
+    // with the other write-backs instead of one copy kernel each.
+    if (auto sb = p_.buffer_of.find(src);
+        sb != p_.buffer_of.end() ? p_.buffers[sb->second].kind == Buffer::Input : pending_[src] > 0)
       return false;
     const Buffer& d = p_.buffers[db->second];
     if (!loop_tensor(dst) || d.kind != Buffer::Input || d.loop >= 0 || !dense(dst->meta()) ||
