@@ -186,8 +186,9 @@ Plan::~Plan() {
      << std::setprecision(1) << 100 * generated / std::max(total, 1e-12) << "%)\n  ms/call   share  step\n";
   for (size_t k = 0; k < std::min<size_t>(order.size(), 30); ++k) {
     const Step& st = steps[order[k]];
-    const std::string what = st.node ? "extern " + st.node->target() + " -> %" + st.node->result(0)->name()
-                                     : st.kernel_name + ": " + st.fuses;
+    const std::string what =
+        st.node ? "extern " + st.node->target() + (st.node->num_results() ? " -> %" + st.node->result(0)->name() : "")
+                : st.kernel_name + ": " + st.fuses;
     os << std::setprecision(3) << std::setw(9) << times[order[k]].ms / calls << std::setprecision(1) << std::setw(7)
        << 100 * times[order[k]].ms / std::max(total, 1e-12) << "%  " << what.substr(0, 160) << "\n";
   }
@@ -439,8 +440,10 @@ void run_extern(const Step& st, std::vector<c10::IValue>& slots) {
   try {
     st.op->callBoxed(stack);
   } catch (const std::exception& e) {
-    throw InductorError("inductor: extern kernel %" + st.node->result(0)->name() + " (" + st.node->target() +
-                        ") failed: " + e.what());
+    // A guard or an assert has no result to name.
+    const std::string name =
+        st.node->num_results() ? "%" + st.node->result(0)->name() + " (" + st.node->target() + ")" : st.node->target();
+    throw InductorError("inductor: extern kernel " + name + " failed: " + e.what());
   }
   for (size_t r = 0; r < st.returns.size(); ++r) {
     if (st.list_return[r]) {

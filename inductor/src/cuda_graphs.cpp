@@ -76,6 +76,7 @@ bool syncs_with_host(std::string_view target) {
                                                            "aten::unique_consecutive",
                                                            "aten::unique_dim",
                                                            "aten::equal",
+                                                           "crucible::assert_equal",
                                                            "aten::is_nonzero"};
   return ops.contains(target);
 }
@@ -100,8 +101,9 @@ std::string cuda_graph_blocker(const ir::Graph& graph, c10::Device device) {
       continue;
     }
     if (!n->is_call()) continue;
-    if (syncs_with_host(n->target()))
-      return "%" + n->result()->name() + " (" + n->target() + ") reads a tensor's value back to the host";
+    if (syncs_with_host(n->target()))  // a guard has no result to name
+      return (n->num_results() ? "%" + n->result()->name() + " (" + n->target() + ")" : n->target()) +
+             " reads a tensor's value back to the host";
     // c10d keeps each collective's work on the host (issued, then waited),
     // which a replay would not redo.
     if (n->target().starts_with("crucible::all_reduce") || n->target().starts_with("crucible::wait_tensor") ||

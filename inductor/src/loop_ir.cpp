@@ -160,7 +160,8 @@ std::string to_text(const Program& p) {
   std::string out;
   for (const Item& it : p.items) {
     if (it.extern_node) {
-      out += "extern %" + it.extern_node->result(0)->name() + " = " + it.extern_node->target() + "\n";
+      const ir::Node* n = it.extern_node;
+      out += "extern " + (n->num_results() ? "%" + n->result(0)->name() + " = " : std::string()) + n->target() + "\n";
       continue;
     }
     const Loop& l = p.loops[it.loop];

@@ -8,6 +8,7 @@
 #include <crucible/ir/interpreter.h>
 #include <crucible/ir/propagate_meta.h>
 #include <crucible/runtime/instruments.h>
+#include <crucible/tracer/make_fx.h>
 
 #include "catch.h"
 #include "graph_testing.h"
@@ -159,6 +160,22 @@ TEST_CASE("broadcast, transposed and 0-dim operands are read through index expre
   REQUIRE_CLOSE(got[0], -mm_e.t(), 1e-5, 1e-6);
   REQUIRE_CLOSE(got[1], at::threshold_backward(at::sigmoid_backward(mm_e, mm_e), mm_e, 0.1), 1e-5, 1e-6);
   REQUIRE_CLOSE(got[2], sg_e, 1e-5, 1e-6);
+}
+
+TEST_CASE("the guard of at::equal runs as an extern kernel and fails with its own message", "[inductor]") {
+  // Note [Guarded equal]: traced where the tensors differ, the graph computes
+  // that branch; a call whose tensors are equal would need the other.
+  auto fn = [](const std::vector<at::Tensor>& in) {
+    return std::vector<at::Tensor>{at::equal(in[0], in[1]) ? in[0] + 1 : in[0] * 2};
+  };
+  const at::Tensor a = at::randn({6, 4}), b = at::randn({6, 4});
+  const auto traced = tracer::make_fx(fn, {a, b});
+  ir::CompiledFn compiled = inductor::compile_fx_inner(traced.graph, {a, b}, options());
+  std::vector<at::Tensor> in = {b, a};
+  REQUIRE_EQUAL_TENSORS(compiled(in)[0], b * 2);
+  std::vector<at::Tensor> same = {a, a.clone()};
+  REQUIRE_THROWS_WITH(compiled(same), CRUCIBLE_HAS_SUBSTR("extern kernel crucible::assert_equal failed") &&
+                                          CRUCIBLE_HAS_SUBSTR("Compile the function again"));
 }
 
 TEST_CASE("integer and bool results: lowered exactly", "[inductor]") {
@@ -444,6 +461,12 @@ TEST_CASE("cuda_graph_blocker: what keeps a graph from being captured, read from
     ir::propagate_meta(h);
     crucible::testing::relabel_device(h, c10::Device(c10::kCUDA, 0));
     CHECK_THAT(inductor::cuda_graph_blocker(h), CRUCIBLE_HAS_SUBSTR("aten::_local_scalar_dense"));
+  }
+  SECTION("the guard of at::equal (Note [Guarded equal]), which reads both tensors on the host") {
+    ir::Graph h = state_step(w, m, x);
+    h.add_call("crucible::assert_equal", {h.placeholders()[0], h.placeholders()[1], false});
+    crucible::testing::relabel_device(h, c10::Device(c10::kCUDA, 0));
+    CHECK_THAT(inductor::cuda_graph_blocker(h), CRUCIBLE_HAS_SUBSTR("crucible::assert_equal"));
   }
 }
 

@@ -169,7 +169,9 @@ TEST_CASE("make_fx rejects data-dependent ops, naming them", "[tracer]") {
                       CRUCIBLE_HAS_SUBSTR("aten::nonzero"));
   REQUIRE_THROWS_WITH(make_fx([](const at::Tensor& t) { return t.sum().is_nonzero() ? t : -t; }, x),
                       CRUCIBLE_HAS_SUBSTR("data-dependent"));  // is_nonzero decomposes to _local_scalar_dense
-  REQUIRE_THROWS_WITH(make_fx([](const at::Tensor& t) { return at::equal(t, t.abs()) ? t : -t; }, x),
+  TraceOptions fake;
+  fake.mode = crucible::tracer::TraceMode::Fake;
+  REQUIRE_THROWS_WITH(make_fx([](const at::Tensor& t) { return at::equal(t, t.abs()) ? t : -t; }, x, fake),
                       CRUCIBLE_HAS_SUBSTR("aten::equal") && CRUCIBLE_HAS_SUBSTR("data-dependent"));
   REQUIRE_THROWS_AS(make_fx([](const at::Tensor& t) { return t.masked_select(t > 0); }, x), TraceError);
   // aten::index.Tensor: a boolean mask's result has a data-dependent shape;
@@ -197,7 +199,33 @@ TEST_CASE("make_fx: at::equal of a tensor and itself is the identity test multi-
   auto rc = make_fx(cross, q_m);
   REQUIRE(count_calls(rc.graph, "aten::equal") == 0);
   REQUIRE_EQUAL_TENSORS(run_traced(rc, q_m)[0], cross(q_m)[0]);
-  REQUIRE_THROWS_AS(make_fx(cross, Tensors{at::randn({4}), at::randn({4})}), TraceError);
+}
+
+TEST_CASE("make_fx: at::equal of two tensors of the same sizes takes the traced answer, guarded", "[tracer]") {
+  // Note [Guarded equal]: a cross-attention whose target is as long as its
+  // memory. The graph follows the branch taken at trace time and checks at
+  // every call that at::equal still answers the same.
+  auto cross = [](const Tensors& in) { return Tensors{at::equal(in[0], in[1]) ? in[0] + 1 : in[0] * 2}; };
+  const Tensors unequal = {at::randn({4, 3}), at::randn({4, 3})};
+  auto r = make_fx(cross, unequal);
+  REQUIRE(count_calls(r.graph, "aten::equal") == 0);
+  REQUIRE(count_calls(r.graph, "crucible::assert_equal") == 1);
+  const Tensors other = {at::randn({4, 3}), at::randn({4, 3})};
+  REQUIRE_EQUAL_TENSORS(run_traced(r, other)[0], cross(other)[0]);
+  // Equal tensors would take the other branch: the guard says so.
+  const at::Tensor same = at::randn({4, 3});
+  REQUIRE_THROWS_WITH(run_traced(r, {same, same.clone()}), CRUCIBLE_HAS_SUBSTR("crucible::assert_equal") &&
+                                                               CRUCIBLE_HAS_SUBSTR("was false") &&
+                                                               CRUCIBLE_HAS_SUBSTR("Compile the function again"));
+  // Traced on equal values, the other way round.
+  const at::Tensor v = at::randn({4, 3});
+  auto e = make_fx(cross, Tensors{v, v.clone()});
+  REQUIRE_EQUAL_TENSORS(run_traced(e, {same, same.clone()})[0], cross({same, same.clone()})[0]);
+  REQUIRE_THROWS_WITH(run_traced(e, other), CRUCIBLE_HAS_SUBSTR("was true"));
+  // In fake mode there are no values to decide by.
+  TraceOptions fake;
+  fake.mode = crucible::tracer::TraceMode::Fake;
+  REQUIRE_THROWS_WITH(make_fx(cross, unequal, fake), CRUCIBLE_HAS_SUBSTR("data-dependent"));
 }
 
 TEST_CASE("make_fx: expanded inputs and expanded tensors read from outside, lifted or frozen", "[tracer]") {

@@ -12,6 +12,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/graph_task.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <functional>
@@ -672,7 +673,7 @@ void TraceSession::check_uninitialized_reads(const c10::OperatorHandle& op, cons
 // multi-head attention both branches compute the same values, NaN or not.)
 // at::equal of two different tensors of other sizes is false without a
 // look at their values (a decoder's queries and a memory of another length);
-// of the same sizes it stays a data-dependent read.
+// of the same sizes, see Note [Guarded equal].
 bool TraceSession::is_equal_of_one_tensor(const torch::jit::Stack& stack, size_t base) {
   const at::Tensor& a = stack[base].toTensor();
   const at::Tensor& b = stack[base + 1].toTensor();
@@ -680,6 +681,48 @@ bool TraceSession::is_equal_of_one_tensor(const torch::jit::Stack& stack, size_t
   ir::Value* v = lookup(a);
   return v && v == lookup(b);
 }
+
+// Note [Guarded equal]
+// at::equal of two tensors of the same sizes reads their values: a decoder's
+// cross-attention asks whether its queries are the memory (Note [equal of
+// one tensor]), and a target as long as the memory leaves only the values
+// to tell. A real-mode trace knows them: it takes the branch at::equal
+// gives now, as make_fx in real mode does, and records
+// crucible::assert_equal(a, b, answer), which checks at every call that
+// at::equal still answers the same and otherwise throws, naming the guard,
+// instead of computing the other branch's program with this one's graph.
+// The check reads both tensors once (and, on a GPU, waits for them: a
+// CUDA graph is not captured around it). A fake-mode trace has no values:
+// the call stays a data-dependent error there.
+void TraceSession::trace_guarded_equal(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack,
+                                       size_t base) {
+  const auto& formals = op.schema().arguments();
+  ir::Argument a = argument(stack[base], formals[0], "aten::equal");
+  ir::Argument b = argument(stack[base + 1], formals[1], "aten::equal");
+  c10::impl::ExcludeDispatchKeyGuard no_trace(c10::DispatchKey::Fake);
+  run(op, ks, stack, base);
+  const bool answer = stack[base].toBool();
+  ir::Node* guard = graph_.add_call("crucible::assert_equal", {std::move(a), std::move(b), answer});
+  if (torch::autograd::get_current_graph_task_id() != -1)
+    guard->add_tag("backward");
+  else if (grad_at_start_ && !at::GradMode::is_enabled())
+    guard->add_tag("no_grad");  // Note [Nodes traced under no_grad]
+}
+
+namespace {
+
+// The guard's kernel (Note [Guarded equal]).
+void assert_equal(const at::Tensor& self, const at::Tensor& other, bool expected) {
+  if (at::equal(self, other) == expected) return;
+  throw TraceError(std::string("crucible::assert_equal: at::equal of two tensors of sizes ") + c10::str(self.sizes()) +
+                   " was " + (expected ? "true" : "false") + " when the function was traced and is " +
+                   (expected ? "false" : "true") +
+                   " now (Note [Guarded equal]): the compiled graph holds only the branch the trace took "
+                   "(in multi-head attention, self- or cross-attention). Compile the function again with inputs "
+                   "that take this branch, or make the decision outside the compiled function");
+}
+
+}  // namespace
 
 void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack) {
   const auto& schema = op.schema();
@@ -696,6 +739,7 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
       stack.emplace_back(!unequal);
       return;
     }
+    if (options_.mode == TraceMode::Real) return trace_guarded_equal(op, ks, stack, base);
   }
   // A Storage argument is kept in the graph as a constant (cuDNN's RNN
   // points a tensor at its flattened weights' Storage, functionalized on a
@@ -826,3 +870,13 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
 }
 
 }  // namespace crucible::tracer::detail
+
+// Note [Guarded equal]'s guard.
+TORCH_LIBRARY_FRAGMENT(crucible, m) { m.def("assert_equal(Tensor self, Tensor other, bool expected) -> ()"); }
+TORCH_LIBRARY_IMPL(crucible, CompositeExplicitAutograd, m) {
+  m.impl("assert_equal", &crucible::tracer::detail::assert_equal);
+}
+// Meta tensors hold no values to compare (a fake-mode run of a graph that has the guard).
+TORCH_LIBRARY_IMPL(crucible, Meta, m) {
+  m.impl("assert_equal", [](const at::Tensor&, const at::Tensor&, bool) {});
+}

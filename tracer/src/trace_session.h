@@ -165,6 +165,8 @@ class TraceSession {
   ir::Argument argument(const c10::IValue& iv, const c10::Argument& formal, const std::string& user);
   bool is_shape_check(const torch::jit::Stack& stack, size_t base);
   bool is_equal_of_one_tensor(const torch::jit::Stack& stack, size_t base);
+  void trace_guarded_equal(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack,
+                           size_t base);
   void check_uninitialized_reads(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t base);
   void run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack, size_t base);
   // Runs `op` on meta tensors below the tracer's key (`after`), through a

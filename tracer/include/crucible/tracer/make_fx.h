@@ -150,8 +150,12 @@ using TensorFn = std::function<std::vector<at::Tensor>(const std::vector<at::Ten
 /// Note [Lifted tensors]) gives the same outputs (RNG ops draw from the
 /// generator they drew from while tracing).
 ///
-/// Throws TraceError for data-dependent ops (.item(), nonzero, equal, ...)
-/// and for a constant over TraceOptions::max_constant_bytes. Any exception
+/// Throws TraceError for data-dependent ops (.item(), nonzero, ...) and for
+/// a constant over TraceOptions::max_constant_bytes. at::equal of two
+/// tensors of the same sizes is the exception in real mode: the trace takes
+/// the answer it gives and records crucible::assert_equal, which throws at a
+/// later call whose tensors answer otherwise (Note [Guarded equal] in
+/// src/trace_session.cpp); in fake mode it throws TraceError. Any exception
 /// `fn` throws propagates; the tensors it reads from outside are restored
 /// to their own data and gradients also then.
 /// One trace runs at a time in a process (others wait).
