@@ -81,6 +81,16 @@ struct PointwiseOp {
 };
 
 std::string literal(const c10::IValue& v, const std::string& T) {
+  // An integer constant in an integer loop is written as itself: through a
+  // double, 2^53 + 1 would lose its last bit and INT64_MAX would round to
+  // 2^63, which no int64_t holds (x86 converts it to INT64_MIN).
+  const bool integral = v.isInt() || (v.isScalar() && v.toScalar().isIntegral(/*includeBool=*/false));
+  if (integral && (T == "int64_t" || T == "int32_t")) {
+    const int64_t i = v.isInt() ? v.toInt() : v.toScalar().toLong();
+    // The literal 9223372036854775808 has no signed type: INT64_MIN as an expression.
+    if (i == std::numeric_limits<int64_t>::min()) return T + "(-9223372036854775807LL - 1)";
+    return T + "(" + std::to_string(i) + "LL)";
+  }
   double d = v.isDouble() ? v.toDouble()
              : v.isInt()  ? static_cast<double>(v.toInt())
              : v.isBool() ? (v.toBool() ? 1.0 : 0.0)

@@ -1209,6 +1209,33 @@ TEST_CASE("lowering: integer arange as a function of the index; one-hot rows com
   REQUIRE(inductor::loop_ir(g.g).find("extern") == std::string::npos);
 }
 
+TEST_CASE("lowering: int64 constants beyond 2^53, INT64_MAX and INT64_MIN are exact in integer loops",
+          "[inductor][lowering]") {
+  // Written through a double, 2^53 + 1 lost its last bit and INT64_MAX (a
+  // masked_fill's "no index yet" sentinel) became INT64_MIN.
+  constexpr int64_t kBig = (int64_t{1} << 53) + 1;
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
+  const at::Tensor x = at::tensor({-7, 0, 1, 5}, at::kLong),
+                   big = at::tensor(std::vector<int64_t>{kBig, kBig - 1, 0, kBig}, at::kLong);
+  Builder g;
+  ir::Value *px = g.input(x), *pbig = g.input(big);
+  ir::Value* positive = g.call("aten::gt.Scalar", {px, c10::Scalar(0)});
+  ir::Value* added = g.call("aten::add.Scalar", {px, c10::Scalar(kBig), c10::Scalar(1)});
+  ir::Value* equal = g.call("aten::eq.Scalar", {pbig, c10::Scalar(kBig)});
+  ir::Value* to_max = g.call("aten::masked_fill.Scalar", {px, positive, c10::Scalar(kMax)});
+  ir::Value* to_min = g.call("aten::masked_fill.Scalar", {px, positive, c10::Scalar(kMin)});
+  ir::Value* filled = g.call("aten::full_like", {px, c10::Scalar(kMax - 1), c10::IValue(), c10::IValue(), c10::IValue(),
+                                                 c10::IValue(), c10::IValue()});
+  check(g, {
+               exactly("x + (2^53 + 1)", added, x + kBig),
+               exactly("big == 2^53 + 1", equal, big == kBig),
+               exactly("x.masked_fill(x > 0, INT64_MAX)", to_max, x.masked_fill(x > 0, kMax)),
+               exactly("x.masked_fill(x > 0, INT64_MIN)", to_min, x.masked_fill(x > 0, kMin)),
+               exactly("full_like(x, INT64_MAX - 1)", filled, at::full_like(x, kMax - 1)),
+           });
+  REQUIRE(inductor::loop_ir(g.g).find("extern") == std::string::npos);
+}
+
 TEST_CASE("lowering: a one-hot selection summed over its line (nll_loss's pick of the target) reads the pick alone",
           "[inductor][lowering]") {
   // Note [One-hot selections]: where(arange(C) == target[:, None], logp, 0)
