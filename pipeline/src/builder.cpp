@@ -6,8 +6,10 @@
 #include <crucible/partitioner/default_partition.h>
 #include <crucible/runtime/instruments.h>
 #include <crucible/runtime/lifted_inputs.h>
+#include <crucible/tracer/error.h>
 #include <crucible/tracer/functional_call.h>
 
+#include <c10/util/Exception.h>
 #include <torch/nn/module.h>
 
 #include <optional>
@@ -248,14 +250,38 @@ autograd::AotConfig Builder::aot_config() const {
 // lift what the passes made. The tensors the forward graph lifted are read
 // again from outside at each run (held weakly), so AOTAutograd lifts them
 // in turn and guards them as usual.
+//
+// Note [Pre-grad traces that read values]
+// Some of ATen's composite ops choose their kernel by whether an argument is
+// "subclass-like" (a functional wrapper or a meta tensor, which have no
+// values to read): cross_entropy with label smoothing and class weights
+// divides by the weights of the targets that are not ignored, gathered
+// through masked_select (a data-dependent shape) for a plain tensor and with
+// masked_fill for a subclass-like one. AOTAutograd's trace is functionalized
+// (or on meta tensors), so it takes the second kernel; the pre-grad trace,
+// not functionalized, gets real tensors and the first, which no graph can
+// hold. The passes are rewrites that keep the function's values, so where
+// the pre-grad trace meets a data-dependent op the compilation goes on
+// without them (with a warning) and AOTAutograd traces the function itself:
+// it compiles if its own trace avoids the op, and refuses it by name if not.
 tracer::TensorFn Builder::pre_grad_function(const tracer::TensorFn& fn, const autograd::TraceFn& trace,
                                             const std::vector<at::Tensor>& args) const {
-  tracer::TraceResult r = this->trace("pre_grad", [&](const tracer::TraceOptions& options) {
-    tracer::TraceOptions forward = options;
-    forward.functionalize = false;
-    forward.decompositions.clear();
-    return trace(fn, args, forward);
-  });
+  std::optional<tracer::TraceResult> traced;
+  try {
+    traced.emplace(this->trace("pre_grad", [&](const tracer::TraceOptions& options) {
+      tracer::TraceOptions forward = options;
+      forward.functionalize = false;
+      forward.decompositions.clear();
+      return trace(fn, args, forward);
+    }));
+  } catch (const tracer::DataDependentError& e) {
+    TORCH_WARN(
+        "pre-grad passes skipped for this compilation: the forward traced without functionalization "
+        "reads tensor values (",
+        e.what(), "); Note [Pre-grad traces that read values]");
+    return fn;
+  }
+  tracer::TraceResult& r = *traced;
   run_passes(pre_grad_passes_, r.graph, "pre_grad");
   std::vector<at::Tensor> lifted;
   std::vector<std::string> names;

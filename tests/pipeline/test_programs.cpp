@@ -846,6 +846,27 @@ TEST_CASE("programs: an optimizer over the head only, the backbone requiring gra
   });
 }
 
+TEST_CASE("programs: cross-entropy with label smoothing, class weights and an ignored index", "[pipeline][programs]") {
+  // For plain tensors ATen divides by the kept targets' weights gathered
+  // with masked_select, which the pre-grad builder's forward trace (not
+  // functionalized) met and refused: Note [Pre-grad traces that read values].
+  for_each_backend([](const Builder& b) {
+    LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
+      namespace F = torch::nn::functional;
+      return F::cross_entropy(dynamic_cast<torch::nn::SequentialImpl&>(m).forward(batch[0]), batch[1],
+                              F::CrossEntropyFuncOptions().label_smoothing(0.1).weight(batch[2]).ignore_index(3));
+    };
+    auto make = [] {
+      return torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::Tanh(), torch::nn::Linear(8, 5)).ptr();
+    };
+    auto batches = [](int64_t i) {
+      at::manual_seed(i);
+      return Batch{at::randn({6, 4}, at::kDouble), at::randint(0, 5, {6}, at::kLong), at::rand({5}, at::kDouble) + 0.5};
+    };
+    train_and_compare(make, sgd(0.1, 0.9), loss, batches, 3, b);
+  });
+}
+
 namespace {
 
 // Attention through at::scaled_dot_product_attention, as nanoGPT and most

@@ -760,10 +760,11 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
                        "real mode");
   }
   if (i.data_dependent && !has_static_shape(i.name, stack, base))
-    throw TraceError(i.name + " " + i.data_dependent +
-                     ": data-dependent control flow and shapes cannot be captured in a graph. Compute the value "
-                     "outside the traced function and pass it in, or keep the decision in tensors "
-                     "(at::where instead of if, masks instead of nonzero)");
+    throw DataDependentError(
+        i.name + " " + i.data_dependent +
+        ": data-dependent control flow and shapes cannot be captured in a graph. Compute the value "
+        "outside the traced function and pass it in, or keep the decision in tensors "
+        "(at::where instead of if, masks instead of nonzero)");
   if (i.hidden_writes && options_.functionalize && trace_functional_variant(op, stack, base)) return;
   if (i.out_of_place_decomposition) {
     // See Note [Decomposing in-place ops].

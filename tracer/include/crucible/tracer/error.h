@@ -13,4 +13,13 @@ class TraceError : public Error {
   using Error::Error;
 };
 
+/// A TraceError for an op whose result's value or shape depends on tensor
+/// values (.item(), nonzero, masked_select): the graph cannot hold it. Its
+/// own type because a caller may trace again another way that avoids the
+/// op (Note [Pre-grad traces that read values] in pipeline/builder.cpp).
+class DataDependentError : public TraceError {
+ public:
+  using TraceError::TraceError;
+};
+
 }  // namespace crucible::tracer
