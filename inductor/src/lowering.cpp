@@ -95,12 +95,13 @@ std::string literal(const c10::IValue& v, const std::string& T) {
              : v.isInt()  ? static_cast<double>(v.toInt())
              : v.isBool() ? (v.toBool() ? 1.0 : 0.0)
                           : v.toScalar().toDouble();
+  // A bool is whether the value is nonzero, as ATen converts: NaN and the
+  // infinities are true (numeric_limits<bool>'s NaN and infinity are false).
+  if (T == "bool") return d != 0 ? "true" : "false";
   if (std::isnan(d)) return "std::numeric_limits<" + T + ">::quiet_NaN()";
   if (std::isinf(d)) return std::string(d < 0 ? "-" : "") + "std::numeric_limits<" + T + ">::infinity()";
   char buf[80];
-  if (T == "bool")
-    std::snprintf(buf, sizeof buf, "%s", d != 0 ? "true" : "false");
-  else if (T == "int64_t" || T == "int32_t")
+  if (T == "int64_t" || T == "int32_t")
     std::snprintf(buf, sizeof buf, "%s(%lld)", T.c_str(), static_cast<long long>(d));
   else
     std::snprintf(buf, sizeof buf, "%s(%.17g)", T.c_str(), d);

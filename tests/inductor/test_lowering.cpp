@@ -1236,6 +1236,21 @@ TEST_CASE("lowering: int64 constants beyond 2^53, INT64_MAX and INT64_MIN are ex
   REQUIRE(inductor::loop_ir(g.g).find("extern") == std::string::npos);
 }
 
+TEST_CASE("lowering: NaN and infinite constants in bool loops are true, as ATen converts them",
+          "[inductor][lowering]") {
+  // numeric_limits<bool>::quiet_NaN() and ::infinity() are false.
+  const at::Tensor mask = at::tensor({1, 0, 1, 0}) > 0;
+  Builder g;
+  ir::Value* pm = g.input(mask);
+  ir::Value* nan_fill = g.call("aten::full_like", {pm, c10::Scalar(kNaN), c10::IValue(), c10::IValue(), c10::IValue(),
+                                                   c10::IValue(), c10::IValue()});
+  ir::Value* inf_fill = g.call("aten::masked_fill.Scalar", {pm, g.call("aten::logical_not", {pm}), c10::Scalar(-kInf)});
+  check(g, {
+               exactly("full_like(mask, nan)", nan_fill, at::full_like(mask, kNaN)),
+               exactly("mask.masked_fill(~mask, -inf)", inf_fill, mask.masked_fill(mask.logical_not(), -kInf)),
+           });
+}
+
 TEST_CASE("lowering: a one-hot selection summed over its line (nll_loss's pick of the target) reads the pick alone",
           "[inductor][lowering]") {
   // Note [One-hot selections]: where(arange(C) == target[:, None], logp, 0)
