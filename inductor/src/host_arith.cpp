@@ -121,7 +121,7 @@ std::optional<HostArith> host_arith_of(const ir::Node& n) {
     } else if (e == -1) {
       h.op = Op::Reciprocal;
     } else if (e == 0.5 || e == -0.5 || e == -2) {
-      return std::nullopt;  // sqrt, 1 / sqrt(x) and 1 / (x * x): see sqrt above
+      return std::nullopt;  // sqrt, 1 / sqrt(x), 1 / (x * x): ATen rounds them its own way (the Note)
     } else {
       h.op = Op::Pow;
     }
