@@ -3,12 +3,14 @@
 #include <crucible/pipeline/error.h>
 #include <crucible/pipeline/optim.h>
 
+#include <c10/util/Type.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
 #include <string>
 #include <tuple>
+#include <typeinfo>
 #include <vector>
 
 namespace crucible::pipeline {
@@ -58,9 +60,9 @@ std::vector<OptimizerOptions> optimizer_group_options(const torch::optim::Optimi
     return convert_groups<torch::optim::AdamOptions>(optimizer, "Adam");
   if (dynamic_cast<const torch::optim::AdamW*>(&optimizer))
     return convert_groups<torch::optim::AdamWOptions>(optimizer, "AdamW");
-  throw PipelineError(
-      "only torch::optim::SGD, Adam and AdamW have traceable updates (see crucible/pipeline/optim.h); this "
-      "optimizer is none of them");
+  throw PipelineError(c10::demangle(typeid(optimizer).name()) +
+                      " has no traceable update: only torch::optim::SGD, Adam and AdamW have one (see "
+                      "crucible/pipeline/optim.h); train with one of them, or run this optimizer eagerly");
 }
 
 OptimizerOptions optimizer_options_from(const torch::optim::Optimizer& optimizer) {
