@@ -165,6 +165,14 @@ TEST_CASE("make_fx rejects data-dependent ops, naming them", "[tracer]") {
   at::Tensor x = at::randn({4});
   REQUIRE_THROWS_WITH(make_fx([](const at::Tensor& t) { return t * t.sum().item<float>(); }, x),
                       CRUCIBLE_HAS_SUBSTR("aten::_local_scalar_dense"));
+  // The tensor read is named, through the in-place ops that wrote it (a
+  // BatchNorm without momentum reads its num_batches_tracked after += 1).
+  auto counter = [](const at::Tensor& t) {
+    at::Tensor c = t.sum();
+    c.add_(1);
+    return t / c.item<float>();
+  };
+  REQUIRE_THROWS_WITH(make_fx(counter, x), CRUCIBLE_HAS_SUBSTR("aten::_local_scalar_dense (of %sum)"));
   REQUIRE_THROWS_WITH(make_fx([](const at::Tensor& t) { return at::nonzero(t); }, x),
                       CRUCIBLE_HAS_SUBSTR("aten::nonzero"));
   REQUIRE_THROWS_WITH(make_fx([](const at::Tensor& t) { return t.sum().is_nonzero() ? t : -t; }, x),

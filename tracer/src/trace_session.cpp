@@ -759,12 +759,24 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
                        "trace); make the tensor with tensor ops instead (a view, as_strided, a copy), or trace in " +
                        "real mode");
   }
-  if (i.data_dependent && !has_static_shape(i.name, stack, base))
+  if (i.data_dependent && !has_static_shape(i.name, stack, base)) {
+    // Which tensor it reads, as the graph names it (a module buffer keeps
+    // its own name: BatchNorm's cumulative average reads num_batches_tracked).
+    std::string of;
+    if (nargs > 0 && stack[base].isTensor())
+      if (const ir::Value* v = lookup(stack[base].toTensor())) {
+        // Through in-place ops to the tensor they wrote (x += 1; x.item()).
+        while (v->node()->is_call() && v->node()->is_mutating() && !v->node()->args().empty() &&
+               v->node()->arg(0).is_value())
+          v = v->node()->arg(0).value();
+        of = " (of %" + v->name() + ")";
+      }
     throw DataDependentError(
-        i.name + " " + i.data_dependent +
+        i.name + of + " " + i.data_dependent +
         ": data-dependent control flow and shapes cannot be captured in a graph. Compute the value "
         "outside the traced function and pass it in, or keep the decision in tensors "
         "(at::where instead of if, masks instead of nonzero)");
+  }
   if (i.hidden_writes && options_.functionalize && trace_functional_variant(op, stack, base)) return;
   if (i.out_of_place_decomposition) {
     // See Note [Decomposing in-place ops].
