@@ -765,10 +765,14 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
     std::string of;
     if (nargs > 0 && stack[base].isTensor())
       if (const ir::Value* v = lookup(stack[base].toTensor())) {
-        // Through in-place ops to the tensor they wrote (x += 1; x.item()).
-        while (v->node()->is_call() && v->node()->is_mutating() && !v->node()->args().empty() &&
-               v->node()->arg(0).is_value())
-          v = v->node()->arg(0).value();
+        // Through in-place ops to the tensor they wrote (x += 1; x.item()):
+        // ops whose first argument is written (not out= variants).
+        auto writes_self = [](const ir::Node* n) {
+          if (!n->is_call() || n->args().empty() || !n->arg(0).is_value()) return false;
+          const c10::AliasInfo* alias = n->schema().arguments().front().alias_info();
+          return alias && alias->isWrite();
+        };
+        while (writes_self(v->node())) v = v->node()->arg(0).value();
         of = " (of %" + v->name() + ")";
       }
     throw DataDependentError(
