@@ -319,7 +319,7 @@ void BM_HostArith_host(benchmark::State& state) {
   using inductor::detail::host_double;
   using inductor::detail::host_tensor;
   using H = inductor::detail::HostArith;
-  const H add{H::Op::Add, {0, -1}, {0, 1}}, pow{H::Op::Pow, {-1, 1}}, rsub{H::Op::Add, {-1, 0}, {1, 0}, -1},
+  const H add{H::Op::Add, {0, -1}, {0, 1}}, power{H::Op::Pow, {-1, 1}}, rsub{H::Op::Add, {-1, 0}, {1, 0}, -1},
       div{H::Op::Div, {0, 1}}, neg{H::Op::Neg, {0, -1}};
   const at::Tensor step = at::zeros({}, at::kDouble), lr = at::scalar_tensor(1e-3, at::kDouble);
   // What the plan does per op: read the operands, compute, make the result.
@@ -327,8 +327,8 @@ void BM_HostArith_host(benchmark::State& state) {
   for (auto _ : state)
     for (int p = 0; p < kAdamParameters; ++p) {
       const at::Tensor s = op(add, *host_double(step), 1);
-      const at::Tensor bc1 = op(rsub, *host_double(op(pow, 0.9, *host_double(s))), 1);
-      benchmark::DoNotOptimize(op(rsub, *host_double(op(pow, 0.999, *host_double(s))), 1));
+      const at::Tensor bc1 = op(rsub, *host_double(op(power, 0.9, *host_double(s))), 1);
+      benchmark::DoNotOptimize(op(rsub, *host_double(op(power, 0.999, *host_double(s))), 1));
       benchmark::DoNotOptimize(op(neg, *host_double(op(div, *host_double(lr), *host_double(bc1))), 0));
     }
 }
