@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -234,7 +235,30 @@ ir::Value* TraceSession::lookup(const at::Tensor& t) {
 // never accumulates into the caller's, and is restored with the data. The
 // tensor keeps its identity and autograd metadata (requires_grad, leaf), so
 // autograd treats it as it would in eager.
+//
+// Note [Gradient accumulators of swapped tensors]
+// A leaf that requires grad may already have a gradient accumulator
+// (autograd's AccumulateGrad node): a tensor lifted while tracing is found
+// only inside the op that reads it, after the autograd layer above the
+// tracer recorded that op's edge to the tensor's accumulator. The
+// accumulator's input metadata names the device the gradient must have,
+// the tensor's own; in fake mode the swapped-in copy is a meta tensor, and
+// the backward's meta gradient would be refused ("ConvolutionBackward0
+// returned an invalid gradient ... expected device cpu but got meta": a
+// GAN's generator step backpropagating through the discriminator it
+// reads). Tensor::set_data drops an accumulator whose device no longer
+// matches, which cannot help an edge recorded already; so the swap
+// re-describes a live accumulator as the copy for the trace, and restore()
+// puts its description back if it still lives.
 namespace {
+
+// Makes `accumulator` (an AccumulateGrad) take gradients described by `m`.
+// InputMetadata has const members, so it is replaced, not assigned.
+void describe_accumulated(torch::autograd::Node& accumulator, const torch::autograd::InputMetadata& m) {
+  torch::autograd::InputMetadata& slot = accumulator.mutable_input_metadata(0);
+  std::destroy_at(&slot);
+  std::construct_at(&slot, m);
+}
 
 // Tensor::set_data refuses to turn a CPU tensor into a meta one (fake mode),
 // so the swap between devices copies the TensorImpl's metadata directly,
@@ -324,12 +348,20 @@ at::Tensor TraceSession::add_input(const TraceInput& in) {
 
 void TraceSession::reach(const at::Tensor& t, ir::Value* v, ir::InputKind kind, bool lifted_here) {
   // See Note [Swapping reached tensors].
-  Reached r{t, t.variable_data(), t.grad(), v, kind, lifted_here, std::nullopt, {}};
+  Reached r{t, t.variable_data(), t.grad(), v, kind, lifted_here, std::nullopt, {}, {}, std::nullopt};
   if (lifted_here && !t.is_meta() && nbytes(t) <= options_.max_constant_bytes) r.pristine = copy_of(t);
   reached_.push_back(std::move(r));
   if (t.grad().defined()) t.mutable_grad() = at::Tensor();
   const c10::Device device = t.device();
   swap_data(t, traced_copy(t, options_.mode));
+  // See Note [Gradient accumulators of swapped tensors].
+  if (t.requires_grad() && t.is_leaf())
+    if (std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::try_get_grad_accumulator(t);
+        acc && acc->input_metadata(0).device() != t.device()) {
+      reached_.back().accumulator = acc;
+      reached_.back().accumulated.emplace(acc->input_metadata(0));
+      describe_accumulated(*acc, torch::autograd::InputMetadata(t));
+    }
   // The copy's metadata on the tensor's own device (Note [Devices in fake
   // mode]); the tensor keeps its requires_grad.
   const std::optional<c10::Device> saved = std::exchange(result_device_, device);
@@ -410,6 +442,8 @@ void TraceSession::restore() {
   // See Note [Swapping reached tensors].
   for (auto r = reached_.rbegin(); r != reached_.rend(); ++r) {
     swap_data(r->tensor, r->data);
+    if (std::shared_ptr<torch::autograd::Node> acc = r->accumulator.lock())
+      describe_accumulated(*acc, *r->accumulated);  // Note [Gradient accumulators of swapped tensors]
     if (r->grad.defined() || r->tensor.grad().defined()) r->tensor.mutable_grad() = r->grad;
     r->data.reset();
     r->grad.reset();

@@ -7,8 +7,11 @@
 #include <ATen/core/stack.h>
 #include <c10/core/DispatchKeySet.h>
 #include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/input_metadata.h>
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -149,6 +152,10 @@ class TraceSession {
     bool lifted_here = false;        // found while tracing, not given as an input
     std::optional<WeakTensor> weak;  // set by settle_lifted
     at::Tensor pristine;             // lifted_here: its value when first read, if small enough for a constant
+    // Its gradient accumulator, re-described for the trace, and what it
+    // described before (Note [Gradient accumulators of swapped tensors]).
+    std::weak_ptr<torch::autograd::Node> accumulator;
+    std::optional<torch::autograd::InputMetadata> accumulated;
   };
 
   const OpInfo& info(const c10::OperatorHandle& op);
