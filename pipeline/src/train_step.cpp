@@ -258,6 +258,13 @@ at::Tensor TrainStep::operator()(const std::vector<at::Tensor>& batch) const {
   s.follow_params();
   at::NoGradGuard no_grad;  // the inference path: one graph, forward to update
   at::Tensor loss = s.aot->operator()(s.arguments(batch)).at(0);
+  // The optimizer's parameters end as after zero_grad() (Note [Train step
+  // graph]) also where they held a gradient before the step, which it
+  // neither reads nor clears: one a GAN's other step accumulated into them,
+  // reading them from outside its module. Left there, the next such
+  // backward would add to it where eager's zero_grad() starts afresh.
+  for (const at::Tensor& p : s.params)
+    if (p.grad().defined()) p.mutable_grad().reset();
   s.stepped = true;
   if (!s.hooks) s.hooks = s.hooks_now();
   return loss;

@@ -58,9 +58,10 @@ class Builder;
 // the call accumulates into that tensor's .grad as eager's backward does
 // (Note [Gradients a function accumulates]); the optimizer updates only the
 // module's own parameters. Their gradients live inside the graph: the
-// module's .grad fields end as after zero_grad(), and each step starts from
-// no gradient, as the eager step `zero_grad(); loss.backward(); step();
-// zero_grad()` would. Each param group is updated with its own options
+// optimizer's parameters' .grad fields end as after zero_grad() (whatever
+// they held before the step, which does not read them), and each step
+// starts from no gradient, as the eager step `zero_grad(); loss.backward();
+// step(); zero_grad()` would. Each param group is updated with its own options
 // (optimizer_group_options: a rate per group, no weight decay for biases);
 // options other than the learning rate are read once, when the step is
 // created, and a call after they changed throws. A step compiles again for inputs
