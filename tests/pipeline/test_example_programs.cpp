@@ -200,13 +200,15 @@ struct Gan {
 };
 
 // The discriminator's loss on {real images, noise}: real images labelled
-// 0.9 (label smoothing), images generated from the noise (detached: no
-// gradient reaches the generator) labelled 0. The generator is read from
-// outside the step's module.
-LossFn discriminator_loss(std::shared_ptr<DcganGeneratorImpl> generator) {
-  return [generator](torch::nn::Module& m, const Batch& batch) {
+// 0.9 (label smoothing; with `random_labels`, drawn from U(0.8, 1) in the
+// loss, as the PyTorch C++ frontend tutorial's loop draws them), images
+// generated from the noise (detached: no gradient reaches the generator)
+// labelled 0. The generator is read from outside the step's module.
+LossFn discriminator_loss(std::shared_ptr<DcganGeneratorImpl> generator, bool random_labels) {
+  return [generator, random_labels](torch::nn::Module& m, const Batch& batch) {
     auto& discriminator = dynamic_cast<torch::nn::SequentialImpl&>(m);
-    const at::Tensor real_labels = at::full({batch[0].size(0)}, 0.9, batch[0].options());
+    const at::Tensor real_labels = random_labels ? at::empty({batch[0].size(0)}, batch[0].options()).uniform_(0.8, 1.0)
+                                                 : at::full({batch[0].size(0)}, 0.9, batch[0].options());
     const at::Tensor real_output = discriminator.forward(batch[0]).reshape(real_labels.sizes());
     const at::Tensor d_loss_real = torch::nn::functional::binary_cross_entropy(real_output, real_labels);
     const at::Tensor fake_images = generator->forward(batch[1]);
@@ -241,6 +243,8 @@ TEST_CASE(
       at::adaptive_avg_pool2d(raw_fashion_mnist().images.slice(0, 0, 16).unsqueeze(1).to(at::kDouble).div(255), {8, 8})
           .mul(2)
           .sub(1);
+  const bool random_labels = GENERATE(false, true);
+  INFO((random_labels ? "real labels drawn from U(0.8, 1)" : "real labels 0.9"));
   for_each_backend([&](const Builder& b) {
     if (crucible::testing::compile_only()) CRUCIBLE_SKIP("CUDA asked for and no GPU here");
     const at::Device device = crucible::testing::test_device();
@@ -259,15 +263,19 @@ TEST_CASE(
     torch::optim::Adam d_opt_c(compiled.discriminator->parameters(), adam_options);
     torch::optim::Adam g_opt_e(eager.generator->parameters(), adam_options);
     torch::optim::Adam d_opt_e(eager.discriminator->parameters(), adam_options);
-    TrainStep d_step = b.compile_train_step(compiled.discriminator, d_opt_c, discriminator_loss(compiled.generator));
+    TrainStep d_step =
+        b.compile_train_step(compiled.discriminator, d_opt_c, discriminator_loss(compiled.generator, random_labels));
     TrainStep g_step = b.compile_train_step(compiled.generator, g_opt_c, generator_loss(compiled.discriminator));
-    const LossFn d_loss_e = discriminator_loss(eager.generator), g_loss_e = generator_loss(eager.discriminator);
+    const LossFn d_loss_e = discriminator_loss(eager.generator, random_labels),
+                 g_loss_e = generator_loss(eager.discriminator);
     for (int64_t i = 0; i < 4; ++i) {
       INFO("iteration " << i);
       const at::Tensor real = images.slice(0, 4 * i, 4 * i + 4).to(device);
       const at::Tensor noise = f64_randn({4, kNoiseSize, 1, 1}, 100 + i).to(device);
       // The discriminator's step.
+      torch::manual_seed(200 + i);  // the same labels drawn
       const at::Tensor d_loss_c = d_step({real, noise});
+      torch::manual_seed(200 + i);
       d_opt_e.zero_grad();
       const at::Tensor d_loss = d_loss_e(*eager.discriminator, {real, noise});
       d_loss.backward();
