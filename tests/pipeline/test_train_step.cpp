@@ -800,3 +800,45 @@ TEST_CASE("train step: every zoo model's graph is functional, its writes the tra
                           sig.inputs_of(crucible::ir::InputKind::State).size() - 1);  // all but the rate
   }
 }
+
+TEST_CASE("train step: a step that fails to compile leaves the module, its gradients and the optimizer as they were",
+          "[pipeline][train_step][errors]") {
+  // A loss that reads a value the trace cannot hold (nonzero's data-dependent
+  // size), after the forward has run a BatchNorm in training mode: the
+  // failed compile must not have written the running statistics, the
+  // parameters, their .grad or the optimizer's state, so the user's eager
+  // fallback continues from exactly where it was.
+  const ResNetConfig config{.in_channels = 1, .image_size = 8, .width = 4, .blocks = {1, 1, 1, 1}};
+  Twins t = twins([&] { return make_resnet(config); });
+  const Batch b = make_resnet(config).example_batch(4, 7);
+  const LossFn compiled_loss = loss_of(t.compiled);
+  const LossFn failing = [&](torch::nn::Module& m, const std::vector<at::Tensor>& batch) {
+    at::Tensor loss = compiled_loss(m, batch);
+    return loss * at::nonzero(batch[1]).size(0);
+  };
+  for (const bool fake : {false, true}) {
+    INFO((fake ? "fake mode" : "real mode"));
+    torch::optim::Adam compiled_opt(t.compiled.module->parameters(), torch::optim::AdamOptions(1e-2));
+    torch::optim::Adam eager_opt(t.eager.module->parameters(), torch::optim::AdamOptions(1e-2));
+    // Some state to keep: a step each, and .grad left filled by a backward.
+    eager_train_step(t.compiled, compiled_opt, b);
+    eager_train_step(t.eager, eager_opt, b);
+    loss_of(t.compiled)(*t.compiled.module, {b.inputs, b.targets}).backward();
+    loss_of(t.eager)(*t.eager.module, {b.inputs, b.targets}).backward();
+    crucible::tracer::TraceOptions options;
+    if (fake) options.mode = crucible::tracer::TraceMode::Fake;
+    TrainStep step = Builder().trace_options(options).compile_train_step(t.compiled.module, compiled_opt, failing);
+    CHECK_THROWS_WITH(step({b.inputs, b.targets}), CRUCIBLE_HAS_SUBSTR("nonzero"));
+    require_same_state(t.compiled, t.eager, 0.0, 0.0);
+    auto eager_params = t.eager.module->parameters();
+    auto params = t.compiled.module->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      REQUIRE(params[i].grad().defined());
+      REQUIRE_EQUAL_TENSORS(params[i].grad(), eager_params[i].grad());
+    }
+    // The optimizer continues as eager's: its state was not touched.
+    for (int64_t i = 0; i < 2; ++i)
+      REQUIRE_EQUAL_TENSORS(eager_train_step(t.compiled, compiled_opt, b), eager_train_step(t.eager, eager_opt, b));
+    require_same_state(t.compiled, t.eager, 0.0, 0.0);
+  }
+}
