@@ -61,6 +61,15 @@ std::vector<bool> training_flags(const torch::nn::Module& module) {
   return flags;
 }
 
+std::vector<bool> named_training_flags(
+    const std::vector<std::pair<std::string, std::weak_ptr<torch::nn::Module>>>& named) {
+  std::vector<bool> flags;
+  for (const auto& [name, weak] : named)
+    if (std::shared_ptr<torch::nn::Module> m = weak.lock())
+      m->apply([&flags](const torch::nn::Module& sub) { flags.push_back(sub.is_training()); });
+  return flags;
+}
+
 }  // namespace detail
 
 std::vector<at::Tensor> AotModule::operator()(const std::vector<at::Tensor>& inputs) const {
@@ -99,15 +108,24 @@ tracer::TensorFn aot_module_simplified(std::shared_ptr<torch::nn::Module> module
   request.flat_fn = detail::module_flat_fn(module, std::move(fn));
   request.trace = detail::module_trace(module);
   request.flat_args = flat;
+  const auto named = config.named_modules;
   request.config = std::move(config);
   request.config.num_params_buffers = state.size();
   request.compile_id = "simplified";
   const bool grad_enabled = at::GradMode::is_enabled();
+  // The module's train()/eval() flags, then those of the modules it reads
+  // from outside (detail::named_training_flags).
+  auto flags_now = [module, named] {
+    std::vector<bool> flags = detail::training_flags(*module);
+    const std::vector<bool> others = detail::named_training_flags(named);
+    flags.insert(flags.end(), others.begin(), others.end());
+    return flags;
+  };
   AotCompiled compiled = create_aot_dispatcher_function(std::move(request));
   if (!compiled.lifted.append_to(flat))
     throw AotError("aot_module_simplified: " + compiled.lifted.freed() + " while the function was compiled");
-  auto guards = std::make_shared<const runtime::InputGuards>(flat, grad_enabled, detail::training_flags(*module));
-  return [module, state = std::move(state), guards,
+  auto guards = std::make_shared<const runtime::InputGuards>(flat, grad_enabled, flags_now());
+  return [module, state = std::move(state), guards, flags_now,
           compiled = std::move(compiled)](const std::vector<at::Tensor>& inputs) {
     std::vector<at::Tensor> args;
     args.reserve(state.size() + inputs.size() + compiled.lifted.size());
@@ -118,7 +136,7 @@ tracer::TensorFn aot_module_simplified(std::shared_ptr<torch::nn::Module> module
                      "; it keeps the one compilation made for its example inputs: use aot_module, which compiles "
                      "again");
     const bool grad = at::GradMode::is_enabled();
-    const std::vector<bool> flags = detail::training_flags(*module);
+    const std::vector<bool> flags = flags_now();
     if (!guards->check(args, grad, flags))
       throw AotError("aot_module_simplified: " + guards->first_difference(args, grad, flags).reason +
                      "; it keeps the one compilation made for its example inputs: call with inputs like those, "

@@ -1,5 +1,7 @@
 #include "compile_cache.h"
 
+#include "module_trace.h"
+
 #include <crucible/autograd/aot_dispatch.h>
 #include <crucible/autograd/error.h>
 
@@ -27,8 +29,12 @@ void CompileCache::compile(std::vector<at::Tensor> args, const std::vector<bool>
 }
 
 std::shared_ptr<const CompileCache::Entry> CompileCache::entry_for(std::vector<at::Tensor>& args,
-                                                                   const std::vector<bool>& extra,
+                                                                   const std::vector<bool>& caller_extra,
                                                                    std::optional<size_t> num_params_buffers) {
+  // The modules the function reads from outside compute by their train()/eval() mode too.
+  std::vector<bool> extra = caller_extra;
+  const std::vector<bool> named = named_training_flags(config_.named_modules);
+  extra.insert(extra.end(), named.begin(), named.end());
   const size_t first_input = num_params_buffers.value_or(config_.num_params_buffers);
   for (size_t i = 0; i < args.size(); ++i)
     if (!args[i].defined())

@@ -6,6 +6,8 @@
 #include <crucible/tracer/functional_call.h>
 
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace crucible::autograd::detail {
@@ -25,5 +27,11 @@ tracer::TensorFn module_flat_fn(std::shared_ptr<torch::nn::Module> module, trace
 /// is_training() of the module and every descendant, in apply() order: the
 /// `extra` guard of a compilation over a module.
 std::vector<bool> training_flags(const torch::nn::Module& module);
+/// training_flags() of each module of `named` (AotConfig::named_modules)
+/// still alive, one after another: a function that reads another module
+/// computes by its train()/eval() mode too (batch norm, dropout), so these
+/// join the `extra` guard of every compilation (Note [AOT cache guards]).
+std::vector<bool> named_training_flags(
+    const std::vector<std::pair<std::string, std::weak_ptr<torch::nn::Module>>>& named);
 
 }  // namespace crucible::autograd::detail

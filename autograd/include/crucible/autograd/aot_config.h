@@ -57,8 +57,9 @@ struct AotConfig {
   tracer::DecompositionTable decompositions;
   /// Other modules the function may read from outside, by name: a lifted
   /// parameter or buffer of one is named "<name>.<fully qualified name>"
-  /// (Note [Lifted tensors] in tracer/make_fx.h). Held weakly: naming keeps
-  /// no module alive.
+  /// (Note [Lifted tensors] in tracer/make_fx.h), and their train()/eval()
+  /// flags are guarded (Note [AOT cache guards]): switching one compiles
+  /// again. Held weakly: naming keeps no module alive.
   std::vector<std::pair<std::string, std::weak_ptr<torch::nn::Module>>> named_modules;
   /// Freezing: tensors the function reads from outside its arguments become
   /// constants of the graphs instead of lifted inputs (tracer::TraceOptions::

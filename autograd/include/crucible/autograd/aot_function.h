@@ -24,14 +24,15 @@ class CompileCache;
 // input's sizes, strides, dtype, device and requires_grad, on which inputs
 // are the same tensor or share a storage (and, for those, their storage
 // offsets and sizes: the dedupe and synthetic-base wrappers specialize on
-// them), on grad mode, and for aot_module on the module's train()/eval()
-// flags. A call meeting no kept compilation's guards compiles a new one,
-// with the first failing guard of the closest kept compilation as the
-// recompile reason in the metrics (or throws AotError once recompile_limit
-// compilations exist): a compiled graph never runs on inputs it was not
-// specialized to. Storage offsets of unaliased inputs are not guarded (the
-// graphs do not depend on them), so slices of one buffer at different
-// offsets share a compilation.
+// them), on grad mode, for aot_module on the module's train()/eval()
+// flags, and on those of AotConfig::named_modules (a module the function
+// reads from outside: a GAN's discriminator in the generator's step). A call
+// meeting no kept compilation's guards compiles a new one, with the first
+// failing guard of the closest kept compilation as the recompile reason in
+// the metrics (or throws AotError once recompile_limit compilations exist):
+// a compiled graph never runs on inputs it was not specialized to. Storage
+// offsets of unaliased inputs are not guarded (the graphs do not depend on
+// them), so slices of one buffer at different offsets share a compilation.
 // What C++ does not let a guard see is not guarded: a number or flag the
 // function captures is a constant of the graph (pass a value that changes
 // as a 0-dim tensor), and aot_module reads the tensors registered in the

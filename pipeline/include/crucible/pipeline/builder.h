@@ -87,7 +87,9 @@ class Builder {
   /// Names another module the compiled functions may read from outside
   /// (a GAN's generator step reads the discriminator): its parameters and
   /// buffers, lifted to inputs (Note [Lifted tensors] in tracer/make_fx.h),
-  /// are named "<name>.<fully qualified name>" in graphs and messages. Held
+  /// are named "<name>.<fully qualified name>" in graphs and messages, and
+  /// its train()/eval() flags are guarded: switching it compiles again (a
+  /// module read from outside without a name is not guarded so). Held
   /// weakly. Throws PipelineError if `module` is null.
   Builder& name_module(std::string name, const std::shared_ptr<torch::nn::Module>& module);
   /// Replaces the decomposition table of the trace options.

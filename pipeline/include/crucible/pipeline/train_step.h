@@ -66,7 +66,8 @@ class Builder;
 // options other than the learning rate are read once, when the step is
 // created, and a call after they changed throws. A step compiles again for inputs
 // of other sizes, dtypes, devices or aliasing, when any submodule's
-// train()/eval() mode changed, or when a lifted tensor was freed (its
+// train()/eval() mode changed (or that of a module named with
+// Builder::name_module), or when a lifted tensor was freed (its
 // variable now holds another tensor).
 //
 // Note [Pre-grad passes in a training step]
