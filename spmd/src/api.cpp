@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <mutex>
 #include <optional>
 
@@ -23,6 +24,7 @@ struct SpmdState {
   std::shared_ptr<torch::nn::Module> module;
   std::mutex mu;
   std::optional<SpmdReport> report;
+  bool broadcast_buffers = true;
 
   explicit SpmdState(ProcessGroup g) : group(std::move(g)) {}
 
@@ -69,6 +71,51 @@ void broadcast_state(const ProcessGroup& group, const std::vector<at::Tensor>& s
     if (!staged[i].is_same(state[i])) state[i].detach().copy_(staged[i]);
 }
 
+// Note [Buffers across ranks]
+// The step updates buffers (batch norm's running statistics) from each
+// rank's own shard, so left alone the ranks' buffers drift apart, and a
+// model evaluated on two ranks gives two answers. DDP (broadcast_buffers,
+// its default) copies rank 0's buffers to every rank before each forward;
+// SpmdStep does the same before each step, outside the graph: the buffers
+// are the graph's inputs, and a host-side broadcast needs no change to the
+// traced step nor to its hash. After a step each rank holds rank 0's
+// buffers as they were before it, updated by its own shard, exactly as
+// under DDP; in training mode batch norm normalizes with the batch's
+// statistics, so the broadcast changes no loss or gradient. The buffers are
+// packed into one tensor per dtype and device (DDP coalesces them too), so
+// ResNet-18's 60 buffers cost two broadcasts a step (float32 and int64).
+void broadcast_buffers(const ProcessGroup& group, const torch::nn::Module& module) {
+  if (group.size() == 1) return;
+  std::vector<std::vector<at::Tensor>> packs;  // buffers of one dtype and device
+  for (const at::Tensor& b : module.buffers()) {
+    if (!b.defined()) continue;
+    auto same = [&](const std::vector<at::Tensor>& pack) {
+      return pack.front().scalar_type() == b.scalar_type() && pack.front().device() == b.device();
+    };
+    auto it = std::find_if(packs.begin(), packs.end(), same);
+    if (it == packs.end())
+      packs.push_back({b});
+    else
+      it->push_back(b);
+  }
+  if (packs.empty()) return;
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> flat;
+  for (const std::vector<at::Tensor>& pack : packs) {
+    std::vector<at::Tensor> pieces;
+    for (const at::Tensor& b : pack) pieces.push_back(b.detach().reshape({-1}));
+    flat.push_back(at::cat(pieces));
+  }
+  broadcast_state(group, flat);
+  for (size_t i = 0; i < packs.size(); ++i) {
+    int64_t offset = 0;
+    for (const at::Tensor& b : packs[i]) {
+      b.detach().copy_(flat[i].narrow(0, offset, b.numel()).view(b.sizes()));
+      offset += b.numel();
+    }
+  }
+}
+
 }  // namespace
 
 SpmdStep compile(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimizer& optimizer,
@@ -77,6 +124,7 @@ SpmdStep compile(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimi
   auto s = std::make_shared<detail::SpmdState>(resolve_process_group(options.parallel_mode.group));
   apply_overrides(*module, "", options.module_override);
   s->module = module;
+  s->broadcast_buffers = options.broadcast_buffers;
 
   pipeline::Builder builder = options.builder;
   const ir::Pass expand{
@@ -129,6 +177,7 @@ std::vector<at::Tensor> at_offset_zero(const std::vector<at::Tensor>& batch) {
 }  // namespace
 
 at::Tensor SpmdStep::operator()(const std::vector<at::Tensor>& batch) const {
+  if (state_->broadcast_buffers) broadcast_buffers(state_->group, *state_->module);  // See Note [Buffers across ranks].
   detail::AwaitedCollectives awaited;  // See Note [Waiting for NCCL] in collectives.cpp.
   at::Tensor loss = (*state_->step)(at_offset_zero(batch));
   awaited.await();

@@ -51,6 +51,14 @@ struct SpmdOptions {
   std::function<void(ir::Graph&)> gm_transformation;
   /// The data-parallel mode: the group and the bucket size.
   DataParallelOptions parallel_mode;
+  /// Before each step, copy rank 0's buffers (batch norm's running
+  /// statistics, ...) to every rank, as DDP's broadcast_buffers (on by
+  /// default there too) does before each forward: a rank then ends a step
+  /// with rank 0's buffers updated by its own shard's forward. Off: each
+  /// rank's buffers evolve from its own shards alone (they start as rank
+  /// 0's, broadcast by compile) and drift apart. See Note [Buffers across
+  /// ranks] in src/api.cpp.
+  bool broadcast_buffers = true;
   /// The stages after the expansion (post-grad passes, backend,
   /// instruments); the expansion runs as its first joint passes.
   pipeline::Builder builder;
@@ -74,8 +82,12 @@ class SpmdStep {
  public:
   /// One step on this rank's shard of the global batch: the gradients are
   /// averaged over the group before the optimizer reads them, so every rank
-  /// updates its parameters alike. Returns this rank's loss (0-dim, detached;
-  /// the global batch's loss is the mean over ranks for a mean loss).
+  /// updates its parameters alike (a parameter without a gradient, frozen
+  /// or unused by the loss, is not updated, as under DDP); with
+  /// SpmdOptions::broadcast_buffers, rank 0's buffers are copied to every
+  /// rank first (a blocking broadcast, coalesced by dtype). Returns this
+  /// rank's loss (0-dim, detached; the global batch's loss is the mean over
+  /// ranks for a mean loss).
   /// Compiles first, as pipeline::TrainStep does. Batch tensors that are
   /// views at a storage offset (a slice of the global batch) are copied
   /// first, so that every rank compiles the same graph. On NCCL it returns
