@@ -9,6 +9,14 @@
 //             writes the error it gets to OUT_DIR/rank<R>.err.
 //   two_steps as train, after another step (a model of its own, one bucket
 //             per gradient) was compiled on the same group.
+//   ddp       MODEL names a program of ddp_programs.h (OPTIMIZER is ignored:
+//             the program has its own); kDdpSteps steps from the program's
+//             per-rank seeds; writes OUT_DIR/rank<R>.bin: rank_result as
+//             float64.
+//   ddp_local_buffers
+//             as ddp, with SpmdOptions::broadcast_buffers off.
+// The ddp scenarios run on the CPU over the default backend; they too take
+// CRUCIBLE_TEST_COMPILER.
 // Per-rank batch 4; batches are the model's example_batch(4 * world, step).
 // CRUCIBLE_TEST_DEVICE=cuda trains on cuda:(LOCAL_RANK mod GPUs), and
 // CRUCIBLE_TEST_BACKEND picks the group's backend (default: auto), and
@@ -33,6 +41,8 @@
 #include <fstream>
 #include <iostream>
 
+#include "ddp_programs.h"
+
 using namespace crucible;
 
 namespace {
@@ -42,6 +52,38 @@ constexpr int kSteps = 10;
 
 void write_error(const std::string& dir, int rank, const std::string& what) {
   std::ofstream(dir + "/rank" + std::to_string(rank) + ".err") << what;
+}
+
+// The ddp scenarios: one rank of a program of ddp_programs.h, on the CPU.
+int run_program(const std::string& scenario, const std::string& dir, const std::string& name, int64_t bucket_bytes) {
+  spmd::ProcessGroup group = spmd::init_process_group(spmd::options_from_env());
+  const int rank = group.rank(), world = group.size();
+  // Ranks build the program from different seeds: spmd::compile starts
+  // every rank from rank 0's state.
+  at::manual_seed(100 + rank);
+  spmd_testing::Program p = spmd_testing::make_program(name);
+  spmd::SpmdOptions options;
+  options.parallel_mode.bucket_bytes = bucket_bytes;
+  if (scenario == "ddp_local_buffers") options.broadcast_buffers = false;
+  if (const char* compiler = std::getenv("CRUCIBLE_TEST_COMPILER")) {
+    options.builder.backend(compiler);
+    if (std::string(compiler) == "inductor") options.builder.decompositions(tracer::core_aten_decompositions());
+  }
+  try {
+    spmd::SpmdStep step = spmd::compile(p.module, *p.optimizer, p.loss, options);
+    auto shard = [&](int s) { return spmd_testing::shard_of(p.batch(p.per_rank * world, s), rank, p.per_rank); };
+    step.compile(shard(0));
+    at::manual_seed(p.rng_seed(rank));  // compiling left the generator as it found it
+    std::vector<double> losses;
+    for (int s = 0; s < spmd_testing::kDdpSteps; ++s) losses.push_back(step(shard(s)).item<double>());
+    const at::Tensor result = spmd_testing::rank_result(losses, *p.module);
+    std::ofstream out(dir + "/rank" + std::to_string(rank) + ".bin", std::ios::binary);
+    out.write(static_cast<const char*>(result.data_ptr()), static_cast<std::streamsize>(result.nbytes()));
+    return out ? 0 : 1;
+  } catch (const std::exception& e) {
+    write_error(dir, rank, e.what());
+    return 1;
+  }
 }
 
 }  // namespace
@@ -54,6 +96,7 @@ int main(int argc, char** argv) {
   const std::string scenario = argv[1], dir = argv[2], model_name = argv[3], opt_name = argv[4];
   const int64_t bucket_bytes = std::stoll(argv[5]);
   at::set_num_threads(1);
+  if (scenario == "ddp" || scenario == "ddp_local_buffers") return run_program(scenario, dir, model_name, bucket_bytes);
   spmd::ProcessGroupOptions go = spmd::options_from_env();
   const char* device_env = std::getenv("CRUCIBLE_TEST_DEVICE");
   const char* backend_env = std::getenv("CRUCIBLE_TEST_BACKEND");

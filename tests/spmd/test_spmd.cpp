@@ -30,6 +30,7 @@
 #include <sstream>
 
 #include "catch.h"
+#include "ddp_programs.h"
 #include "testing.h"
 
 using namespace crucible;
@@ -581,4 +582,59 @@ TEST_CASE("an Override traces a placeholder and splices the real layer into forw
   CHECK(splice->flat_state == compiled->parameters().size() + step.train_step().optimizer_state().flat().size());
   // Same kernels, other order of the spliced ops' products: within float32 rounding.
   CHECK(models::max_param_diff(*compiled, *eager) < 1e-6);
+}
+
+namespace {
+
+// Every rank's rank_result (ddp_programs.h) from a ddp run.
+std::vector<at::Tensor> read_ddp_ranks(const fs::path& dir, int world, int64_t numel) {
+  std::vector<at::Tensor> ranks;
+  for (int rank = 0; rank < world; ++rank) {
+    const fs::path err = dir / ("rank" + std::to_string(rank) + ".err");
+    if (fs::exists(err)) {
+      FAIL_CHECK("rank " << rank << ": " << read_file(err));
+      return {};
+    }
+    const std::string bytes = read_file(dir / ("rank" + std::to_string(rank) + ".bin"));
+    CHECK(bytes.size() == static_cast<size_t>(numel) * sizeof(double));
+    if (bytes.size() != static_cast<size_t>(numel) * sizeof(double)) return {};
+    at::Tensor t = at::empty({numel}, at::kDouble);
+    std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+    ranks.push_back(t);
+  }
+  return ranks;
+}
+
+}  // namespace
+
+TEST_CASE("programs unlike the zoo train over 2 ranks as DistributedDataParallel does", "[spmd][multiprocess]") {
+  // ddp_programs.h: batch norm's buffers (rank 0's broadcast before each
+  // step, as DDP's broadcast_buffers), a frozen and an unused parameter in
+  // two param groups with momentum and weight decay (neither moves), dropout
+  // drawing from each rank's generator (seeded apart, then alike), a summed
+  // loss over shards of 3 (gradients averaged all the same), float32 and
+  // float64 layers (a bucket per dtype), and an LM head tied to the
+  // embedding. float64 (mixed: its float32 layer within 1e-5): the ranks' sums and the reference's
+  // are taken in other orders, a few ulps.
+  // batchnorm_local: SpmdOptions::broadcast_buffers off, each rank's
+  // buffers from its own shards alone.
+  constexpr int kWorld = 2;
+  for (std::string name :
+       {"batchnorm", "batchnorm_local", "frozen", "dropout", "dropout_same", "sum", "mixed", "tied"}) {
+    CAPTURE(name);
+    const bool local = name == "batchnorm_local";
+    if (local) name = "batchnorm";
+    const std::vector<at::Tensor> ref = spmd_testing::ddp_reference(name, kWorld, /*broadcast_buffers=*/!local);
+    const Run run = launch_workers(local ? "ddp_local_buffers" : "ddp", kWorld, name, "-", 4096);
+    const std::vector<at::Tensor> got = read_ddp_ranks(run.dir, kWorld, ref[0].numel());
+    CHECK(run.code == 0);
+    for (int rank = 0; rank < static_cast<int>(got.size()); ++rank) {
+      CAPTURE(rank);
+      const bool f32 = name == "mixed";
+      const std::string mismatch = testing::mismatch(got[rank], ref[rank], f32 ? 1e-5 : 1e-9, f32 ? 1e-6 : 1e-10);
+      INFO(mismatch);
+      CHECK(mismatch.empty());
+    }
+    fs::remove_all(run.dir);
+  }
 }
