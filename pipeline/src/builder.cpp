@@ -10,9 +10,14 @@
 #include <crucible/tracer/functional_call.h>
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/nn/module.h>
 
 #include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_set>
 #include <utility>
 
 namespace crucible::pipeline {
@@ -264,21 +269,82 @@ autograd::AotConfig Builder::aot_config() const {
 // the pre-grad trace meets a data-dependent op the compilation goes on
 // without them (with a warning) and AOTAutograd traces the function itself:
 // it compiles if its own trace avoids the op, and refuses it by name if not.
+//
+// Note [Pre-grad graphs that autograd cannot replay]
+// A pre-grad graph is differentiated by autograd recording the ATen ops the
+// interpreter dispatches, so its gradient is the derivative of those ops.
+// The function's own gradient may be another: a custom
+// torch::autograd::Function's backward (a straight-through estimator, a
+// gradient reversal layer; its forward's ops even run, and are traced, under
+// no_grad, so the replay would not differentiate them at all), or a hook
+// registered on an intermediate tensor (Tensor::register_hook scaling or
+// clipping a gradient). The graph holds neither, so running it again would
+// silently give other gradients. The pre-grad trace runs the function under
+// autograd, so the autograd graph behind its outputs shows them: a node of a
+// custom Function (CppNode<T>, the only node C++ custom Functions make) or a
+// node carrying hooks other than a leaf's (a leaf's hooks stay on the input
+// tensor the replay is given; retain_grad changes no gradient). Where there is one, the compilation goes on
+// without the pre-grad passes (with a warning), and AOTAutograd traces the
+// function itself, whose joint trace records the backward autograd runs,
+// custom backwards and hooks included. Backwards that run inside the function
+// (torch::autograd::grad in a loss) are traced as ops and replay as they ran.
+
+namespace {
+
+// Why autograd's graph behind `outputs` is not what autograd records for the
+// ops of their trace (Note [Pre-grad graphs that autograd cannot replay]), or
+// nullopt.
+std::optional<std::string> unreplayable_autograd(const std::vector<at::Tensor>& outputs) {
+  std::vector<torch::autograd::Node*> stack;
+  std::unordered_set<torch::autograd::Node*> seen;
+  for (const at::Tensor& t : outputs)
+    if (t.defined() && t.grad_fn() && seen.insert(t.grad_fn().get()).second) stack.push_back(t.grad_fn().get());
+  while (!stack.empty()) {
+    torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    const std::string name = node->name();
+    constexpr std::string_view custom = "torch::autograd::CppNode<";
+    if (name.rfind(custom, 0) == 0)
+      return "the custom autograd Function " + name.substr(custom.size(), name.size() - custom.size() - 1) +
+             " has a backward of its own";
+    if (!dynamic_cast<torch::autograd::AccumulateGrad*>(node) &&
+        (!node->tensor_pre_hooks().empty() || !node->pre_hooks().empty() || !node->post_hooks().empty()))
+      return "a hook is registered on an intermediate tensor (the output of " + name + ")";
+    for (const torch::autograd::Edge& e : node->next_edges())
+      if (e.function && seen.insert(e.function.get()).second) stack.push_back(e.function.get());
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 tracer::TensorFn Builder::pre_grad_function(const tracer::TensorFn& fn, const autograd::TraceFn& trace,
                                             const std::vector<at::Tensor>& args) const {
   std::optional<tracer::TraceResult> traced;
+  std::optional<std::string> unreplayable;  // Note [Pre-grad graphs that autograd cannot replay]
+  const tracer::TensorFn inspected = [&fn, &unreplayable](const std::vector<at::Tensor>& in) {
+    std::vector<at::Tensor> out = fn(in);
+    unreplayable = unreplayable_autograd(out);
+    return out;
+  };
   try {
     traced.emplace(this->trace("pre_grad", [&](const tracer::TraceOptions& options) {
       tracer::TraceOptions forward = options;
       forward.functionalize = false;
       forward.decompositions.clear();
-      return trace(fn, args, forward);
+      return trace(inspected, args, forward);
     }));
   } catch (const tracer::DataDependentError& e) {
     TORCH_WARN(
         "pre-grad passes skipped for this compilation: the forward traced without functionalization "
         "reads tensor values (",
         e.what(), "); Note [Pre-grad traces that read values]");
+    return fn;
+  }
+  if (unreplayable) {
+    TORCH_WARN("pre-grad passes skipped for this compilation: ", *unreplayable,
+               ", which a graph of the forward's ops differentiated again would lose; Note [Pre-grad graphs that "
+               "autograd cannot replay]");
     return fn;
   }
   tracer::TraceResult& r = *traced;

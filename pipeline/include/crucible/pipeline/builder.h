@@ -208,9 +208,14 @@ class Builder {
   /// graph, and returns a function that runs the graph with the interpreter
   /// (on the same kind of arguments; the tensors the trace lifted are read
   /// again at each call). What AotConfig::pre_grad is set to; the training
-  /// step calls it on the loss alone. Throws what the trace and the passes
-  /// throw; the returned function throws PipelineError when a lifted tensor
-  /// has been freed since.
+  /// step calls it on the loss alone. Returns `fn` itself, with a warning
+  /// and no passes run, where the trace reads tensor values (Note [Pre-grad
+  /// traces that read values]) or the forward's gradient is not its ops'
+  /// derivative: a custom autograd Function or a hook on an intermediate
+  /// tensor is behind its outputs (Note [Pre-grad graphs that autograd
+  /// cannot replay]). Throws what the trace and the passes throw; the
+  /// returned function throws PipelineError when a lifted tensor has been
+  /// freed since.
   tracer::TensorFn pre_grad_function(const tracer::TensorFn& fn, const autograd::TraceFn& trace,
                                      const std::vector<at::Tensor>& args) const;
 

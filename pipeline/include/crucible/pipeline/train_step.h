@@ -80,7 +80,11 @@ class Builder;
 // functionalized, not decomposed), runs the passes over that forward graph,
 // and gives AOTAutograd a step whose loss is that graph run by the
 // interpreter on the module's tensors: the step's trace records the ops the
-// interpreter dispatches, their backward and the update.
+// interpreter dispatches, their backward and the update. A loss whose
+// gradient is not its ops' derivative (a custom autograd Function, a hook on
+// an intermediate tensor) is traced without the pre-grad passes, with a
+// warning (Note [Pre-grad graphs that autograd cannot replay] in
+// pipeline/src/builder.cpp).
 
 /// The loss of one batch: runs the module on it and returns a loss of one
 /// element (0-dim, or of sizes [1] as eager's backward() also takes).
