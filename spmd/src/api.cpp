@@ -83,7 +83,13 @@ void broadcast_state(const ProcessGroup& group, const std::vector<at::Tensor>& s
 // under DDP; in training mode batch norm normalizes with the batch's
 // statistics, so the broadcast changes no loss or gradient. The buffers are
 // packed into one tensor per dtype and device (DDP coalesces them too), so
-// ResNet-18's 60 buffers cost two broadcasts a step (float32 and int64).
+// ResNet-18's 60 buffers cost two broadcasts a step (float32 and int64), and
+// unpacked by one _foreach_copy_ (one kernel on a GPU). On NCCL the
+// broadcasts are waited for as the step's all_reduces are (Note [Waiting
+// for NCCL]): the stream waits, and the host goes on launching the step,
+// whose end blocks on them within the timeout. A blocking wait here would
+// hold the host until the previous step's update had run, and ResNet-18's
+// step is bound by the host.
 void broadcast_buffers(const ProcessGroup& group, const torch::nn::Module& module) {
   if (group.size() == 1) return;
   std::vector<std::vector<at::Tensor>> packs;  // buffers of one dtype and device
@@ -94,25 +100,25 @@ void broadcast_buffers(const ProcessGroup& group, const torch::nn::Module& modul
     };
     auto it = std::find_if(packs.begin(), packs.end(), same);
     if (it == packs.end())
-      packs.push_back({b});
+      packs.push_back({b.detach()});
     else
-      it->push_back(b);
+      it->push_back(b.detach());
   }
-  if (packs.empty()) return;
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> flat;
+  const bool cuda = group.backend() == "nccl";
   for (const std::vector<at::Tensor>& pack : packs) {
     std::vector<at::Tensor> pieces;
-    for (const at::Tensor& b : pack) pieces.push_back(b.detach().reshape({-1}));
-    flat.push_back(at::cat(pieces));
-  }
-  broadcast_state(group, flat);
-  for (size_t i = 0; i < packs.size(); ++i) {
-    int64_t offset = 0;
-    for (const at::Tensor& b : packs[i]) {
-      b.detach().copy_(flat[i].narrow(0, offset, b.numel()).view(b.sizes()));
-      offset += b.numel();
+    std::vector<int64_t> sizes;
+    for (const at::Tensor& b : pack) {
+      pieces.push_back(b.reshape({-1}));
+      sizes.push_back(b.numel());
     }
+    at::Tensor flat = at::cat(pieces);
+    if (flat.is_cuda() != cuda) flat = flat.to(cuda ? at::kCUDA : at::kCPU);
+    detail::broadcast_awaited(group, flat, 0, "SpmdStep: the broadcast of rank 0's buffers");
+    std::vector<at::Tensor> parts = flat.split_with_sizes(sizes);
+    for (size_t i = 0; i < parts.size(); ++i) parts[i] = parts[i].view(pack[i].sizes());
+    at::_foreach_copy_(pack, parts);
   }
 }
 
@@ -177,8 +183,8 @@ std::vector<at::Tensor> at_offset_zero(const std::vector<at::Tensor>& batch) {
 }  // namespace
 
 at::Tensor SpmdStep::operator()(const std::vector<at::Tensor>& batch) const {
-  if (state_->broadcast_buffers) broadcast_buffers(state_->group, *state_->module);  // See Note [Buffers across ranks].
   detail::AwaitedCollectives awaited;  // See Note [Waiting for NCCL] in collectives.cpp.
+  if (state_->broadcast_buffers) broadcast_buffers(state_->group, *state_->module);  // See Note [Buffers across ranks].
   at::Tensor loss = (*state_->step)(at_offset_zero(batch));
   awaited.await();
   return loss;

@@ -167,10 +167,12 @@ void abandon(const ProcessGroup& group) {
   std::erase_if(pending(), [&](const auto& kv) { return kv.second.group.state() == group.state(); });
 }
 
-[[noreturn]] void collective_failed(int64_t numel, const ProcessGroup& group, const std::exception& e) {
+// `what`: the collective, as the error names it (AwaitedCollectives::Entry::what).
+[[noreturn]] void collective_failed(int64_t numel, const ProcessGroup& group, const std::exception& e,
+                                    const char* what = "crucible::wait_tensor: an all_reduce") {
   abandon(group);
-  throw SpmdError("crucible::wait_tensor: an all_reduce of " + std::to_string(numel) + " elements failed on " +
-                  group.describe() + " after at most " + std::to_string(group.timeout().count() / 1000) +
+  throw SpmdError(std::string(what) + " of " + std::to_string(numel) + " elements failed on " + group.describe() +
+                  " after at most " + std::to_string(group.timeout().count() / 1000) +
                   " s: another rank died, timed out or issued other collectives (" + detail::message_of(e) + ")");
 }
 
@@ -307,13 +309,32 @@ void AwaitedCollectives::await() {
         std::this_thread::sleep_for(std::chrono::microseconds(20));
       e.work->wait(e.group.timeout());
     } catch (const std::exception& err) {
-      collective_failed(e.numel, e.group, err);
+      collective_failed(e.numel, e.group, err, e.what);
     }
   }
 }
 
 void keep_awaited(AwaitedCollectives::Entry entry) {
   if (innermost != nullptr) innermost->entries_.push_back(std::move(entry));
+}
+
+void broadcast_awaited(const ProcessGroup& group, at::Tensor& tensor, int root, const char* what) {
+  try {
+    std::vector<at::Tensor> one{tensor};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    o.timeout = group.timeout();
+    c10::intrusive_ptr<c10d::Work> work = group.state()->backend->broadcast(one, o);
+    // See Note [Waiting for NCCL].
+    if (group.backend() == "nccl") {
+      work->wait();
+      keep_awaited({work, tensor.numel(), group, what});
+    } else {
+      work->wait(group.timeout());
+    }
+  } catch (const std::exception& e) {
+    collective_failed(tensor.numel(), group, e, what);
+  }
 }
 
 }  // namespace detail

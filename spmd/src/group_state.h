@@ -57,6 +57,7 @@ class AwaitedCollectives {
     c10::intrusive_ptr<c10d::Work> work;
     int64_t numel = 0;
     ProcessGroup group;
+    const char* what = "crucible::wait_tensor: an all_reduce";  // the collective, as its error names it
   };
 
  private:
@@ -67,5 +68,13 @@ class AwaitedCollectives {
 
 /// Keeps `entry` in the thread's innermost AwaitedCollectives, if any.
 void keep_awaited(AwaitedCollectives::Entry entry);
+
+/// Broadcasts `tensor` (on the device the group's backend serves) from
+/// `root` in place, waited for as wait_tensor waits (Note [Waiting for
+/// NCCL]): on NCCL the current stream waits for it and the innermost
+/// AwaitedCollectives keeps it, on Gloo the host waits within the timeout.
+/// Throws SpmdError starting with `what` (a static string naming the
+/// broadcast) and naming the rank and the group when it fails.
+void broadcast_awaited(const ProcessGroup& group, at::Tensor& tensor, int root, const char* what);
 
 }  // namespace crucible::spmd::detail
