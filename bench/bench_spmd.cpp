@@ -17,7 +17,9 @@
 // (pre-grad passes by name, e.g. fuse_attention: Note [Pre-grad passes in a
 // training step]), --autocast off|bf16|f16 (the forward and the loss under
 // autocast on the step's device, as `with torch.autocast(...)` around them;
-// runtime::AutocastGuard), --trace DIR (after a step row's timed steps,
+// runtime::AutocastGuard), --broadcast-buffers on|off (SpmdOptions::
+// broadcast_buffers: rank 0's buffers copied to every rank before each
+// step, Note [Buffers across ranks]), --trace DIR (after a step row's timed steps,
 // three more steps each recorded by PyTorch's profiler (Kineto: host ops
 // and every GPU kernel, NCCL's included, with its stream) into
 // DIR/<row>_<model>[_<MB>].rank<R>.step<K>.json, Chrome trace format;
@@ -82,7 +84,8 @@ using namespace crucible;
 
 struct Flags {
   std::string model = "gpt", size = "small", device = "cpu", backend = "interpreter", matmul_precision = "highest",
-              memory_format = "contiguous", remat = "off", remat_ban = "off", pre_grad_passes, autocast = "off", trace;
+              memory_format = "contiguous", remat = "off", remat_ban = "off", pre_grad_passes, autocast = "off",
+              broadcast_buffers = "on", trace;
   int64_t batch = 8, steps = 20;
 };
 
@@ -99,6 +102,7 @@ Flags parse_flags(int& argc, char** argv) {
                                               {"--remat-ban", &f.remat_ban},
                                               {"--pre-grad-passes", &f.pre_grad_passes},
                                               {"--autocast", &f.autocast},
+                                              {"--broadcast-buffers", &f.broadcast_buffers},
                                               {"--trace", &f.trace}};
   std::map<std::string, int64_t*> ints{{"--batch", &f.batch}, {"--steps", &f.steps}};
   int kept = 1;
@@ -292,6 +296,7 @@ void step_spmd(benchmark::State& state, int64_t bucket_mb) {
   o.builder = builder();
   o.parallel_mode.group = context().group->name();
   o.parallel_mode.bucket_bytes = bucket_mb << 20;
+  o.broadcast_buffers = context().flags.broadcast_buffers == "on";
   spmd::SpmdStep step = spmd::compile(r.model.module, *r.optimizer, loss_fn(r.model), o);
   step.compile(r.batch);
   time_steps(state, [&] { return step(r.batch); });

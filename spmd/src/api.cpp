@@ -6,6 +6,7 @@
 #include <crucible/spmd/api.h>
 #include <crucible/spmd/collectives.h>
 #include <crucible/spmd/error.h>
+#include <crucible/tracer/functional_call.h>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -13,6 +14,8 @@
 #include <algorithm>
 #include <mutex>
 #include <optional>
+#include <set>
+#include <unordered_map>
 
 namespace crucible::spmd {
 
@@ -25,6 +28,9 @@ struct SpmdState {
   std::mutex mu;
   std::optional<SpmdReport> report;
   bool broadcast_buffers = true;
+  // The module state indices (tracer::module_state order) of the buffers
+  // some compilation of the step writes: Note [Buffers across ranks].
+  std::set<size_t> written_buffers;
 
   explicit SpmdState(ProcessGroup g) : group(std::move(g)) {}
 
@@ -81,28 +87,47 @@ void broadcast_state(const ProcessGroup& group, const std::vector<at::Tensor>& s
 // traced step nor to its hash. After a step each rank holds rank 0's
 // buffers as they were before it, updated by its own shard, exactly as
 // under DDP; in training mode batch norm normalizes with the batch's
-// statistics, so the broadcast changes no loss or gradient. The buffers are
-// packed into one tensor per dtype and device (DDP coalesces them too), so
-// ResNet-18's 60 buffers cost two broadcasts a step (float32 and int64), and
-// unpacked by one _foreach_copy_ (one kernel on a GPU). On NCCL the
-// broadcasts are waited for as the step's all_reduces are (Note [Waiting
-// for NCCL]): the stream waits, and the host goes on launching the step,
-// whose end blocks on them within the timeout. A blocking wait here would
-// hold the host until the previous step's update had run, and ResNet-18's
-// step is bound by the host.
-void broadcast_buffers(const ProcessGroup& group, const torch::nn::Module& module) {
-  if (group.size() == 1) return;
+// statistics, so the broadcast changes no loss or gradient. Only buffers a
+// compilation of the step writes (a trailing copy_ into its placeholder)
+// are broadcast: every rank starts from rank 0's state, so the others stay
+// equal, and GPT-2's causal masks (48 MiB) would cost a broadcast each
+// step for nothing. The buffers are packed into one tensor per dtype and
+// device (DDP coalesces them too), so ResNet-18's 60 buffers cost two
+// broadcasts a step (float32 and int64), and unpacked by one _foreach_copy_
+// (one kernel on a GPU). On NCCL the broadcasts are waited for as the
+// step's all_reduces are (Note [Waiting for NCCL]): the stream waits, and
+// the host goes on launching the step, whose end blocks on them within the
+// timeout. A blocking wait here would hold the host until the previous
+// step's update had run, and ResNet-18's step is bound by the host.
+
+// The indices in tracer::module_state order of the module buffers `g` (a
+// training step's graph, Note [Train step graph]) writes back.
+std::set<size_t> buffers_written(const ir::Graph& g, const tracer::ModuleState& state) {
+  std::unordered_map<const ir::Value*, size_t> index;
+  const std::vector<ir::Value*> placeholders = g.placeholders();
+  for (size_t i = state.num_parameters; i < state.tensors.size() && i < placeholders.size(); ++i)
+    index.emplace(placeholders[i], i);
+  std::set<size_t> written;
+  for (const ir::Node* n : g.nodes())
+    if (n->is_call() && n->target() == "aten::copy_" && n->arg(0).is_value())
+      if (auto it = index.find(n->arg(0).value()); it != index.end()) written.insert(it->second);
+  return written;
+}
+
+void broadcast_buffers(const ProcessGroup& group, const torch::nn::Module& module, const std::set<size_t>& which) {
+  if (group.size() == 1 || which.empty()) return;
+  const tracer::ModuleState state = tracer::module_state(module);
   std::vector<std::vector<at::Tensor>> packs;  // buffers of one dtype and device
-  for (const at::Tensor& b : module.buffers()) {
-    if (!b.defined()) continue;
+  for (size_t i : which) {
+    const at::Tensor b = state.tensors.at(i).tensor.detach();
     auto same = [&](const std::vector<at::Tensor>& pack) {
       return pack.front().scalar_type() == b.scalar_type() && pack.front().device() == b.device();
     };
     auto it = std::find_if(packs.begin(), packs.end(), same);
     if (it == packs.end())
-      packs.push_back({b.detach()});
+      packs.push_back({b});
     else
-      it->push_back(b.detach());
+      it->push_back(b);
   }
   at::NoGradGuard no_grad;
   const bool cuda = group.backend() == "nccl";
@@ -145,7 +170,9 @@ SpmdStep compile(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimi
         // Ranks whose graphs differ would issue different collectives and hang
         // or compute garbage: compare before the first collective runs.
         report.graph_hash = ir::graph_hash(g, {.device_index = false}).hex();
+        const std::set<size_t> written = buffers_written(g, tracer::module_state(*s->module));
         std::lock_guard lock(s->mu);
+        s->written_buffers.insert(written.begin(), written.end());
         const std::vector<std::string> hashes = s->group.all_gather_string("graph_hash", report.graph_hash);
         for (size_t r = 0; r < hashes.size(); ++r)
           if (hashes[r] != hashes[0])
@@ -184,7 +211,14 @@ std::vector<at::Tensor> at_offset_zero(const std::vector<at::Tensor>& batch) {
 
 at::Tensor SpmdStep::operator()(const std::vector<at::Tensor>& batch) const {
   detail::AwaitedCollectives awaited;  // See Note [Waiting for NCCL] in collectives.cpp.
-  if (state_->broadcast_buffers) broadcast_buffers(state_->group, *state_->module);  // See Note [Buffers across ranks].
+  if (state_->broadcast_buffers) {     // See Note [Buffers across ranks].
+    std::set<size_t> written;
+    {
+      std::lock_guard lock(state_->mu);
+      written = state_->written_buffers;
+    }
+    broadcast_buffers(state_->group, *state_->module, written);
+  }
   at::Tensor loss = (*state_->step)(at_offset_zero(batch));
   awaited.await();
   return loss;

@@ -54,7 +54,9 @@ struct SpmdOptions {
   /// Before each step, copy rank 0's buffers (batch norm's running
   /// statistics, ...) to every rank, as DDP's broadcast_buffers (on by
   /// default there too) does before each forward: a rank then ends a step
-  /// with rank 0's buffers updated by its own shard's forward. Off: each
+  /// with rank 0's buffers updated by its own shard's forward. Only the
+  /// buffers the step writes are copied (the others never differ between
+  /// ranks unless the program changes them on one rank itself). Off: each
   /// rank's buffers evolve from its own shards alone (they start as rank
   /// 0's, broadcast by compile) and drift apart. See Note [Buffers across
   /// ranks] in src/api.cpp.
@@ -85,7 +87,8 @@ class SpmdStep {
   /// updates its parameters alike (a parameter without a gradient, frozen
   /// or unused by the loss, is not updated, as under DDP); with
   /// SpmdOptions::broadcast_buffers, rank 0's buffers are copied to every
-  /// rank first (a blocking broadcast, coalesced by dtype). Returns this
+  /// rank first (coalesced by dtype; on NCCL the stream waits for it, and
+  /// the call blocks on it with the step's collectives). Returns this
   /// rank's loss (0-dim, detached; the global batch's loss is the mean over
   /// ranks for a mean loss).
   /// Compiles first, as pipeline::TrainStep does. Batch tensors that are
