@@ -7,6 +7,7 @@
 //                                       LibTorch sees one): the CUDA issue's bandwidth aim
 //   BM_InductorSoftmax/eager            at::softmax over the rows of [8192, 1024] f32
 //   BM_InductorSoftmax/inductor         the decomposed graph: amax, sub, exp, sum, div
+//   BM_InductorSoftmax/inductor_256     the same, built without -mprefer-vector-width=512
 //   BM_InductorSoftmaxBackward/eager    at::_softmax_backward_data over the same rows
 //   BM_InductorSoftmaxBackward/inductor grad*y - y*sum(grad*y, -1, keepdim)
 //   BM_InductorLayerNorm/eager          at::layer_norm over the rows of [8192, 1024] f32, weight and bias
@@ -281,6 +282,16 @@ void BM_InductorSoftmax_inductor(benchmark::State& state) {
   set_bytes(state, kSoftmaxBytes);
 }
 
+// The same kernel built without InductorOptions' -mprefer-vector-width=512:
+// GCC's 256-bit vectors on an AVX-512 CPU (the same code elsewhere).
+void BM_InductorSoftmax_inductor_256(benchmark::State& state) {
+  at::Tensor x = at::randn({kRows, kCols});
+  inductor::InductorOptions options;
+  std::erase(options.flags, "-mprefer-vector-width=512");
+  run_compiled(state, inductor::compile_fx_inner(softmax_graph(x), {x}, options), {x});
+  set_bytes(state, kSoftmaxBytes);
+}
+
 // --- softmax backward rows --------------------------------------------------------------
 
 constexpr int64_t kSoftmaxBackwardBytes = 3 * kRows * kCols * kFloatBytes;  // read grad and y, write dx
@@ -479,6 +490,10 @@ BENCHMARK(BM_InductorCopyCuda)->Unit(benchmark::kMillisecond)->UseManualTime();
 BENCHMARK(BM_InductorSoftmax_eager)->Name("BM_InductorSoftmax/eager")->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_InductorSoftmax_inductor)
     ->Name("BM_InductorSoftmax/inductor")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_InductorSoftmax_inductor_256)
+    ->Name("BM_InductorSoftmax/inductor_256")
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_InductorSoftmaxBackward_eager)

@@ -20,7 +20,11 @@ struct InductorOptions {
   /// full vectors, as ATen's AVX-512 kernels do, where GCC's -march=native
   /// stays at 256 bits: a softmax row kernel, bound by its exp, ran 1.3x
   /// faster on an AVX-512 CPU. A CPU without AVX-512 ignores the preference.
-  std::vector<std::string> flags = {"-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
+  std::vector<std::string> flags = {"-O3",
+                                    "-march=native",
+                                    "-fopenmp",
+                                    "-fno-math-errno",
+                                    "-fno-trapping-math",
 #if defined(__x86_64__)
                                     "-mprefer-vector-width=512"
 #endif
