@@ -3,6 +3,7 @@
 
 #include <crucible/autograd/aot_module.h>
 #include <crucible/ir/hash.h>
+#include <crucible/ir/instrument.h>
 #include <crucible/spmd/api.h>
 #include <crucible/spmd/collectives.h>
 #include <crucible/spmd/error.h>
@@ -12,9 +13,11 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
+#include <string_view>
 #include <unordered_map>
 
 namespace crucible::spmd {
@@ -28,6 +31,9 @@ struct SpmdState {
   std::mutex mu;
   std::optional<SpmdReport> report;
   bool broadcast_buffers = true;
+  // This compilation's graph hash was exchanged with the other ranks (Note
+  // [A rank that fails to compile]).
+  bool hash_exchanged = false;
   // The module state indices (tracer::module_state order) of the buffers
   // some compilation of the step writes: Note [Buffers across ranks].
   std::set<size_t> written_buffers;
@@ -147,6 +153,48 @@ void broadcast_buffers(const ProcessGroup& group, const torch::nn::Module& modul
   }
 }
 
+// Note [A rank that fails to compile]
+// Every rank compiles the step itself, and the data_parallel pass compares
+// the ranks' graph hashes (all_gather_string) before any collective runs. A
+// rank whose compilation fails before that (its trace met a data-dependent
+// op on its own shard, an ATen error in its loss) never publishes a hash:
+// the others would wait for it in the store for the whole timeout and then
+// report only that it "did not publish", without its reason. This
+// instrument sees each compilation of the step end: one that failed before
+// its hash was exchanged publishes "compile failed: <error>" in the hash's
+// place, without waiting, and the others fail at once with the rank's own
+// error. A failure after the exchange (the backend's compiler) leaves the
+// others to the step's collectives, which time out as for a dead rank.
+constexpr std::string_view kCompileFailed = "compile failed: ";
+
+class CompileFailures : public ir::Instrument {
+ public:
+  explicit CompileFailures(std::weak_ptr<detail::SpmdState> state) : state_(std::move(state)) {}
+  void before_stage(const ir::StageEvent& event) override {
+    if (event.stage != "compile") return;
+    if (auto s = state_.lock()) {
+      std::lock_guard lock(s->mu);
+      s->hash_exchanged = false;
+    }
+  }
+  void after_stage(const ir::StageEvent& event) override {
+    if (event.stage != "compile" || !event.failed) return;
+    auto s = state_.lock();
+    if (!s || s->group.size() == 1) return;
+    {
+      std::lock_guard lock(s->mu);
+      if (s->hash_exchanged) return;
+    }
+    try {
+      detail::publish_string(s->group, "graph_hash", std::string(kCompileFailed) + std::string(event.detail));
+    } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): the rank's own error is thrown anyway
+    }
+  }
+
+ private:
+  std::weak_ptr<detail::SpmdState> state_;
+};
+
 }  // namespace
 
 SpmdStep compile(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimizer& optimizer,
@@ -174,6 +222,11 @@ SpmdStep compile(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimi
         std::lock_guard lock(s->mu);
         s->written_buffers.insert(written.begin(), written.end());
         const std::vector<std::string> hashes = s->group.all_gather_string("graph_hash", report.graph_hash);
+        s->hash_exchanged = true;
+        for (size_t r = 0; r < hashes.size(); ++r)  // See Note [A rank that fails to compile].
+          if (hashes[r].starts_with(kCompileFailed))
+            throw SpmdError("spmd::compile: rank " + std::to_string(r) + " failed to compile the step (seen from " +
+                            s->group.describe() + "): " + hashes[r].substr(kCompileFailed.size()));
         for (size_t r = 0; r < hashes.size(); ++r)
           if (hashes[r] != hashes[0])
             throw SpmdError("spmd::compile: rank " + std::to_string(r) + " compiled another graph than rank 0 (hash " +
@@ -182,6 +235,7 @@ SpmdStep compile(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimi
         s->report = std::move(report);
       }};
   builder.add_joint_pass(expand);
+  builder.instrument(std::make_shared<CompileFailures>(s));
   pipeline::TrainStepOptions step_options;
   step_options.gradient_hook = [](std::vector<at::Tensor> grads) {
     for (at::Tensor& g : grads)

@@ -66,6 +66,11 @@ class AwaitedCollectives {
   friend void keep_awaited(Entry entry);
 };
 
+/// Sets this rank's `value` for the group's next all_gather_string of `key`
+/// without waiting for the other ranks' (a rank that will not gather: Note
+/// [A rank that fails to compile] in api.cpp). Throws what the store throws.
+void publish_string(const ProcessGroup& group, const std::string& key, const std::string& value);
+
 /// Keeps `entry` in the thread's innermost AwaitedCollectives, if any.
 void keep_awaited(AwaitedCollectives::Entry entry);
 

@@ -199,9 +199,24 @@ void ProcessGroup::all_reduce_sum(std::vector<at::Tensor>& tensors) const {
   }
 }
 
+namespace {
+
+// Sets this rank's `value` for the group's next all_gather_string of `key`,
+// and returns the prefix of that gather's keys ("<prefix><rank>").
+std::string publish(const ProcessGroup& group, const std::string& key, const std::string& value) {
+  const std::string base = "gather/" + std::to_string(group.state()->string_gathers++) + "/" + key + "/";
+  group.state()->store->set(base + std::to_string(group.rank()), std::vector<uint8_t>(value.begin(), value.end()));
+  return base;
+}
+
+}  // namespace
+
+void detail::publish_string(const ProcessGroup& group, const std::string& key, const std::string& value) {
+  publish(group, key, value);
+}
+
 std::vector<std::string> ProcessGroup::all_gather_string(const std::string& key, const std::string& value) const {
-  const std::string base = "gather/" + std::to_string(state_->string_gathers++) + "/" + key + "/";
-  state_->store->set(base + std::to_string(rank()), std::vector<uint8_t>(value.begin(), value.end()));
+  const std::string base = publish(*this, key, value);
   std::vector<std::string> all;
   for (int r = 0; r < size(); ++r) {
     try {

@@ -7,6 +7,10 @@
 //             and write the error they get to OUT_DIR/rank<R>.err.
 //   mismatch  the last rank's shard is one example shorter; every rank
 //             writes the error it gets to OUT_DIR/rank<R>.err.
+//   trace_fails
+//             the last rank's loss reads a data-dependent size (nonzero),
+//             which its trace refuses; every rank writes the error it gets
+//             to OUT_DIR/rank<R>.err.
 //   two_steps as train, after another step (a model of its own, one bucket
 //             per gradient) was compiled on the same group.
 //   ddp       MODEL names a program of ddp_programs.h (OPTIMIZER is ignored:
@@ -142,7 +146,12 @@ int main(int argc, char** argv) {
     options.builder.backend(compiler);
     if (std::string(compiler) == "inductor") options.builder.decompositions(tracer::core_aten_decompositions());
   }
-  spmd::SpmdStep step = spmd::compile(model.module, *opt, models::loss_of(model), options);
+  pipeline::LossFn loss = models::loss_of(model);
+  if (scenario == "trace_fails" && rank == world - 1)
+    loss = [base = loss](torch::nn::Module& m, const std::vector<at::Tensor>& batch) {
+      return base(m, batch) * at::nonzero(batch[1]).size(0);
+    };
+  spmd::SpmdStep step = spmd::compile(model.module, *opt, loss, options);
 
   std::vector<double> losses;
   try {

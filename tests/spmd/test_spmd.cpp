@@ -410,6 +410,21 @@ TEST_CASE("ranks that compile other graphs fail at compile time", "[spmd][multip
   fs::remove_all(run.dir);
 }
 
+TEST_CASE("a rank whose trace fails makes the others fail with its error, not a store timeout",
+          "[spmd][multiprocess]") {
+  // Note [A rank that fails to compile]: rank 1 publishes its error in its
+  // graph hash's place, so rank 0 reports it instead of waiting out the
+  // 20 s timeout and reporting that rank 1 "did not publish".
+  const Run run = launch_workers("trace_fails", 2, "mlp", "sgd", 25 << 20);
+  CHECK(run.code == 1);
+  const std::string err0 = read_file(run.dir / "rank0.err"), err1 = read_file(run.dir / "rank1.err");
+  CHECK_THAT(err1, CRUCIBLE_HAS_SUBSTR("aten::nonzero"));
+  CHECK_THAT(err0, CRUCIBLE_HAS_SUBSTR("rank 1 failed to compile the step"));
+  CHECK_THAT(err0, CRUCIBLE_HAS_SUBSTR("aten::nonzero"));
+  CHECK_THAT(err0, !CRUCIBLE_HAS_SUBSTR("did not publish"));
+  fs::remove_all(run.dir);
+}
+
 TEST_CASE("the process group's errors name what to fix", "[spmd]") {
   CHECK_THROWS_WITH(spmd::resolve_process_group("nope"), CRUCIBLE_HAS_SUBSTR("init_process_group"));
   CHECK_THROWS_WITH(spmd::all_reduce(at::ones({2}), spmd::ReduceOp::Sum, "nope"),
