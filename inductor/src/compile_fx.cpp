@@ -557,6 +557,17 @@ int configuration(const Plan& plan, const Step& st, void* stream, void** args) {
   return chosen;
 }
 
+// Note [Version counters of inputs written in place]
+// A loop kernel that writes a graph input in place (Note [In-place
+// write-backs]: an input mutation kept in the inference graph, an optimizer
+// update) writes the caller's memory without the dispatcher, so nothing
+// bumps the tensor's version counter as eager's in-place op does. Without
+// the bump a tensor autograd saved before the call is read by a later
+// backward as silently changed, where eager raises "modified by an inplace
+// operation"; and an inference tensor would be written outside
+// InferenceMode, which eager refuses. So each input a kernel writes is
+// bumped before the kernel runs: bump_version() refuses an inference tensor
+// outside InferenceMode with eager's message, before anything is written.
 void run_kernel(const Plan& plan, const Step& st, std::vector<c10::IValue>& slots) {
   const at::TensorOptions device = at::TensorOptions().device(plan.device);
   std::vector<at::Tensor> keep;
@@ -584,6 +595,8 @@ void run_kernel(const Plan& plan, const Step& st, std::vector<c10::IValue>& slot
       ptrs[i] = nullptr;
       continue;
     }
+    // See Note [Version counters of inputs written in place].
+    if (a.written) t.unsafeGetTensorImpl()->bump_version();
     // Guard the layout the kernel was generated for: a caller may pass a
     // tensor whose strides or dtype differ from the graph's metadata.
     if (!same_layout(t, a)) {
