@@ -161,6 +161,10 @@ struct CudaGraphRunner {
       for (size_t i = 0; i < inputs.size(); ++i)
         if (!is_state[i]) captured->inputs[i].copy_(inputs[i]);
     }
+    // The replay writes state inputs in place without the dispatcher: Note
+    // [Version counters of inputs written in place] in compile_fx.cpp.
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (written[i] && is_state[i]) inputs[i].unsafeGetTensorImpl()->bump_version();
     captured->graph.replay();
     std::vector<at::Tensor> out;
     out.reserve(captured->outputs.size());
