@@ -144,45 +144,52 @@ at::Tensor randn_on_device(at::IntArrayRef sizes, at::ScalarType dtype, int64_t 
   return at::randn(sizes, at::TensorOptions(dtype)).to(crucible::testing::test_device());
 }
 
+// `body` with every builder (for_each_backend), in float32 and in float64.
+void for_each_backend_and_dtype(const std::function<void(const Builder&, at::ScalarType)>& body) {
+  if (crucible::testing::compile_only()) CRUCIBLE_SKIP("CUDA asked for and no GPU here");
+  for_each_backend([&body](const Builder& b) {
+    for (at::ScalarType dtype : {at::kFloat, at::kDouble}) {
+      INFO("dtype " << dtype);
+      body(b, dtype);
+    }
+  });
+}
+
 }  // namespace
 
 TEST_CASE(
     "inference programs: an eval() module called under InferenceMode and NoGradGuard, inputs made inside "
     "and outside the guard",
     "[pipeline][programs]") {
-  if (crucible::testing::compile_only()) CRUCIBLE_SKIP("CUDA asked for and no GPU here");
-  for_each_backend([](const Builder& b) {
-    for (at::ScalarType dtype : {at::kFloat, at::kDouble}) {
-      INFO("dtype " << dtype);
-      auto m = small_net(dtype);
-      const at::Tensor x = randn_on_device({2, 3, 5, 5}, dtype, 2);
-      std::vector<at::Tensor> expected;
+  for_each_backend_and_dtype([](const Builder& b, at::ScalarType dtype) {
+    auto m = small_net(dtype);
+    const at::Tensor x = randn_on_device({2, 3, 5, 5}, dtype, 2);
+    std::vector<at::Tensor> expected;
+    {
+      c10::InferenceMode guard;
+      expected = small_net_fn(*m, {x});
+    }
+    for (const Compiled& c : compile_all(b, m, small_net_fn, {x})) {
+      INFO(c.name);
       {
         c10::InferenceMode guard;
-        expected = small_net_fn(*m, {x});
+        // An inference tensor made inside the guard, and a normal one.
+        const at::Tensor x_inference = x.clone();
+        REQUIRE(x_inference.is_inference());
+        require_outputs_close(c.call({x_inference}), expected);
+        require_outputs_close(c.call({x}), expected);
       }
-      for (const Compiled& c : compile_all(b, m, small_net_fn, {x})) {
-        INFO(c.name);
-        {
-          c10::InferenceMode guard;
-          // An inference tensor made inside the guard, and a normal one.
-          const at::Tensor x_inference = x.clone();
-          REQUIRE(x_inference.is_inference());
-          require_outputs_close(c.call({x_inference}), expected);
-          require_outputs_close(c.call({x}), expected);
-        }
-        {
-          torch::NoGradGuard no_grad;
-          const std::vector<at::Tensor> out = c.call({x});
-          require_outputs_close(out, expected);
-          CHECK_FALSE(out[0].requires_grad());
-        }
-        // Outside any guard: as eager, the output requires grad (the
-        // parameters do).
+      {
+        torch::NoGradGuard no_grad;
         const std::vector<at::Tensor> out = c.call({x});
         require_outputs_close(out, expected);
-        CHECK(out[0].requires_grad());
+        CHECK_FALSE(out[0].requires_grad());
       }
+      // Outside any guard: as eager, the output requires grad (the
+      // parameters do).
+      const std::vector<at::Tensor> out = c.call({x});
+      require_outputs_close(out, expected);
+      CHECK(out[0].requires_grad());
     }
   });
 }
@@ -494,42 +501,33 @@ std::shared_ptr<nn::Module> make_model(at::ScalarType dtype) {
   return m;
 }
 
+// Module M in eval() through every builder, in float32 and float64, on
+// the vision inputs.
+template <typename M>
+void compare_vision_model() {
+  for_each_backend_and_dtype([](const Builder& b, at::ScalarType dtype) {
+    compare_in_eval(b, make_model<M>(dtype), forward_of<M>(), vision_inputs(dtype));
+  });
+}
+
 }  // namespace
 
 TEST_CASE("inference programs: a BasicBlock ResNet with a downsample path, in eval", "[pipeline][programs]") {
-  if (crucible::testing::compile_only()) CRUCIBLE_SKIP("CUDA asked for and no GPU here");
-  for_each_backend([](const Builder& b) {
-    for (at::ScalarType dtype : {at::kFloat, at::kDouble}) {
-      INFO("dtype " << dtype);
-      compare_in_eval(b, make_model<TinyResNetImpl>(dtype), forward_of<TinyResNetImpl>(), vision_inputs(dtype));
-    }
-  });
+  compare_vision_model<TinyResNetImpl>();
 }
 
 TEST_CASE(
     "inference programs: MobileNet-style blocks (depthwise and dilated convolutions, Hardswish, SiLU, ReLU6, "
     "squeeze-excitation), in eval",
     "[pipeline][programs]") {
-  if (crucible::testing::compile_only()) CRUCIBLE_SKIP("CUDA asked for and no GPU here");
-  for_each_backend([](const Builder& b) {
-    for (at::ScalarType dtype : {at::kFloat, at::kDouble}) {
-      INFO("dtype " << dtype);
-      compare_in_eval(b, make_model<TinyMobileNetImpl>(dtype), forward_of<TinyMobileNetImpl>(), vision_inputs(dtype));
-    }
-  });
+  compare_vision_model<TinyMobileNetImpl>();
 }
 
 TEST_CASE(
     "inference programs: a U-Net-style decoder (ConvTranspose2d, bilinear and nearest interpolation, cat skips), "
     "in eval",
     "[pipeline][programs]") {
-  if (crucible::testing::compile_only()) CRUCIBLE_SKIP("CUDA asked for and no GPU here");
-  for_each_backend([](const Builder& b) {
-    for (at::ScalarType dtype : {at::kFloat, at::kDouble}) {
-      INFO("dtype " << dtype);
-      compare_in_eval(b, make_model<TinyUNetImpl>(dtype), forward_of<TinyUNetImpl>(), vision_inputs(dtype));
-    }
-  });
+  compare_vision_model<TinyUNetImpl>();
 }
 
 namespace {
@@ -622,59 +620,55 @@ TEST_CASE(
     "inference programs: outputs that are the input, views of it, views of intermediates, argmax and topk indices, "
     "bool masks",
     "[pipeline][programs]") {
-  if (crucible::testing::compile_only()) CRUCIBLE_SKIP("CUDA asked for and no GPU here");
-  for_each_backend([](const Builder& b) {
-    for (at::ScalarType dtype : {at::kFloat, at::kDouble}) {
-      INFO("dtype " << dtype);
-      torch::manual_seed(0);
-      auto m = Head().ptr();
-      m->to(crucible::testing::test_device(), dtype);
-      m->eval();
-      const crucible::tracer::ModuleFn fn = forward_of<HeadImpl>();
-      const at::Tensor x = randn_on_device({4, 6}, dtype, 7);
-      for (const Compiled& c : compile_all(b, m, fn, {x})) {
-        INFO(c.name);
-        {
-          c10::InferenceMode guard;
-          const at::Tensor xi = x.clone();
-          const std::vector<at::Tensor> expected = fn(*m, {xi});
-          const std::vector<at::Tensor> got = c.call({xi});
-          require_outputs_close(got, expected);
-          require_same_aliasing(got, expected, with_state(*m, {xi}));
-        }
-        {
-          torch::NoGradGuard no_grad;
-          const std::vector<at::Tensor> expected = fn(*m, {x});
-          const std::vector<at::Tensor> got = c.call({x});
-          require_outputs_close(got, expected);
-          require_same_aliasing(got, expected, with_state(*m, {x}));
-        }
+  for_each_backend_and_dtype([](const Builder& b, at::ScalarType dtype) {
+    torch::manual_seed(0);
+    auto m = Head().ptr();
+    m->to(crucible::testing::test_device(), dtype);
+    m->eval();
+    const crucible::tracer::ModuleFn fn = forward_of<HeadImpl>();
+    const at::Tensor x = randn_on_device({4, 6}, dtype, 7);
+    for (const Compiled& c : compile_all(b, m, fn, {x})) {
+      INFO(c.name);
+      {
+        c10::InferenceMode guard;
+        const at::Tensor xi = x.clone();
+        const std::vector<at::Tensor> expected = fn(*m, {xi});
+        const std::vector<at::Tensor> got = c.call({xi});
+        require_outputs_close(got, expected);
+        require_same_aliasing(got, expected, with_state(*m, {xi}));
+      }
+      {
+        torch::NoGradGuard no_grad;
         const std::vector<at::Tensor> expected = fn(*m, {x});
         const std::vector<at::Tensor> got = c.call({x});
         require_outputs_close(got, expected);
         require_same_aliasing(got, expected, with_state(*m, {x}));
-        for (size_t i = 0; i < got.size(); ++i) {
-          INFO("output " << i);
-          CHECK(got[i].requires_grad() == expected[i].requires_grad());
-        }
       }
-      // The same as a function of tensors, the weights passed in.
-      const crucible::tracer::TensorFn tfn = [](const std::vector<at::Tensor>& in) -> std::vector<at::Tensor> {
-        const at::Tensor hidden = at::gelu(at::linear(in[0], in[1]));
-        const at::Tensor logits = at::mm(hidden, in[2]);
-        auto [values, indices] = logits.topk(2, /*dim=*/0);
-        return {in[0],  in[0].t(), logits,         logits.t(), hidden.narrow(1, 1, 2), logits.argmax(1),
-                values, indices,   logits.ge(0.5), in[2][1]};
-      };
-      const std::vector<at::Tensor> in{x, randn_on_device({8, 6}, dtype, 8), randn_on_device({8, 5}, dtype, 9)};
-      for (const Compiled& c : compile_fn_all(b, tfn, in)) {
-        INFO(c.name);
-        c10::InferenceMode guard;
-        const std::vector<at::Tensor> expected = tfn(in);
-        const std::vector<at::Tensor> got = c.call(in);
-        require_outputs_close(got, expected);
-        require_same_aliasing(got, expected, in);
+      const std::vector<at::Tensor> expected = fn(*m, {x});
+      const std::vector<at::Tensor> got = c.call({x});
+      require_outputs_close(got, expected);
+      require_same_aliasing(got, expected, with_state(*m, {x}));
+      for (size_t i = 0; i < got.size(); ++i) {
+        INFO("output " << i);
+        CHECK(got[i].requires_grad() == expected[i].requires_grad());
       }
+    }
+    // The same as a function of tensors, the weights passed in.
+    const crucible::tracer::TensorFn tfn = [](const std::vector<at::Tensor>& in) -> std::vector<at::Tensor> {
+      const at::Tensor hidden = at::gelu(at::linear(in[0], in[1]));
+      const at::Tensor logits = at::mm(hidden, in[2]);
+      auto [values, indices] = logits.topk(2, /*dim=*/0);
+      return {in[0],  in[0].t(), logits,         logits.t(), hidden.narrow(1, 1, 2), logits.argmax(1),
+              values, indices,   logits.ge(0.5), in[2][1]};
+    };
+    const std::vector<at::Tensor> in{x, randn_on_device({8, 6}, dtype, 8), randn_on_device({8, 5}, dtype, 9)};
+    for (const Compiled& c : compile_fn_all(b, tfn, in)) {
+      INFO(c.name);
+      c10::InferenceMode guard;
+      const std::vector<at::Tensor> expected = tfn(in);
+      const std::vector<at::Tensor> got = c.call(in);
+      require_outputs_close(got, expected);
+      require_same_aliasing(got, expected, in);
     }
   });
 }
