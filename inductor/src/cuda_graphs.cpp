@@ -23,7 +23,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <unordered_map>
 #include <vector>
 #endif
 
@@ -269,21 +268,12 @@ ir::CompiledFn cudagraphify(ir::CompiledFn fn, const ir::Graph& graph, c10::Devi
   runner->device = device;
   const std::vector<ir::Value*> placeholders = graph.placeholders();
   const auto& specs = graph.signature().inputs;
-  std::unordered_map<const ir::Value*, size_t> input_of;
   for (size_t i = 0; i < placeholders.size(); ++i) {
-    input_of.emplace(placeholders[i], i);
     const ir::InputKind k = specs.size() == placeholders.size() ? specs[i].kind : ir::InputKind::UserInput;
     runner->is_state.push_back(k == ir::InputKind::Parameter || k == ir::InputKind::Buffer ||
                                k == ir::InputKind::State);
   }
-  runner->written.assign(placeholders.size(), false);
-  for (const ir::Node* n : graph.nodes()) {
-    if (!n->is_call() || !n->is_mutating()) continue;
-    const auto& formals = n->schema().arguments();
-    for (size_t a = 0; a < n->args().size() && a < formals.size(); ++a)
-      if (formals[a].alias_info() && formals[a].alias_info()->isWrite() && n->arg(a).is_value())
-        if (auto it = input_of.find(n->arg(a).value()); it != input_of.end()) runner->written[it->second] = true;
-  }
+  runner->written = ir::placeholders_written(graph);
   return [runner](std::vector<at::Tensor>& inputs) { return (*runner)(inputs); };
 }
 #else

@@ -1519,13 +1519,8 @@ class Lowerer {
   void lower_extern(const ir::Node* n) {
     if (n->is_mutating()) {
       std::unordered_set<int> written;
-      const auto& formals = n->schema().arguments();
-      for (size_t i = 0; i < n->args().size() && i < formals.size(); ++i) {
-        const auto* alias = formals[i].alias_info();
-        if (!alias || !alias->isWrite()) continue;
-        for (const ir::Value* v : n->arg(i).values())
-          if (auto b = p_.buffer_of.find(root(v)); b != p_.buffer_of.end()) written.insert(b->second);
-      }
+      for (const ir::Value* v : n->written())
+        if (auto b = p_.buffer_of.find(root(v)); b != p_.buffer_of.end()) written.insert(b->second);
       // A view of a written buffer aliases it (its readers see the write, as
       // in eager); anything else computed from it is realized now.
       std::erase_if(unrealized_, [&](const ir::Value* v) { return p_.buffer_of.contains(v) || pending_[v] <= 0; });

@@ -75,16 +75,6 @@ void record_aliases(const Node* n, AliasClasses& classes) {
   }
 }
 
-// The Values a mutating call writes: those passed where the schema says `(a!)`.
-std::vector<const Value*> written_values(const Node* n) {
-  std::vector<const Value*> written;
-  const auto& formals = n->schema().arguments();
-  for (size_t i = 0; i < formals.size(); ++i)
-    if (formals[i].alias_info() && formals[i].alias_info()->isWrite())
-      for (Value* v : n->args()[i].values()) written.push_back(v);
-  return written;
-}
-
 // Calls traced under no_grad run so (Note [Nodes traced under no_grad] in
 // the tracer): merged with an equal call that records autograd's graph, one
 // of the two would run in the other's grad mode.
@@ -134,7 +124,7 @@ size_t eliminate_common_subexpressions(Graph& graph) {
     if (n->is_call()) {
       record_aliases(n, classes);
       if (n->is_mutating())
-        for (const Value* v : written_values(n)) all_written.push_back(v);
+        for (const Value* v : n->written()) all_written.push_back(v);
     }
   std::unordered_set<const Value*> written_classes, external_classes;
   for (const Value* v : all_written) written_classes.insert(classes.find(v));
@@ -149,7 +139,7 @@ size_t eliminate_common_subexpressions(Graph& graph) {
   for (Node* n : order) {
     if (!n->is_call()) continue;
     if (n->is_mutating()) {  // case 1 of the Note
-      for (const Value* v : written_values(n)) {
+      for (const Value* v : n->written()) {
         const Value* root = classes.find(v);
         if (external_classes.count(root)) {
           table.clear();

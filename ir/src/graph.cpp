@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <sstream>
+#include <unordered_map>
 
 namespace crucible::ir {
 
@@ -125,6 +126,16 @@ std::vector<Value*> Node::inputs() const {
   std::vector<Value*> r;
   for (const Argument& a : args_)
     for (Value* v : a.values()) r.push_back(v);
+  return r;
+}
+
+std::vector<Value*> Node::written() const {
+  std::vector<Value*> r;
+  if (!is_mutating()) return r;
+  const auto& formals = schema().arguments();
+  for (size_t i = 0; i < args_.size() && i < formals.size(); ++i)
+    if (formals[i].alias_info() && formals[i].alias_info()->isWrite())
+      for (Value* v : args_[i].values()) r.push_back(v);
   return r;
 }
 
@@ -350,6 +361,18 @@ std::vector<Value*> Graph::placeholders() const {
     r.push_back(n->result());
   }
   return r;
+}
+
+std::vector<bool> placeholders_written(const Graph& g) {
+  const std::vector<Value*> placeholders = g.placeholders();
+  std::unordered_map<const Value*, size_t> index;
+  for (size_t i = 0; i < placeholders.size(); ++i) index.emplace(placeholders[i], i);
+  std::vector<bool> written(placeholders.size(), false);
+  for (const Node* n : g.nodes())
+    if (n->is_call())
+      for (const Value* v : n->written())
+        if (auto it = index.find(v); it != index.end()) written[it->second] = true;
+  return written;
 }
 
 std::vector<Value*> Graph::outputs() const { return output_ ? output_->inputs() : std::vector<Value*>{}; }

@@ -276,12 +276,8 @@ bool fresh_inside(const Value* v, const Node* root, const std::unordered_set<con
 // match's inner calls allocated.
 bool root_writes_inside(const Match& m, const std::unordered_set<const Node*>& matched) {
   const Node* root = m.root();
-  if (!root->is_mutating()) return true;
-  const auto& formals = root->schema().arguments();
-  for (size_t i = 0; i < formals.size(); ++i)
-    if (formals[i].alias_info() && formals[i].alias_info()->isWrite())
-      for (const Value* v : root->arg(i).values())
-        if (!fresh_inside(v, root, matched)) return false;
+  for (const Value* v : root->written())
+    if (!fresh_inside(v, root, matched)) return false;
   return true;
 }
 
@@ -335,18 +331,14 @@ bool no_write_within(const Match& m, const std::unordered_set<const Node*>& matc
       continue;
     }
     if (!n->is_call() || !n->is_mutating()) continue;
-    const auto& formals = n->schema().arguments();
-    for (size_t i = 0; i < formals.size(); ++i)
-      if (formals[i].alias_info() && formals[i].alias_info()->isWrite())
-        for (const Value* v : n->arg(i).values()) {
-          const Value* root = storage_root(v);
-          if (!root->node()->is_call() || read.count(root)) return false;
-        }
-    // A mutating call whose schema names no written argument (an opaque
-    // effect) refuses the match as before.
-    bool names_a_write = false;
-    for (const auto& f : formals) names_a_write |= f.alias_info() && f.alias_info()->isWrite();
-    if (!names_a_write) return false;
+    const std::vector<Value*> written = n->written();
+    // A mutating call that writes none of its arguments (an opaque effect)
+    // refuses the match as before.
+    if (written.empty()) return false;
+    for (const Value* v : written) {
+      const Value* root = storage_root(v);
+      if (!root->node()->is_call() || read.count(root)) return false;
+    }
   }
   return true;
 }

@@ -18,7 +18,6 @@
 #include <optional>
 #include <set>
 #include <string_view>
-#include <unordered_map>
 
 namespace crucible::spmd {
 
@@ -109,14 +108,10 @@ void broadcast_state(const ProcessGroup& group, const std::vector<at::Tensor>& s
 // The indices in tracer::module_state order of the module buffers `g` (a
 // training step's graph, Note [Train step graph]) writes back.
 std::set<size_t> buffers_written(const ir::Graph& g, const tracer::ModuleState& state) {
-  std::unordered_map<const ir::Value*, size_t> index;
-  const std::vector<ir::Value*> placeholders = g.placeholders();
-  for (size_t i = state.num_parameters; i < state.tensors.size() && i < placeholders.size(); ++i)
-    index.emplace(placeholders[i], i);
+  const std::vector<bool> written_inputs = ir::placeholders_written(g);
   std::set<size_t> written;
-  for (const ir::Node* n : g.nodes())
-    if (n->is_call() && n->target() == "aten::copy_" && n->arg(0).is_value())
-      if (auto it = index.find(n->arg(0).value()); it != index.end()) written.insert(it->second);
+  for (size_t i = state.num_parameters; i < state.tensors.size() && i < written_inputs.size(); ++i)
+    if (written_inputs[i]) written.insert(i);
   return written;
 }
 

@@ -135,6 +135,21 @@ TEST_CASE("mutation and RNG are read from the schema and its tags", "[ir][graph]
   REQUIRE_FALSE(g.add_call("aten::relu", {x})->is_nondeterministic());
 }
 
+TEST_CASE("the Values a call writes, and the placeholders a graph writes, are read from the schema", "[ir][graph]") {
+  Graph g;
+  Value* a = g.add_placeholder("a", f32({3}));
+  Value* b = g.add_placeholder("b", f32({3}));
+  Value* c = g.add_placeholder("c", f32({3}));
+  Node* sum = g.add_call("aten::add.Tensor", {a, b});
+  REQUIRE(sum->written().empty());
+  // copy_ writes its first argument only; a foreach op each element of its list.
+  REQUIRE(g.add_call("aten::copy_", {b, sum->result()})->written() == std::vector<Value*>{b});
+  Node* foreach = g.add_call("aten::_foreach_add_.Scalar", {std::vector<Value*>{c, sum->result()}, 1.0});
+  REQUIRE(foreach->written() == std::vector<Value*>{c, sum->result()});
+  g.set_output({sum->result()});
+  REQUIRE(placeholders_written(g) == std::vector<bool>{false, true, true});
+}
+
 TEST_CASE("TensorMeta reads tensors and prints the text form's type", "[ir][meta]") {
   auto t = at::zeros({4, 6}).t();
   TensorMeta m = TensorMeta::of(t);

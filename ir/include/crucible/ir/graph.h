@@ -174,6 +174,10 @@ class Node {
   /// True when the schema marks any argument as written (`Tensor(a!)`): in-place
   /// and out= ops, copy_, optimizer foreach ops.
   bool is_mutating() const;
+  /// The Values this call writes in place: those passed where its schema
+  /// marks the argument written (`Tensor(a!)`, each element of a
+  /// `Tensor(a!)[]`), in argument order; empty for a functional call.
+  std::vector<Value*> written() const;
   /// True for ops whose result depends on RNG state (dropout, rand*, bernoulli, ...).
   bool is_nondeterministic() const;
 
@@ -332,6 +336,11 @@ class Graph {
   std::unordered_map<std::string, Value*> names_;
   std::unordered_map<std::string, size_t> name_counters_;
 };
+
+/// Whether each placeholder of `g` is written in place by some call (the
+/// trailing copy_ nodes of a functional graph that keeps its input
+/// mutations, an optimizer's in-place update), in placeholder order.
+std::vector<bool> placeholders_written(const Graph& g);
 
 /// Resolves "aten::add.Tensor" (or "aten::mm", empty overload) in the c10
 /// dispatcher. Throws IrError naming the operator, with a hint when only the
