@@ -169,11 +169,17 @@ void adam_step(const OptimizerOptions& o, at::TensorList params, at::TensorList 
     // the CPU computes p + (-step_size * exp_avg) / denom, CUDA computes
     // fma(-step_size, exp_avg / denom, p), which is what addcmul_ computes for
     // value 1 and a CPU scalar as its second tensor (ATen's pointwise_op_impl).
+    // In place on p, addcdiv_ computes in its operands' common dtype: the
+    // float32 state of a parameter converted to float64 since (module->to())
+    // is widened before it is multiplied, as there.
+    const at::ScalarType common =
+        at::promote_types(p.scalar_type(), at::promote_types(s.exp_avg.scalar_type(), denom.scalar_type()));
+    const at::Tensor exp_avg = s.exp_avg.scalar_type() == common ? s.exp_avg : s.exp_avg.to(common);
     at::Tensor step_size = lr / bias_correction1;
     if (o.device_type.value_or(p.device().type()) == c10::kCUDA)
-      p.addcmul_(s.exp_avg / denom, step_size.neg());
+      p.addcmul_(exp_avg / denom, step_size.neg());
     else
-      p.addcdiv_(s.exp_avg.mul(step_size.neg()), denom);
+      p.addcdiv_(exp_avg.mul(step_size.neg()), denom);
   }
 }
 
