@@ -1,5 +1,5 @@
-// Reads torch::optim's options and state; kept apart from optim.cpp because its headers
-// pull in torch::nn and the serializer.
+// Reads torch::optim's options; kept apart from optim.cpp because its headers pull in
+// torch::nn and the serializer.
 #include <crucible/pipeline/error.h>
 #include <crucible/pipeline/optim.h>
 
@@ -73,50 +73,6 @@ OptimizerOptions optimizer_options_from(const torch::optim::Optimizer& optimizer
           "optimizer_options_from: the optimizer's parameter groups have different options; one set was asked "
           "for (optimizer_group_options gives each group's)");
   return groups.front();
-}
-
-namespace {
-
-// A copy of torch's state tensor `t` for parameter `i`, or `fresh` when torch has none.
-at::Tensor copy_of(const at::Tensor& t, const at::Tensor& fresh, const at::Tensor& param, size_t i, const char* what) {
-  if (!t.defined()) return fresh;
-  if (t.sizes() != param.sizes())
-    throw PipelineError("optimizer_state_from: the optimizer's " + std::string(what) + " of parameter " +
-                        std::to_string(i) + " has sizes " + c10::str(t.sizes()) + " but the parameter has " +
-                        c10::str(param.sizes()) + "; was the optimizer's state loaded for another model?");
-  return t.detach().clone(at::MemoryFormat::Preserve);
-}
-
-}  // namespace
-
-OptimizerState optimizer_state_from(const torch::optim::Optimizer& optimizer, const OptimizerOptions& options,
-                                    at::TensorList params) {
-  OptimizerState state = init_optimizer_state(options, params);
-  const auto& torch_state = optimizer.state();
-  for (size_t i = 0; i < params.size(); ++i) {
-    auto it = torch_state.find(params[i].unsafeGetTensorImpl());
-    if (it == torch_state.end()) continue;
-    ParamState& s = state.params[i];
-    if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(it->second.get())) {
-      if (s.momentum_buffer.defined() && sgd->momentum_buffer().defined()) {
-        s.momentum_buffer = copy_of(sgd->momentum_buffer(), s.momentum_buffer, params[i], i, "momentum_buffer");
-        s.step.fill_(1);
-      }
-      continue;
-    }
-    auto copy_adam = [&](const auto& adam) {
-      s.step.fill_(static_cast<double>(adam.step()));
-      s.exp_avg = copy_of(adam.exp_avg(), s.exp_avg, params[i], i, "exp_avg");
-      s.exp_avg_sq = copy_of(adam.exp_avg_sq(), s.exp_avg_sq, params[i], i, "exp_avg_sq");
-      if (s.max_exp_avg_sq.defined())
-        s.max_exp_avg_sq = copy_of(adam.max_exp_avg_sq(), s.max_exp_avg_sq, params[i], i, "max_exp_avg_sq");
-    };
-    if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(it->second.get()))
-      copy_adam(*adam);
-    else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(it->second.get()))
-      copy_adam(*adamw);
-  }
-  return state;
 }
 
 }  // namespace crucible::pipeline

@@ -239,6 +239,7 @@ SpmdStep compile(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimi
   };
   s->step.emplace(pipeline::compile_train_step(module, optimizer, std::move(loss_fn), builder, step_options));
   broadcast_state(s->group, s->flat_state());
+  s->step->adopt_step_counts();  // rank 0's counts are the optimizer's own on every rank
   SpmdStep step;
   step.state_ = std::move(s);
   return step;

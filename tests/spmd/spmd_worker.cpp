@@ -13,6 +13,10 @@
 //             to OUT_DIR/rank<R>.err.
 //   two_steps as train, after another step (a model of its own, one bucket
 //             per gradient) was compiled on the same group.
+//   resume    as train, after rank 0 alone took 2 eager steps on the global
+//             batches of seeds 100 and 101 (its optimizer holds Adam's
+//             moments and counts, the others' none): every rank's optimizer
+//             must end holding counts of 2 + 10 (rank<R>.err otherwise).
 //   ddp       MODEL names a program of ddp_programs.h (OPTIMIZER is ignored:
 //             the program has its own); kDdpSteps steps from the program's
 //             per-rank seeds; writes OUT_DIR/rank<R>.bin: rank_result as
@@ -140,6 +144,12 @@ int main(int argc, char** argv) {
     one_per_gradient.parallel_mode.bucket_bytes = 0;
     spmd::compile(other.module, other_opt, models::loss_of(other), one_per_gradient).compile(shard(0));
   }
+  constexpr int kResumedSteps = 2;
+  if (scenario == "resume" && rank == 0)
+    for (int s = 0; s < kResumedSteps; ++s) {
+      const data::Batch global = model.example_batch(kPerRank * world, static_cast<uint64_t>(100 + s));
+      models::eager_train_step(model, *opt, {global.inputs.to(device), global.targets.to(device)});
+    }
   spmd::SpmdOptions options;
   options.parallel_mode.bucket_bytes = bucket_bytes;
   if (const char* compiler = std::getenv("CRUCIBLE_TEST_COMPILER")) {
@@ -163,7 +173,19 @@ int main(int argc, char** argv) {
     write_error(dir, rank, e.what());
     return 1;
   }
-  if (scenario != "train" && scenario != "two_steps") {
+  if (scenario == "resume")
+    for (const at::Tensor& p : model.module->parameters()) {
+      const auto it = opt->state().find(p.unsafeGetTensorImpl());
+      const auto* adam =
+          it == opt->state().end() ? nullptr : dynamic_cast<const torch::optim::AdamParamState*>(it->second.get());
+      if (!adam || adam->step() != kResumedSteps + kSteps) {
+        write_error(dir, rank,
+                    "the optimizer's step count is " + (adam ? std::to_string(adam->step()) : std::string("absent")) +
+                        ", not " + std::to_string(kResumedSteps + kSteps));
+        return 1;
+      }
+    }
+  if (scenario != "train" && scenario != "two_steps" && scenario != "resume") {
     write_error(dir, rank, "no error after " + std::to_string(kSteps) + " steps");
     return 1;
   }

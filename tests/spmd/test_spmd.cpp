@@ -108,8 +108,10 @@ struct Reference {
   at::Tensor params;  // every parameter, flattened, float32
 };
 
+// `resumed`: eager steps on the global batches of seeds 100, 101, ... first
+// (spmd_worker's resume scenario).
 Reference train_global(const std::string& model_name, const std::string& opt_name, int world,
-                       const at::Device& device = at::kCPU) {
+                       const at::Device& device = at::kCPU, int resumed = 0) {
   std::unique_ptr<torch::optim::Optimizer> opt;
   // Rank 0's weights are the ones every rank starts from (the optimizer is
   // made over the parameters once they are on the device).
@@ -120,6 +122,10 @@ Reference train_global(const std::string& model_name, const std::string& opt_nam
             ? std::unique_ptr<torch::optim::Optimizer>(std::make_unique<torch::optim::SGD>(
                   m.module->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9)))
             : std::make_unique<torch::optim::Adam>(m.module->parameters(), torch::optim::AdamOptions(1e-3));
+  for (int s = 0; s < resumed; ++s) {
+    const data::Batch b = m.example_batch(kPerRank * world, static_cast<uint64_t>(100 + s));
+    models::eager_train_step(m, *opt, {b.inputs.to(device), b.targets.to(device)});
+  }
   Reference ref;
   for (int s = 0; s < kSteps; ++s) {
     const data::Batch b = m.example_batch(kPerRank * world, static_cast<uint64_t>(s));
@@ -357,12 +363,15 @@ TEST_CASE("2 to 8 ranks over Gloo end where one process on the global batch ends
         // not those the first left in the store (seen on 2 GPUs: a second
         // step with other buckets failed as "another graph").
         Case{2, "mlp", "sgd", 4096, 1e-6, "two_steps"},
+        // Rank 0 resumes from Adam state the others lack: spmd::compile
+        // copies it, step counts included, into every rank's optimizer.
+        Case{2, "mlp", "adam", 4096, 1e-4, "resume"},
         // Fused kernels (the inductor backend) round otherwise than eager's,
         // and Adam amplifies that as above: atol 1e-4. Its waits move to
         // the kernels that read them (Note [Sinking waits]).
         Case{2, "mlp", "adam", 4096, 1e-4, "train", "inductor"}}) {
     CAPTURE(c.nproc, c.model, c.opt, c.bucket_bytes, c.scenario, c.compiler);
-    const Reference ref = train_global(c.model, c.opt, c.nproc);
+    const Reference ref = train_global(c.model, c.opt, c.nproc, at::kCPU, c.scenario == "resume" ? 2 : 0);
     const Run run =
         launch_workers(c.scenario, c.nproc, c.model, c.opt, c.bucket_bytes, {"CRUCIBLE_TEST_COMPILER=" + c.compiler});
     REQUIRE(run.code == 0);

@@ -165,15 +165,4 @@ OptimizerOptions optimizer_options_from(const torch::optim::Optimizer& optimizer
 /// other optimizers or an optimizer with no param groups.
 std::vector<OptimizerOptions> optimizer_group_options(const torch::optim::Optimizer& optimizer);
 
-/// The state `optimizer` (a torch::optim::SGD, Adam or AdamW described by
-/// `options`) holds for `params`, copied into an OptimizerState, so a
-/// compiled step resumes where eager steps (or a loaded checkpoint) left off.
-/// A parameter the optimizer has not stepped yet gets fresh state
-/// (init_optimizer_state). torch's SGD keeps no step count, only whether its
-/// momentum buffer exists: a parameter with a buffer gets step 1 (any value
-/// above 0 selects the later-step branch, which is all SGD reads it for).
-/// Throws PipelineError when a state tensor's sizes differ from its parameter's.
-OptimizerState optimizer_state_from(const torch::optim::Optimizer& optimizer, const OptimizerOptions& options,
-                                    at::TensorList params);
-
 }  // namespace crucible::pipeline

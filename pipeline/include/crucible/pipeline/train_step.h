@@ -48,6 +48,11 @@ class Builder;
 // (Lifted; Note [Lifted tensors] in tracer/make_fx.h), read at every call.
 // The step count is part of the flat state, so nothing that changes from
 // step to step is a constant of the graph (Note [Traceable optimizer state]).
+// The optimizer-state inputs are the torch::optim optimizer's own state
+// tensors, bound anew at every call, and its step counts are kept equal to
+// the graph's, so torch::save, torch::load and eager steps between compiled
+// ones see what eager steps would leave (Note [The optimizer's own state] in
+// pipeline/src/optimizer_binding.h).
 // The graph is functional: every op computes new values, batch norm's
 // running statistics included (Note [Ops with hidden writes]), and the new
 // parameters, buffers and optimizer state are written back by trailing
@@ -61,7 +66,10 @@ class Builder;
 // optimizer's parameters' .grad fields end as after zero_grad() (whatever
 // they held before the step, which does not read them), and each step
 // starts from no gradient, as the eager step `zero_grad(); loss.backward();
-// step(); zero_grad()` would. Each param group is updated with its own options
+// step(); zero_grad()` would; with TrainStepOptions::keep_gradients they end
+// holding the gradients the update read, as after `zero_grad();
+// loss.backward(); step()`. Clipping (TrainStepOptions::clip_grad_value,
+// clip_grad_norm) is traced between the backward and the update. Each param group is updated with its own options
 // (optimizer_group_options: a rate per group, no weight decay for biases);
 // options other than the learning rate are read once, when the step is
 // created, and a call after they changed throws. A step compiles again for inputs
@@ -108,10 +116,37 @@ struct TrainStepState;
 /// gradients_tagging does.
 using GradientHook = std::function<std::vector<at::Tensor>(std::vector<at::Tensor> grads)>;
 
+/// Clipping by the gradients' total norm, as torch::nn::utils::clip_grad_norm_
+/// (torch/nn/utils/clip_grad.h) computes it, op for op: the norm of order
+/// `norm_type` of the per-parameter norms (infinity: the largest absolute
+/// value; 0: the count of gradients), then every gradient times
+/// min(1, max_norm / (norm + 1e-6)).
+struct ClipGradNorm {
+  double max_norm = 1.0;
+  double norm_type = 2.0;
+};
+
 /// What compile_train_step does besides the builder's stages.
 struct TrainStepOptions {
   /// Applied to the gradients before the update (empty: none).
   GradientHook gradient_hook;
+  /// Clamps every gradient element to [-value, value] before the update, as
+  /// torch::nn::utils::clip_grad_value_ (after gradient_hook).
+  std::optional<double> clip_grad_value;
+  /// Clips the gradients by their total norm before the update, as
+  /// torch::nn::utils::clip_grad_norm_ between loss.backward() and
+  /// optimizer.step() (after gradient_hook and clip_grad_value);
+  /// TrainStep::grad_norm() returns the norm. torch's clip_grad_norm_ itself
+  /// reads the norm back to the host, which a compiled step cannot do: called
+  /// inside the step (in a gradient hook) it fails with an error that points
+  /// here. Its error_if_nonfinite has no counterpart: check grad_norm().
+  std::optional<ClipGradNorm> clip_grad_norm;
+  /// Leave each parameter's .grad holding the gradient the update read (after
+  /// the hook and clipping; undefined where no gradient reached it), as eager's
+  /// `zero_grad(); loss.backward(); step()` leaves it, to log or inspect.
+  /// Off: .grad ends undefined, as after zero_grad() (set_to_none, torch's
+  /// default), and the gradients' memory is freed inside the step.
+  bool keep_gradients = false;
   /// Keep the step counts and the learning rate on the parameters' device
   /// (OptimizerOptions::capturable), so that a backend that captures CUDA
   /// graphs can capture the whole step. Unset: on when the builder's backend
@@ -125,16 +160,22 @@ struct TrainStepOptions {
 class TrainStep {
  public:
   /// One step on `batch`: updates the module's parameters and buffers and the
-  /// optimizer state in place and returns the loss (detached, of the loss
-  /// function's sizes); adds
-  /// the gradients of lifted tensors to their .grad.
-  /// Compiles first when this batch's metadata (sizes, strides, dtype,
-  /// device of every input, and the module's train/eval mode) has not been
-  /// seen. Throws PipelineError when the optimizer's count of param groups,
-  /// or a group's options other than the learning rate, have changed since
-  /// compile_train_step, or when a hook was registered on or removed from
-  /// a parameter (Tensor::register_hook) since the first compilation, whose
-  /// trace holds the hooks as ops; tracing and backend errors propagate.
+  /// optimizer's own state in place (Note [The optimizer's own state]) and
+  /// returns the loss (detached, of the loss function's sizes); adds the
+  /// gradients of lifted tensors to their .grad. Reads the module's tensors,
+  /// the optimizer's state and its learning rates anew at every call, so a
+  /// torch::load into either, a scheduler or an eager step in between is
+  /// seen. Compiles first when this batch's metadata (sizes, strides, dtype,
+  /// device of every input, optimizer state included, and the module's
+  /// train/eval mode) has not been seen. Throws PipelineError, before
+  /// anything runs, when the optimizer's param groups, their parameters, or
+  /// a group's options other than the learning rate have changed since
+  /// compile_train_step; when the module's parameters were replaced, added
+  /// or removed; when the optimizer's state for a parameter lacks a tensor
+  /// its options read or holds one of other sizes or on another device than
+  /// the parameter; or when a hook was registered on or removed from a
+  /// parameter (Tensor::register_hook) since the first compilation, whose
+  /// trace holds the hooks as ops. Tracing and backend errors propagate.
   at::Tensor operator()(const std::vector<at::Tensor>& batch) const;
   /// Compiles for `batch`'s metadata without running a step (a no-op when it
   /// is compiled already). The traces run the step on copies: neither the
@@ -165,10 +206,24 @@ class TrainStep {
   /// read them; their lr is the rate then (each call reads the optimizer's
   /// current rates).
   const OptimizerOptions& optimizer_options() const;
-  /// The optimizer state the graph updates, one ParamState per parameter in
-  /// the optimizer's order (its groups' parameters one after the other). The
-  /// torch::optim optimizer's own state is not updated by compiled steps.
+  /// The optimizer state the next call reads, one ParamState per parameter
+  /// in the optimizer's order (its groups' parameters one after the other):
+  /// the torch::optim optimizer's own state tensors, zeros where it holds no
+  /// state for a parameter yet, and step counts as float64 0-dim tensors
+  /// set from the optimizer's (Note [The optimizer's own state]). Valid until
+  /// the next call. Throws what operator() throws for the optimizer's state.
   const OptimizerState& optimizer_state() const;
+  /// Takes the step counts of the tensors optimizer_state() returned, after
+  /// the caller wrote them (spmd copies rank 0's state to every rank), as the
+  /// optimizer's own counts. Reads them back to the host: a device sync when
+  /// the counts live on a GPU (capturable).
+  void adopt_step_counts() const;
+  /// The total norm of the gradients the latest call clipped, before
+  /// clipping (what torch::nn::utils::clip_grad_norm_ returns), a 0-dim
+  /// tensor on the gradients' device (reading it waits for the step).
+  /// Throws PipelineError without TrainStepOptions::clip_grad_norm or before
+  /// the first call.
+  const at::Tensor& grad_norm() const;
 
  private:
   friend TrainStep compile_train_step(std::shared_ptr<torch::nn::Module>, torch::optim::Optimizer&, LossFn,
@@ -180,19 +235,19 @@ class TrainStep {
 /// graph with `builder`'s stages (Note [Train step graph]); compilation
 /// happens at the first call or TrainStep::compile. `optimizer` must be a
 /// torch::optim::SGD, Adam or AdamW (optimizer_group_options) over parameters
-/// of `module`, and must outlive the TrainStep (the learning rate is read from
-/// it at every call). Its state, where it has some (it has stepped before), is
-/// copied as the starting state (optimizer_state_from); otherwise the state
-/// starts fresh (init_optimizer_state), made, as torch::optim makes it, like
-/// the parameter at the first step (after a module->to() that follows
-/// compile_train_step).
+/// of `module`, and must outlive the TrainStep (its learning rates and state
+/// are read at every call). Its state is the step's: where it holds some
+/// (eager steps before, a checkpoint loaded) the step continues from it, and
+/// each call updates it in place and makes it where torch::optim would, so
+/// that the optimizer can be saved, loaded, inspected or stepped eagerly
+/// between calls (Note [The optimizer's own state]).
 /// Compiles nothing itself; throws PipelineError when `module` is null,
 /// `loss_fn` is empty, the optimizer is not SGD, Adam or AdamW, has no
 /// param groups, updates a tensor that is
 /// not one of the module's parameters or lists one more than once (eager
-/// would update it once per listing), has no parameters, or holds state
-/// whose sizes differ from its parameter's. Compile errors come at the first
-/// call or TrainStep::compile.
+/// would update it once per listing), or has no parameters, and when a
+/// clipping option is NaN. Compile errors come at the first call or
+/// TrainStep::compile.
 /// `options.gradient_hook`, where set, rewrites the gradients in the traced
 /// step; a hook that returns another count of gradients makes the first
 /// compilation throw PipelineError.
