@@ -581,10 +581,10 @@ TEST_CASE("user state: on a GPU a module moved after the optimizer stepped is re
     return std::make_unique<torch::optim::Adam>(m.parameters(), torch::optim::AdamOptions(1e-2));
   };
   torch::manual_seed(13);
-  Run r{mlp(), nullptr, std::nullopt};
+  Run r{mlp(), nullptr, std::nullopt, at::kFloat};
   r.optimizer = adam(*r.model.module);
   r.step = compile_train_step(r.model.module, *r.optimizer, loss_of(r.model));
-  const std::vector<at::Tensor> b = batch(0);
+  const std::vector<at::Tensor> b = batch(0, r.dtype);
   (*r.step)({b[0].cpu(), b[1].cpu()});
   r.model.module->to(at::kCUDA);
   REQUIRE_THROWS_WITH((*r.step)({b[0].cuda(), b[1].cuda()}), CRUCIBLE_HAS_SUBSTR("move the state"));
