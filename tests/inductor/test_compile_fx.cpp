@@ -659,6 +659,80 @@ TEST_CASE("channels-last convolutions: a GPU graph's convolution operands are co
   CHECK(occurrences(ir, "Float[2, 8, 16, 16] stride=[2048, 1, 128, 8]") >= 1);
 }
 
+namespace {
+
+// conv(x, w1) -> relu -> conv(., w2), returning what a caller reads of it:
+// the features, a flattening view of them, a slice of the ReLU (a view
+// with gaps), the features permuted to NHWC, their sum, and the ReLU as a
+// saved value (for a backward alone).
+ir::Graph features(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2) {
+  ir::Graph g;
+  ir::Value* px = g.add_placeholder("x", ir::TensorMeta::of(x));
+  ir::Value* p1 = g.add_placeholder("w1", ir::TensorMeta::of(w1));
+  ir::Value* p2 = g.add_placeholder("w2", ir::TensorMeta::of(w2));
+  auto conv = [&](ir::Value* in, ir::Value* w) {
+    return g
+        .add_call("aten::convolution", {in, w, c10::IValue(), std::vector<int64_t>{1, 1}, std::vector<int64_t>{1, 1},
+                                        std::vector<int64_t>{1, 1}, false, std::vector<int64_t>{0, 0}, int64_t{1}})
+        ->result();
+  };
+  ir::Value* r = g.add_call("aten::relu", {conv(px, p1)})->result();
+  ir::Value* y = conv(r, p2);
+  g.set_output({y, g.add_call("aten::view", {y, std::vector<int64_t>{x.size(0), -1}})->result(),
+                g.add_call("aten::slice.Tensor", {r, int64_t{2}, int64_t{1}, int64_t{15}, int64_t{1}})->result(),
+                g.add_call("aten::permute", {y, std::vector<int64_t>{0, 2, 3, 1}})->result(),
+                g.add_call("aten::sum", {y, c10::IValue()})->result(), r});
+  g.signature().outputs.back().kind = ir::OutputKind::SavedValue;
+  ir::propagate_meta(g);
+  return g;
+}
+
+std::vector<at::Tensor> features_eager(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2) {
+  const at::Tensor r = at::relu(at::conv2d(x, w1, {}, 1, 1));
+  const at::Tensor y = at::conv2d(r, w2, {}, 1, 1);
+  return {y, y.view({x.size(0), -1}), r.slice(2, 1, 15), y.permute({0, 2, 3, 1}), y.sum(), r};
+}
+
+}  // namespace
+
+TEST_CASE("channels-last convolutions: every output but a saved value keeps eager's sizes, strides and offset",
+          "[inductor]") {
+  // Note [Eager's strides at the outputs], run on the CPU with the rewrite
+  // forced: the features come back NCHW, their views view them as in eager
+  // (the flattening view works), and only the saved value stays as the
+  // rewrite left it (channels-last, which proves the rewrite ran).
+  at::manual_seed(0);
+  const at::Tensor x = at::randn({2, 3, 16, 16}), w1 = at::randn({8, 3, 3, 3}), w2 = at::randn({8, 8, 3, 3});
+  inductor::InductorOptions forced = options();
+  forced.force_layout_optimization = true;
+  const std::vector<at::Tensor> got = run(inductor::compile_fx_inner(features(x, w1, w2), {}, forced), {x, w1, w2});
+  const std::vector<at::Tensor> expected = features_eager(x, w1, w2);
+  REQUIRE(got.size() == expected.size());
+  for (size_t i = 0; i + 1 < got.size(); ++i) {
+    INFO("output " << i);
+    REQUIRE_LIKE_EAGER(got[i], expected[i], 1e-5, 1e-4);
+  }
+  CHECK(got[1].is_alias_of(got[0]));
+  CHECK(got[3].is_alias_of(got[0]));
+  CHECK(got.back().is_contiguous(at::MemoryFormat::ChannelsLast));
+  REQUIRE_CLOSE(got.back(), expected.back(), 1e-5, 1e-4);
+}
+
+TEST_CASE("channels-last convolutions: a GPU graph's outputs are copied back to their layouts, its saved values not",
+          "[inductor]") {
+  // The same graph with CUDA metadata (no GPU needed): the features, and
+  // the ReLU the slice views, are copied to NCHW for the outputs; the
+  // saved value is not copied.
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  ir::Graph g = features(at::empty({2, 3, 16, 16}, meta), at::empty({8, 3, 3, 3}, meta), at::empty({8, 8, 3, 3}, meta));
+  crucible::testing::relabel_device(g, c10::Device(c10::kCUDA, 0));
+  const std::string ir = inductor::loop_ir(g);
+  INFO(ir);
+  // Three copies to channels-last (x, w1, w2), two back (the features, the ReLU).
+  CHECK(occurrences(ir, "_clone") == 5);
+  CHECK(occurrences(ir, "Float[2, 8, 16, 16] stride=[2048, 1, 128, 8]") >= 1);
+}
+
 TEST_CASE("a large graph's CUDA code compiles as several NVRTC units, each kernel in one of them",
           "[inductor][nvrtc]") {
   // Note [Parallel NVRTC]: 60 pointwise kernels, kept apart by matmuls,
