@@ -13,7 +13,7 @@ namespace crucible::inductor::detail {
 /// Rewrites each large aten::mm with a dimension that is not a multiple of
 /// the tensor cores' alignment into an mm of zero-padded operands sliced
 /// back to its sizes (Note [Padding matmuls] in pad_mm.cpp). Leaves matmuls
-/// the graph returns as they are. Throws ir::IrError only if LibTorch's meta
+/// the graph returns, or returns a view of, as they are. Throws ir::IrError only if LibTorch's meta
 /// kernels reject a padded shape.
 void pad_mm(ir::Graph& graph);
 

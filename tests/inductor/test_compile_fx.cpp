@@ -610,6 +610,22 @@ TEST_CASE("padded matmuls: large fp32 matmuls on a GPU get operands padded to 4 
   CHECK(occurrences(inductor::loop_ir(g), "constant_pad_nd") == 0);  // a CPU graph
 }
 
+TEST_CASE("padded matmuls: a product the graph returns through a view is left alone", "[inductor]") {
+  // GPT-2's logits: the lm head's product viewed as [B, T, V]. Padded, the
+  // view would have the padded product's row stride, not eager's (Note
+  // [Eager's strides at the outputs]).
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  ir::Graph g;
+  ir::Value* px = g.add_placeholder("x", ir::TensorMeta::of(at::empty({1024, 768}, meta)));
+  ir::Value* pw = g.add_placeholder("w", ir::TensorMeta::of(at::empty({50257, 768}, meta)));
+  ir::Value* logits = g.add_call("aten::mm", {px, g.add_call("aten::t", {pw})->result()})->result();
+  g.set_output({g.add_call("aten::view", {logits, std::vector<int64_t>{8, 128, 50257}})->result()});
+  ir::propagate_meta(g);
+  crucible::testing::relabel_device(g, c10::Device(c10::kCUDA, 0));
+  MatmulPrecision tf32("high");
+  CHECK(occurrences(inductor::loop_ir(g), "constant_pad_nd") == 0);
+}
+
 TEST_CASE("padded matmuls: the padded products are eager's on the GPU", "[inductor][cuda]") {
   CRUCIBLE_REQUIRE_CUDA();
   MatmulPrecision tf32("high");
