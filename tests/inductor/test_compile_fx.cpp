@@ -734,6 +734,39 @@ TEST_CASE("channels-last convolutions: every output but a saved value keeps eage
   REQUIRE_CLOSE(got.back(), expected.back(), 1e-5, 1e-4);
 }
 
+TEST_CASE("channels-last convolutions on the GPU: outputs keep eager's layouts, with and without CUDA graphs",
+          "[inductor][cuda]") {
+  // The rewrite runs by itself on a GPU; a CUDA graph's replays return
+  // copies of the outputs, which must keep their layouts and aliasing too
+  // (Note [CUDA graphs]): warm-up, capture and a replay.
+  CRUCIBLE_REQUIRE_CUDA();
+  const crucible::testing::NoTf32Convolutions float32;
+  at::manual_seed(0);
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  const at::Tensor x = at::randn({2, 3, 16, 16}, cuda), w1 = at::randn({8, 3, 3, 3}, cuda),
+                   w2 = at::randn({8, 8, 3, 3}, cuda);
+  const std::vector<at::Tensor> expected = features_eager(x, w1, w2);
+  for (const bool cuda_graphs : {false, true}) {
+    INFO((cuda_graphs ? "with CUDA graphs" : "without CUDA graphs"));
+    inductor::InductorOptions o = options();
+    o.cuda_graphs = cuda_graphs;
+    const ir::CompiledFn fn = inductor::compile_fx_inner(features(x, w1, w2), {}, o);
+    for (int call = 0; call < 3; ++call) {
+      INFO("call " << call);
+      const std::vector<at::Tensor> got = run(fn, {x, w1, w2});
+      REQUIRE(got.size() == expected.size());
+      for (size_t i = 0; i + 1 < got.size(); ++i) {
+        INFO("output " << i);
+        REQUIRE_LIKE_EAGER(got[i], expected[i], 1e-4, 1e-4);
+      }
+      CHECK(got[1].is_alias_of(got[0]));
+      CHECK(got[3].is_alias_of(got[0]));
+      CHECK(got.back().is_contiguous(at::MemoryFormat::ChannelsLast));
+      REQUIRE_CLOSE(got.back(), expected.back(), 1e-4, 1e-4);
+    }
+  }
+}
+
 TEST_CASE("channels-last convolutions: a GPU graph's outputs are copied back to their layouts, its saved values not",
           "[inductor]") {
   // The same graph with CUDA metadata (no GPU needed): the features, and
