@@ -656,24 +656,25 @@ void run_kernel(const Plan& plan, const Step& st, std::vector<c10::IValue>& slot
 
 // The graph compile_fx_inner lowers: a copy of the caller's, with the
 // matmuls cuBLAS runs slowly padded (Note [Padding matmuls]) and the
-// convolutions in cuDNN's fastest layout (Note [Channels-last convolutions]).
-ir::Graph prepared(const ir::Graph& graph) {
+// convolutions in cuDNN's fastest layout (Note [Channels-last convolutions]),
+// its outputs in the caller's layouts (Note [Eager's strides at the outputs]).
+ir::Graph prepared(const ir::Graph& graph, const InductorOptions& options) {
   ir::Graph g = graph.clone();
   detail::pad_mm(g);
-  detail::channels_last_convolutions(g);
+  detail::channels_last_convolutions(g, options.force_layout_optimization);
   return g;
 }
 
 }  // namespace
 
 GeneratedCode generate_code(const ir::Graph& graph) {
-  const ir::Graph g = prepared(graph);  // outlives the schedule, which points into it
+  const ir::Graph g = prepared(graph, {});  // outlives the schedule, which points into it
   detail::Schedule s = detail::compile_schedule(g, 0);
   return {std::move(s.source), s.program.device.is_cuda()};
 }
 
 std::string loop_ir(const ir::Graph& graph) {
-  const ir::Graph g = prepared(graph);
+  const ir::Graph g = prepared(graph, {});
   return detail::to_text(detail::compile_schedule(g, 0).program);
 }
 
@@ -688,11 +689,12 @@ InductorOptions InductorOptions::from_environment() {
   o.cuda_graphs = on("CRUCIBLE_INDUCTOR_CUDA_GRAPHS");
   if (const char* dir = std::getenv("CRUCIBLE_INDUCTOR_CACHE_DIR")) o.cache_dir = dir;
   if (const char* k = std::getenv("CRUCIBLE_INDUCTOR_KERNEL_CONFIG"); k && *k) o.kernel_config = std::atoi(k);
+  o.force_layout_optimization = on("CRUCIBLE_INDUCTOR_FORCE_LAYOUT_OPT");
   return o;
 }
 
 std::vector<std::string> compile_cuda(const ir::Graph& graph, const std::string& arch, const InductorOptions& options) {
-  const ir::Graph g = prepared(graph);
+  const ir::Graph g = prepared(graph, options);
   detail::Schedule s = detail::compile_schedule(g, 0);
   if (s.source.empty() || !s.program.device.is_cuda()) return {};
   return detail::compile_cubins(s.source, arch, options);
@@ -711,7 +713,7 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
     last = now;
   };
   auto plan = std::make_shared<Plan>();
-  plan->graph = std::make_shared<ir::Graph>(prepared(graph));
+  plan->graph = std::make_shared<ir::Graph>(prepared(graph, options));
   if (!plan->graph->output_node())
     throw InductorError("inductor: the graph has no output node; call Graph::set_output first");
   // See graph_cache.h; counted as torch/_inductor counts its FxGraphCache.

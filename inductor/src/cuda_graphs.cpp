@@ -20,6 +20,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -54,7 +55,11 @@ namespace crucible::inductor {
 //    writes into them;
 //  - outputs live in the capture's pool, which the next replay overwrites,
 //    so a call returns copies — except an output that is one of the inputs
-//    or a view of a state input, which is returned as it is;
+//    or a view of a state input, which is returned as it is. A copy is made
+//    of an output's storage, once per storage, and the output is made again
+//    on it with its sizes, strides and offset: a view with gaps keeps
+//    eager's strides, and outputs that view one another still do (Note
+//    [Eager's strides at the outputs] in layout_opt.cpp);
 //  - a capture that fails anyway (an op that syncs without saying so) is
 //    ended and discarded, and the graph runs without CUDA graphs from then
 //    on, with a warning.
@@ -167,14 +172,22 @@ struct CudaGraphRunner {
     captured->graph.replay();
     std::vector<at::Tensor> out;
     out.reserve(captured->outputs.size());
+    std::vector<std::pair<const c10::StorageImpl*, c10::Storage>> copies;  // a storage of the pool, its copy
     for (size_t j = 0; j < captured->outputs.size(); ++j) {
       const int in = captured->output_input[j];
-      if (in >= 0)
+      const at::Tensor& o = captured->outputs[j];
+      if (in >= 0) {
         out.push_back(inputs[static_cast<size_t>(in)]);
-      else if (captured->output_is_state_view[j])
-        out.push_back(captured->outputs[j]);
-      else
-        out.push_back(captured->outputs[j].clone(at::MemoryFormat::Preserve));
+      } else if (captured->output_is_state_view[j] || !o.defined()) {
+        out.push_back(o);
+      } else {
+        const c10::StorageImpl* storage = o.storage().unsafeGetStorageImpl();
+        auto copy = std::find_if(copies.begin(), copies.end(), [&](const auto& c) { return c.first == storage; });
+        if (copy == copies.end())
+          copy = copies.emplace(copies.end(), storage,
+                                at::empty({0}, o.options().dtype(at::kByte)).set_(o.storage()).clone().storage());
+        out.push_back(at::empty({0}, o.options()).set_(copy->second, o.storage_offset(), o.sizes(), o.strides()));
+      }
     }
     for (size_t i = 0; i < inputs.size(); ++i)
       if (written[i] && !is_state[i]) inputs[i].copy_(captured->inputs[i]);

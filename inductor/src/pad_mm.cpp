@@ -2,6 +2,7 @@
 
 #include "loop_ir.h"
 
+#include <crucible/ir/aliasing.h>
 #include <crucible/ir/graph.h>
 #include <crucible/ir/propagate_meta.h>
 
@@ -10,6 +11,7 @@
 #include <map>
 #include <string_view>
 #include <tuple>
+#include <unordered_set>
 #include <vector>
 
 namespace crucible::inductor::detail {
@@ -32,8 +34,10 @@ namespace crucible::inductor::detail {
 //    transpose (the base padded, then transposed): the result is the padded
 //    copy the same tensor needs untransposed, so a forward's t(W) and a
 //    backward's W, or a gradient read as g and t(g), share one pad.
-//  - A matmul whose result the graph returns is left alone: a sliced result
-//    would have strides eager does not give.
+//  - A matmul whose result the graph returns, or a view of it (GPT-2's
+//    logits: the product viewed as [B, T, V]), is left alone: a sliced
+//    result would have strides eager does not give (Note [Eager's strides
+//    at the outputs] in layout_opt.cpp).
 namespace {
 
 constexpr int64_t kMinMultiplyAdds = int64_t{1} << 30;
@@ -94,10 +98,11 @@ class Padder {
   std::map<std::tuple<ir::Value*, int64_t, int64_t>, ir::Value*> pads_;
 };
 
-bool returned(const ir::Value* v) {
-  for (const ir::Node* u : v->users())
-    if (u->is_output()) return true;
-  return false;
+// The storage roots of the graph's outputs: the values they are, or view.
+std::unordered_set<const ir::Value*> returned(const ir::Graph& g) {
+  std::unordered_set<const ir::Value*> roots;
+  for (const ir::Value* v : g.outputs()) roots.insert(ir::storage_root(v));
+  return roots;
 }
 
 }  // namespace
@@ -107,13 +112,14 @@ void pad_mm(ir::Graph& g) {
   std::vector<ir::Node*> mms;
   for (ir::Node* n : g.nodes())
     if (n->is_call() && n->target() == "aten::mm") mms.push_back(n);
+  const std::unordered_set<const ir::Value*> roots = returned(g);
   Padder padder(g);
   for (ir::Node* n : mms) {
     if (!n->arg(0).is_value() || !n->arg(1).is_value()) continue;
     ir::Value* a = n->arg(0).value();
     ir::Value* b = n->arg(1).value();
     ir::Value* c = n->result();
-    if (!a->has_meta() || !b->has_meta() || !c->has_meta() || returned(c)) continue;
+    if (!a->has_meta() || !b->has_meta() || !c->has_meta() || roots.contains(c)) continue;
     const ir::TensorMeta &ma = a->meta(), &mb = b->meta();
     const int64_t align = alignment(ma.dtype);
     if (align == 0 || mb.dtype != ma.dtype || !ma.device.is_cuda() || mb.device != ma.device) continue;

@@ -1,3 +1,4 @@
+#include <crucible/ir/aliasing.h>
 #include <crucible/ir/effects.h>
 #include <crucible/ir/error.h>
 #include <crucible/ir/pattern_matcher.h>
@@ -279,39 +280,6 @@ bool root_writes_inside(const Match& m, const std::unordered_set<const Node*>& m
   for (const Value* v : root->written())
     if (!fresh_inside(v, root, matched)) return false;
   return true;
-}
-
-// The Value whose storage `v` lives on: through views (results the schema
-// marks as aliasing an argument, and _unsafe_view) and in-place results to
-// the call that allocated it, or the placeholder.
-const Value* storage_root(const Value* v) {
-  static const c10::OperatorHandle unsafe_view = resolve_operator("aten::_unsafe_view");
-  for (;;) {
-    const Node* n = v->node();
-    if (!n->is_call()) return v;
-    if (n->op() == unsafe_view) {
-      v = n->arg(0).value();
-      continue;
-    }
-    // One return of a Tensor[] type (split) stands for all the results.
-    const auto& returns = n->schema().returns();
-    const c10::AliasInfo* alias = returns.at(returns.size() == 1 ? 0 : v->index()).alias_info();
-    if (!alias) return v;
-    // `Tensor(a)[]` keeps its set on the element type.
-    auto aliases = [alias](const c10::AliasInfo& formal) {
-      if (detail::sets_overlap(*alias, formal)) return true;
-      for (const c10::AliasInfo& element : alias->containedTypes())
-        if (detail::sets_overlap(element, formal)) return true;
-      return false;
-    };
-    const Value* base = nullptr;
-    const auto& formals = n->schema().arguments();
-    for (size_t i = 0; i < formals.size() && !base; ++i)
-      if (formals[i].alias_info() && aliases(*formals[i].alias_info()) && n->arg(i).is_value())
-        base = n->arg(i).value();
-    if (!base) return v;
-    v = base;
-  }
 }
 
 // See Note [Rewriting safely]: no call between the first matched call and

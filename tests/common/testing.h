@@ -42,6 +42,22 @@ inline std::string mismatch(const at::Tensor& actual, const at::Tensor& expected
   return os.str();
 }
 
+/// Why `actual`'s sizes, strides or storage offset differ from `expected`'s
+/// (what a caller sees of a tensor's layout: a view() that works on one
+/// works on the other), or "" when they agree.
+inline std::string layout_mismatch(const at::Tensor& actual, const at::Tensor& expected) {
+  if (actual.defined() != expected.defined()) return "one tensor is undefined";
+  if (!actual.defined()) return "";
+  if (actual.sizes() == expected.sizes() && actual.strides() == expected.strides() &&
+      actual.storage_offset() == expected.storage_offset())
+    return "";
+  std::ostringstream os;
+  os << "layouts differ: sizes " << actual.sizes() << " strides " << actual.strides() << " offset "
+     << actual.storage_offset() << " vs sizes " << expected.sizes() << " strides " << expected.strides() << " offset "
+     << expected.storage_offset();
+  return os.str();
+}
+
 /// Tolerances for gradients of a compiled backward against eager's. The
 /// kernels are the same, but where a leaf (or an intermediate) receives
 /// several contributions, the compiled graph adds them in its own order and
@@ -72,6 +88,22 @@ inline std::string temp_dir(const std::string& prefix) {
   return tmpl;
 }
 
+/// cuDNN's convolutions without TF32 while it lives. By default they round
+/// their operands to TF32 (10 bits of mantissa), and a compiled graph's
+/// channels-last convolutions (other cuDNN kernels) round other ones: 1e-4
+/// apart where float32 agrees to 1e-7. A check of float32 values against
+/// eager turns it off, as torch.compile's accuracy runs do.
+class NoTf32Convolutions {
+ public:
+  NoTf32Convolutions() : saved_(at::globalContext().allowTF32CuDNN()) { at::globalContext().setAllowTF32CuDNN(false); }
+  ~NoTf32Convolutions() { at::globalContext().setAllowTF32CuDNN(saved_); }
+  NoTf32Convolutions(const NoTf32Convolutions&) = delete;
+  NoTf32Convolutions& operator=(const NoTf32Convolutions&) = delete;
+
+ private:
+  bool saved_;
+};
+
 /// Collects the c10 warnings (TORCH_WARN) raised on this thread while it
 /// lives, instead of printing them.
 class CollectWarnings : public c10::WarningHandler {
@@ -92,6 +124,25 @@ class CollectWarnings : public c10::WarningHandler {
     const std::string crucible_mismatch_ = crucible::testing::mismatch(actual, expected, rtol, atol); \
     INFO(crucible_mismatch_);                                                                         \
     REQUIRE(crucible_mismatch_.empty());                                                              \
+  } while (0)
+
+/// REQUIRE that two tensors have the same sizes, strides and storage offset.
+#define REQUIRE_SAME_LAYOUT(actual, expected)                                                  \
+  do {                                                                                         \
+    const std::string crucible_layout_ = crucible::testing::layout_mismatch(actual, expected); \
+    INFO(crucible_layout_);                                                                    \
+    REQUIRE(crucible_layout_.empty());                                                         \
+  } while (0)
+
+/// REQUIRE that a compiled result is what eager gave: its sizes, strides
+/// and storage offset (REQUIRE_SAME_LAYOUT) and its values (REQUIRE_CLOSE).
+/// Each argument is evaluated once.
+#define REQUIRE_LIKE_EAGER(actual, expected, rtol, atol)             \
+  do {                                                               \
+    const at::Tensor crucible_actual_ = (actual);                    \
+    const at::Tensor crucible_expected_ = (expected);                \
+    REQUIRE_SAME_LAYOUT(crucible_actual_, crucible_expected_);       \
+    REQUIRE_CLOSE(crucible_actual_, crucible_expected_, rtol, atol); \
   } while (0)
 
 /// REQUIRE bitwise equality (same sizes, dtype and values, NaNs equal).

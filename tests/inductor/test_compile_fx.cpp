@@ -610,6 +610,22 @@ TEST_CASE("padded matmuls: large fp32 matmuls on a GPU get operands padded to 4 
   CHECK(occurrences(inductor::loop_ir(g), "constant_pad_nd") == 0);  // a CPU graph
 }
 
+TEST_CASE("padded matmuls: a product the graph returns through a view is left alone", "[inductor]") {
+  // GPT-2's logits: the lm head's product viewed as [B, T, V]. Padded, the
+  // view would have the padded product's row stride, not eager's (Note
+  // [Eager's strides at the outputs]).
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  ir::Graph g;
+  ir::Value* px = g.add_placeholder("x", ir::TensorMeta::of(at::empty({1024, 768}, meta)));
+  ir::Value* pw = g.add_placeholder("w", ir::TensorMeta::of(at::empty({50257, 768}, meta)));
+  ir::Value* logits = g.add_call("aten::mm", {px, g.add_call("aten::t", {pw})->result()})->result();
+  g.set_output({g.add_call("aten::view", {logits, std::vector<int64_t>{8, 128, 50257}})->result()});
+  ir::propagate_meta(g);
+  crucible::testing::relabel_device(g, c10::Device(c10::kCUDA, 0));
+  MatmulPrecision tf32("high");
+  CHECK(occurrences(inductor::loop_ir(g), "constant_pad_nd") == 0);
+}
+
 TEST_CASE("padded matmuls: the padded products are eager's on the GPU", "[inductor][cuda]") {
   CRUCIBLE_REQUIRE_CUDA();
   MatmulPrecision tf32("high");
@@ -656,6 +672,113 @@ TEST_CASE("channels-last convolutions: a GPU graph's convolution operands are co
   INFO(ir);
   CHECK(occurrences(ir, "_clone") == 3);
   // The ReLU between the convolutions is computed channels-last.
+  CHECK(occurrences(ir, "Float[2, 8, 16, 16] stride=[2048, 1, 128, 8]") >= 1);
+}
+
+namespace {
+
+// conv(x, w1) -> relu -> conv(., w2), returning what a caller reads of it:
+// the features, a flattening view of them, a slice of the ReLU (a view
+// with gaps), the features permuted to NHWC, their sum, and the ReLU as a
+// saved value (for a backward alone).
+ir::Graph features(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2) {
+  ir::Graph g;
+  ir::Value* px = g.add_placeholder("x", ir::TensorMeta::of(x));
+  ir::Value* p1 = g.add_placeholder("w1", ir::TensorMeta::of(w1));
+  ir::Value* p2 = g.add_placeholder("w2", ir::TensorMeta::of(w2));
+  auto conv = [&](ir::Value* in, ir::Value* w) {
+    return g
+        .add_call("aten::convolution", {in, w, c10::IValue(), std::vector<int64_t>{1, 1}, std::vector<int64_t>{1, 1},
+                                        std::vector<int64_t>{1, 1}, false, std::vector<int64_t>{0, 0}, int64_t{1}})
+        ->result();
+  };
+  ir::Value* r = g.add_call("aten::relu", {conv(px, p1)})->result();
+  ir::Value* y = conv(r, p2);
+  g.set_output({y, g.add_call("aten::view", {y, std::vector<int64_t>{x.size(0), -1}})->result(),
+                g.add_call("aten::slice.Tensor", {r, int64_t{2}, int64_t{1}, int64_t{15}, int64_t{1}})->result(),
+                g.add_call("aten::permute", {y, std::vector<int64_t>{0, 2, 3, 1}})->result(),
+                g.add_call("aten::sum", {y, c10::IValue()})->result(), r});
+  g.signature().outputs.back().kind = ir::OutputKind::SavedValue;
+  ir::propagate_meta(g);
+  return g;
+}
+
+std::vector<at::Tensor> features_eager(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2) {
+  const at::Tensor r = at::relu(at::conv2d(x, w1, {}, 1, 1));
+  const at::Tensor y = at::conv2d(r, w2, {}, 1, 1);
+  return {y, y.view({x.size(0), -1}), r.slice(2, 1, 15), y.permute({0, 2, 3, 1}), y.sum(), r};
+}
+
+}  // namespace
+
+TEST_CASE("channels-last convolutions: every output but a saved value keeps eager's sizes, strides and offset",
+          "[inductor]") {
+  // Note [Eager's strides at the outputs], run on the CPU with the rewrite
+  // forced: the features come back NCHW, their views view them as in eager
+  // (the flattening view works), and only the saved value stays as the
+  // rewrite left it (channels-last, which proves the rewrite ran).
+  at::manual_seed(0);
+  const at::Tensor x = at::randn({2, 3, 16, 16}), w1 = at::randn({8, 3, 3, 3}), w2 = at::randn({8, 8, 3, 3});
+  inductor::InductorOptions forced = options();
+  forced.force_layout_optimization = true;
+  const std::vector<at::Tensor> got = run(inductor::compile_fx_inner(features(x, w1, w2), {}, forced), {x, w1, w2});
+  const std::vector<at::Tensor> expected = features_eager(x, w1, w2);
+  REQUIRE(got.size() == expected.size());
+  for (size_t i = 0; i + 1 < got.size(); ++i) {
+    INFO("output " << i);
+    REQUIRE_LIKE_EAGER(got[i], expected[i], 1e-5, 1e-4);
+  }
+  CHECK(got[1].is_alias_of(got[0]));
+  CHECK(got[3].is_alias_of(got[0]));
+  CHECK(got.back().is_contiguous(at::MemoryFormat::ChannelsLast));
+  REQUIRE_CLOSE(got.back(), expected.back(), 1e-5, 1e-4);
+}
+
+TEST_CASE("channels-last convolutions on the GPU: outputs keep eager's layouts, with and without CUDA graphs",
+          "[inductor][cuda]") {
+  // The rewrite runs by itself on a GPU; a CUDA graph's replays return
+  // copies of the outputs, which must keep their layouts and aliasing too
+  // (Note [CUDA graphs]): warm-up, capture and a replay.
+  CRUCIBLE_REQUIRE_CUDA();
+  const crucible::testing::NoTf32Convolutions float32;
+  at::manual_seed(0);
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  const at::Tensor x = at::randn({2, 3, 16, 16}, cuda), w1 = at::randn({8, 3, 3, 3}, cuda),
+                   w2 = at::randn({8, 8, 3, 3}, cuda);
+  const std::vector<at::Tensor> expected = features_eager(x, w1, w2);
+  for (const bool cuda_graphs : {false, true}) {
+    INFO((cuda_graphs ? "with CUDA graphs" : "without CUDA graphs"));
+    inductor::InductorOptions o = options();
+    o.cuda_graphs = cuda_graphs;
+    const ir::CompiledFn fn = inductor::compile_fx_inner(features(x, w1, w2), {}, o);
+    for (int call = 0; call < 3; ++call) {
+      INFO("call " << call);
+      const std::vector<at::Tensor> got = run(fn, {x, w1, w2});
+      REQUIRE(got.size() == expected.size());
+      for (size_t i = 0; i + 1 < got.size(); ++i) {
+        INFO("output " << i);
+        REQUIRE_LIKE_EAGER(got[i], expected[i], 1e-4, 1e-4);
+      }
+      CHECK(got[1].is_alias_of(got[0]));
+      CHECK(got[3].is_alias_of(got[0]));
+      CHECK(got.back().is_contiguous(at::MemoryFormat::ChannelsLast));
+      REQUIRE_CLOSE(got.back(), expected.back(), 1e-4, 1e-4);
+    }
+  }
+}
+
+TEST_CASE("channels-last convolutions: a GPU graph's outputs are copied back to their layouts, its saved values not",
+          "[inductor]") {
+  // The same graph with CUDA metadata (no GPU needed): the features, and
+  // the ReLU the slice views, are copied to NCHW for the outputs; the
+  // saved value is not copied.
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  ir::Graph g = features(at::empty({2, 3, 16, 16}, meta), at::empty({8, 3, 3, 3}, meta), at::empty({8, 8, 3, 3}, meta));
+  crucible::testing::relabel_device(g, c10::Device(c10::kCUDA, 0));
+  const std::string ir = inductor::loop_ir(g);
+  INFO(ir);
+  // Three copies to channels-last (x, w1, w2), two back (the features, the ReLU).
+  CHECK(occurrences(ir, "_clone") == 5);
   CHECK(occurrences(ir, "Float[2, 8, 16, 16] stride=[2048, 1, 128, 8]") >= 1);
 }
 

@@ -166,7 +166,7 @@ void function_and_compare(const crucible::tracer::TensorFn& fn, const std::vecto
   at::Tensor cl = at::zeros({}, at::kDouble), el = at::zeros({}, at::kDouble);
   for (size_t k = 0; k < co.size(); ++k) {
     INFO("output " << k);
-    REQUIRE_CLOSE(co[k].detach(), eo[k].detach(), kRtol, kAtol);
+    REQUIRE_LIKE_EAGER(co[k].detach(), eo[k].detach(), kRtol, kAtol);
     REQUIRE(co[k].requires_grad() == eo[k].requires_grad());
     if (!eo[k].requires_grad()) continue;
     const at::Tensor w = at::linspace(0.5, 1.5, eo[k].numel(), at::kDouble).view(eo[k].sizes());
@@ -178,7 +178,7 @@ void function_and_compare(const crucible::tracer::TensorFn& fn, const std::vecto
   for (size_t k = 0; k < ei.size(); ++k) {
     INFO("gradient of input " << k);
     REQUIRE(ci[k].grad().defined() == ei[k].grad().defined());
-    if (ei[k].grad().defined()) REQUIRE_CLOSE(ci[k].grad(), ei[k].grad(), kRtol, kAtol);
+    if (ei[k].grad().defined()) REQUIRE_LIKE_EAGER(ci[k].grad(), ei[k].grad(), kRtol, kAtol);
   }
 }
 
@@ -350,7 +350,7 @@ TEST_CASE("autograd programs: torch::autograd::grad of a subset of the inputs", 
         const at::Tensor gw = torch::autograd::grad({out}, {w})[0];
         const at::Tensor xe = x.detach().clone().requires_grad_(), we = w.detach().clone().requires_grad_();
         const at::Tensor ge = torch::autograd::grad(fn({xe, we}), {we})[0];
-        REQUIRE_CLOSE(gw, ge, kRtol, kAtol);
+        REQUIRE_LIKE_EAGER(gw, ge, kRtol, kAtol);
         REQUIRE_FALSE(x.grad().defined());
         REQUIRE_FALSE(w.grad().defined());
       }
@@ -460,7 +460,7 @@ TEST_CASE("autograd programs: train()/eval() and requires_grad switched after ao
         const at::Tensor lc = step({x})[0];
         torch::manual_seed(3);
         const at::Tensor le = fn(*eager, {x})[0];
-        REQUIRE_CLOSE(lc.detach(), le.detach(), kRtol, kAtol);
+        REQUIRE_LIKE_EAGER(lc.detach(), le.detach(), kRtol, kAtol);
         lc.backward();
         le.backward();
         require_same_state(*compiled, *eager);
@@ -468,7 +468,7 @@ TEST_CASE("autograd programs: train()/eval() and requires_grad switched after ao
         for (const auto& p : compiled->named_parameters()) {
           INFO("gradient of " << p.key());
           REQUIRE(p.value().grad().defined() == pe[p.key()].grad().defined());
-          if (p.value().grad().defined()) REQUIRE_CLOSE(p.value().grad(), pe[p.key()].grad(), kRtol, kAtol);
+          if (p.value().grad().defined()) REQUIRE_LIKE_EAGER(p.value().grad(), pe[p.key()].grad(), kRtol, kAtol);
         }
       };
       call("train");
@@ -545,7 +545,7 @@ TEST_CASE("autograd programs: aot_module_simplified refuses a call after a modul
   b.name_module("disc", disc);
   const at::Tensor x = f64_randn({5, 6}, 4);
   auto compiled = crucible::autograd::aot_module_simplified(gen, fn_over(disc), {x}, b.aot_config());
-  REQUIRE_CLOSE(compiled({x})[0].detach(), fn_over(disc_eager)(*gen, {x})[0].detach(), kRtol, kAtol);
+  REQUIRE_LIKE_EAGER(compiled({x})[0].detach(), fn_over(disc_eager)(*gen, {x})[0].detach(), kRtol, kAtol);
   require_same_state(*disc, *disc_eager);  // the running statistics, updated once each
   disc->eval();
   REQUIRE_THROWS_WITH(compiled({x}), CRUCIBLE_HAS_SUBSTR("train()/eval()"));

@@ -11,8 +11,10 @@
 // every kind (several, aliases of inputs, views of intermediates, integer
 // indices, bool masks). Each program goes through every builder of
 // builders() (Builder::compile on the module: aot_module), through
-// inductor::compile_fx and through autograd::aot_module, in float32, what
-// users run, and in float64 where a tight check says more.
+// inductor::compile_fx (also with the channels-last rewrite of
+// convolutions forced, as a GPU runs it) and through autograd::aot_module,
+// in float32, what users run, and in float64 where a tight check says more;
+// every output has eager's values and eager's sizes, strides and offset.
 #include <crucible/autograd/aot_module.h>
 #include <crucible/inductor/compile_fx_aot.h>
 #include <crucible/pipeline/builder.h>
@@ -53,14 +55,17 @@ constexpr double kF32Rtol = 1e-4, kF32Atol = 1e-5;
 double rtol_for(const at::Tensor& t) { return t.scalar_type() == at::kDouble ? kRtol : kF32Rtol; }
 double atol_for(const at::Tensor& t) { return t.scalar_type() == at::kDouble ? kAtol : kF32Atol; }
 
-void require_outputs_close(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& expected) {
+// Every output close to eager's, and laid out as eager's (sizes, strides,
+// storage offset: Note [Eager's strides at the outputs] in
+// inductor/src/layout_opt.cpp).
+void require_outputs_like_eager(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& expected) {
   REQUIRE(got.size() == expected.size());
   for (size_t i = 0; i < got.size(); ++i) {
     INFO("output " << i);
     if (at::isFloatingType(expected[i].scalar_type()))
-      REQUIRE_CLOSE(got[i], expected[i], rtol_for(expected[i]), atol_for(expected[i]));
+      REQUIRE_LIKE_EAGER(got[i], expected[i], rtol_for(expected[i]), atol_for(expected[i]));
     else
-      REQUIRE_EQUAL_TENSORS(got[i], expected[i]);
+      REQUIRE_LIKE_EAGER(got[i], expected[i], 0.0, 0.0);
   }
 }
 
@@ -88,8 +93,9 @@ void randomize_batch_norms(nn::Module& m, int64_t seed) {
 using MakeModule = std::function<std::shared_ptr<nn::Module>()>;
 
 // Every compiled form of `fn` over `module`: each builder's compile (as the
-// caller's SECTION picks it), compile_fx for the inductor builder, and
-// autograd::aot_module with the default config.
+// caller's SECTION picks it), compile_fx for the inductor builder (also with
+// the layout rewrite forced), and autograd::aot_module with the default
+// config.
 struct Compiled {
   std::string name;
   std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)> call;
@@ -103,6 +109,12 @@ std::vector<Compiled> compile_all(const Builder& b, const std::shared_ptr<nn::Mo
   if (b.backend_name() == "inductor") {
     autograd::AotModule fx = crucible::inductor::compile_fx(module, fn, example);
     out.push_back({"compile_fx", [fx](const std::vector<at::Tensor>& in) { return fx(in); }});
+    // The channels-last rewrite of convolutions, which a GPU runs, on any device.
+    crucible::inductor::InductorOptions rewrite;
+    rewrite.force_layout_optimization = true;
+    autograd::AotModule forced = crucible::inductor::compile_fx(module, fn, example, rewrite);
+    out.push_back(
+        {"compile_fx, layout rewrite forced", [forced](const std::vector<at::Tensor>& in) { return forced(in); }});
     autograd::AotModule aot = crucible::autograd::aot_module(module, fn);
     out.push_back({"aot_module", [aot](const std::vector<at::Tensor>& in) { return aot(in); }});
   }
@@ -176,19 +188,19 @@ TEST_CASE(
         // An inference tensor made inside the guard, and a normal one.
         const at::Tensor x_inference = x.clone();
         REQUIRE(x_inference.is_inference());
-        require_outputs_close(c.call({x_inference}), expected);
-        require_outputs_close(c.call({x}), expected);
+        require_outputs_like_eager(c.call({x_inference}), expected);
+        require_outputs_like_eager(c.call({x}), expected);
       }
       {
         torch::NoGradGuard no_grad;
         const std::vector<at::Tensor> out = c.call({x});
-        require_outputs_close(out, expected);
+        require_outputs_like_eager(out, expected);
         CHECK_FALSE(out[0].requires_grad());
       }
       // Outside any guard: as eager, the output requires grad (the
       // parameters do).
       const std::vector<at::Tensor> out = c.call({x});
-      require_outputs_close(out, expected);
+      require_outputs_like_eager(out, expected);
       CHECK(out[0].requires_grad());
     }
   });
@@ -222,22 +234,22 @@ TEST_CASE(
         const at::Tensor example = x.clone();
         compiled = compile_all(b, m, small_net_fn, {example});
         // The first call compiles here, inside the guard, on an inference tensor.
-        for (const Compiled& c : compiled) require_outputs_close(c.call({example}), {expected.detach()});
+        for (const Compiled& c : compiled) require_outputs_like_eager(c.call({example}), {expected.detach()});
       }
       for (const Compiled& c : compiled) {
         INFO(c.name);
         for (const at::Tensor& p : m->parameters()) p.mutable_grad() = at::Tensor();
         const at::Tensor xg = x.clone().requires_grad_();
         const std::vector<at::Tensor> out = c.call({xg});
-        require_outputs_close(out, {expected.detach()});
+        require_outputs_like_eager(out, {expected.detach()});
         REQUIRE(out[0].requires_grad());
         (out[0] * out[0]).sum().backward();
         REQUIRE(xg.grad().defined());
-        REQUIRE_CLOSE(xg.grad(), expected_grads[0], kRtol, kAtol);
+        REQUIRE_LIKE_EAGER(xg.grad(), expected_grads[0], kRtol, kAtol);
         size_t i = 1;
         for (const at::Tensor& p : m->parameters()) {
           REQUIRE(p.grad().defined());
-          REQUIRE_CLOSE(p.grad(), expected_grads[i++], kRtol, kAtol);
+          REQUIRE_LIKE_EAGER(p.grad(), expected_grads[i++], kRtol, kAtol);
         }
       }
     }
@@ -474,10 +486,10 @@ void compare_in_eval(const Builder& b, const std::shared_ptr<nn::Module>& m, con
       {
         c10::InferenceMode guard;
         expected = fn(*m, {inputs[i]});
-        require_outputs_close(c.call({inputs[i]}), expected);
+        require_outputs_like_eager(c.call({inputs[i]}), expected);
       }
       torch::NoGradGuard no_grad;
-      require_outputs_close(c.call({inputs[i]}), expected);
+      require_outputs_like_eager(c.call({inputs[i]}), expected);
     }
   }
 }
@@ -634,19 +646,19 @@ TEST_CASE(
         const at::Tensor xi = x.clone();
         const std::vector<at::Tensor> expected = fn(*m, {xi});
         const std::vector<at::Tensor> got = c.call({xi});
-        require_outputs_close(got, expected);
+        require_outputs_like_eager(got, expected);
         require_same_aliasing(got, expected, with_state(*m, {xi}));
       }
       {
         torch::NoGradGuard no_grad;
         const std::vector<at::Tensor> expected = fn(*m, {x});
         const std::vector<at::Tensor> got = c.call({x});
-        require_outputs_close(got, expected);
+        require_outputs_like_eager(got, expected);
         require_same_aliasing(got, expected, with_state(*m, {x}));
       }
       const std::vector<at::Tensor> expected = fn(*m, {x});
       const std::vector<at::Tensor> got = c.call({x});
-      require_outputs_close(got, expected);
+      require_outputs_like_eager(got, expected);
       require_same_aliasing(got, expected, with_state(*m, {x}));
       for (size_t i = 0; i < got.size(); ++i) {
         INFO("output " << i);
@@ -667,7 +679,7 @@ TEST_CASE(
       c10::InferenceMode guard;
       const std::vector<at::Tensor> expected = tfn(in);
       const std::vector<at::Tensor> got = c.call(in);
-      require_outputs_close(got, expected);
+      require_outputs_like_eager(got, expected);
       require_same_aliasing(got, expected, in);
     }
   });
@@ -713,7 +725,7 @@ TEST_CASE(
           expected = normalize_in_place({x_eager, mean, std, w});
           got = c.call({x, mean, std, w});
         }
-        require_outputs_close(got, expected);
+        require_outputs_like_eager(got, expected);
         REQUIRE_CLOSE(x, x_eager, kRtol, kAtol);
       }
       // A tensor autograd saved before the call and written by it: eager's
@@ -769,7 +781,7 @@ TEST_CASE(
             else
               no_grad.emplace();
             const at::Tensor xi = x.clone();
-            require_outputs_close(c.call({xi}), small_net_fn(*eager, {xi}));
+            require_outputs_like_eager(c.call({xi}), small_net_fn(*eager, {xi}));
             require_same_state(*compiled, *eager);
           }
         }
@@ -789,7 +801,7 @@ TEST_CASE(
             const std::vector<at::Tensor> expected = mc(*m, {x});
             const at::Tensor next_expected = at::rand({4}, x.options());
             torch::manual_seed(20 + i);
-            require_outputs_close(c.call({x}), expected);
+            require_outputs_like_eager(c.call({x}), expected);
             REQUIRE_EQUAL_TENSORS(at::rand({4}, x.options()), next_expected);  // the generator left as eager left it
           }
         }

@@ -282,9 +282,9 @@ TEST_CASE("programs: a submodule registered twice trains once its parameters are
     const at::Tensor lc = crucible::inductor::compile_fx(a, fn, {x})({x})[0], le = fn(*e, {x})[0];
     lc.backward();
     le.backward();
-    REQUIRE_CLOSE(lc, le, kRtol, kAtol);
-    REQUIRE_CLOSE(dynamic_cast<TwiceImpl&>(*a).shared->weight.grad(),
-                  dynamic_cast<TwiceImpl&>(*e).shared->weight.grad(), kRtol, kAtol);
+    REQUIRE_LIKE_EAGER(lc, le, kRtol, kAtol);
+    REQUIRE_LIKE_EAGER(dynamic_cast<TwiceImpl&>(*a).shared->weight.grad(),
+                       dynamic_cast<TwiceImpl&>(*e).shared->weight.grad(), kRtol, kAtol);
   }
   SECTION("listed once") {
     MakeOptimizer distinct = [](torch::nn::Module& m) {
@@ -648,14 +648,14 @@ TEST_CASE("programs: LSTM, generator, Transformer encoder, text CNN and in-place
         torch::manual_seed(9);
         le = c.fn(*e, c.inputs);
       }
-      REQUIRE_CLOSE(lc.detach(), le.detach(), kRtol, kAtol);
+      REQUIRE_LIKE_EAGER(lc.detach(), le.detach(), kRtol, kAtol);
       if (!train) continue;
       lc.backward();
       le.backward();
       auto pe = e->named_parameters();
       for (auto& p : a->named_parameters()) {
         INFO("gradient of " << p.key());
-        REQUIRE_CLOSE(p.value().grad(), pe[p.key()].grad(), kRtol, kAtol);
+        REQUIRE_LIKE_EAGER(p.value().grad(), pe[p.key()].grad(), kRtol, kAtol);
       }
     }
   }
@@ -800,7 +800,7 @@ TEST_CASE("programs: a forward under bf16 autocast, the loss in float32, SGD", "
       // otherwise here and there (2^-8 of one activation), far below 1e-3
       // (measured: 2.4e-7 on the loss, none on the parameters). That the
       // graph computes in bf16 at all is checked on the graph below.
-      const double tol = name == "inductor" ? 1e-3 : 0.0;
+      const double tol = name.starts_with("inductor") ? 1e-3 : 0.0;
       for (int64_t i = 0; i < 4; ++i) {
         at::manual_seed(i);
         const Batch b{at::randn({16, 12}), at::randint(5, {16}, at::kLong)};

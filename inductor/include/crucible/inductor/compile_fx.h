@@ -38,7 +38,11 @@ namespace crucible::inductor {
 /// lowering failure, reported with a c10 warning) runs on the interpreter.
 /// The CompiledFn keeps its own copy of the graph and of the loaded code.
 /// Inputs whose strides or dtype differ from the graph's metadata are
-/// copied to the expected layout first. `example_inputs` is unused
+/// copied to the expected layout first; outputs come back with the sizes,
+/// strides and storage offsets of the graph's metadata (eager's), whatever
+/// layouts the graph computes in (saved values, OutputKind::SavedValue, may
+/// come back in another: Note [Eager's strides at the outputs] in
+/// src/layout_opt.cpp). `example_inputs` is unused
 /// (metadata come from the graph) and may be empty.
 ///
 /// Throws InductorError when the cache directory is unusable, or when the

@@ -73,13 +73,22 @@ struct InductorOptions {
   /// it has fewer), untimed: for tests of each configuration and for
   /// comparing them by hand.
   int kernel_config = -1;
+  /// Rewrite graphs with 2-D convolutions to channels-last (Note
+  /// [Channels-last convolutions] in src/layout_opt.cpp) when their loops
+  /// run on the CPU too; on a GPU the rewrite always runs. What the rewrite
+  /// changes is where values live, never a value or the strides of an
+  /// output the caller sees (Note [Eager's strides at the outputs]), so
+  /// with it a CPU run shows what a GPU run computes: torch/_inductor's
+  /// force_layout_optimization, for tests without a GPU.
+  bool force_layout_optimization = false;
 
   /// The defaults, with the debugging switches taken from the environment
   /// as torch/_inductor/config.py takes its own: CRUCIBLE_INDUCTOR_PROFILE=1
   /// (profile), CRUCIBLE_INDUCTOR_PRINT_CODE=1 (print_generated_code),
   /// CRUCIBLE_INDUCTOR_CUDA_GRAPHS=1 (cuda_graphs),
   /// CRUCIBLE_INDUCTOR_CACHE_DIR (cache_dir),
-  /// CRUCIBLE_INDUCTOR_KERNEL_CONFIG=k (kernel_config). What the `inductor` backend
+  /// CRUCIBLE_INDUCTOR_KERNEL_CONFIG=k (kernel_config),
+  /// CRUCIBLE_INDUCTOR_FORCE_LAYOUT_OPT=1 (force_layout_optimization). What the `inductor` backend
   /// of the pipeline's registry compiles with. Throws nothing.
   static InductorOptions from_environment();
 };
