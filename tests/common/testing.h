@@ -16,9 +16,23 @@
 
 namespace crucible::testing {
 
+/// Where `a` is farther than `bound` from `e` (all float64, of one shape):
+/// a finite pair by more than the bound; otherwise exactly, since a bound
+/// against an infinity is inf (or NaN for 0 * inf) and would let any value
+/// pass: an infinity only against the same infinity, NaN only against NaN.
+/// With `signed_zeros`, also where one is -0 and the other +0.
+inline at::Tensor out_of_bound(const at::Tensor& a, const at::Tensor& e, const at::Tensor& bound, bool signed_zeros) {
+  const at::Tensor both_nan = a.isnan() & e.isnan();
+  at::Tensor bad = at::where(a.isfinite() & e.isfinite(), (a - e).abs() > bound, ~both_nan & (a != e));
+  if (signed_zeros) bad = bad | (~both_nan & (a.signbit() != e.signbit()));
+  return bad;
+}
+
 /// Why `actual` is not close to `expected` (shape, dtype or the largest
 /// element difference), or "" when it is. Tolerances as torch.testing's
-/// assert_close: |a - e| <= atol + rtol * |e|.
+/// assert_close: |a - e| <= atol + rtol * |e| for finite values; infinities
+/// and NaNs must match exactly (out_of_bound). With rtol = atol = 0 the
+/// comparison is bitwise: -0 differs from +0 too.
 inline std::string mismatch(const at::Tensor& actual, const at::Tensor& expected, double rtol, double atol) {
   std::ostringstream os;
   if (actual.defined() != expected.defined()) return "one tensor is undefined";
@@ -32,13 +46,14 @@ inline std::string mismatch(const at::Tensor& actual, const at::Tensor& expected
     return os.str();
   }
   if (actual.numel() == 0) return "";
-  auto a = actual.to(at::kDouble).cpu(), e = expected.to(at::kDouble).cpu();
-  auto diff = (a - e).abs();
-  auto bound = atol + rtol * e.abs();
-  auto bad = (diff > bound) | (a.isnan() != e.isnan());
+  const at::Tensor a = actual.to(at::kDouble).cpu(), e = expected.to(at::kDouble).cpu();
+  const at::Tensor bad = out_of_bound(a, e, atol + rtol * e.abs(), rtol == 0 && atol == 0);
   if (!bad.any().item<bool>()) return "";
-  os << "max |diff| " << diff.nan_to_num(0).max().item<double>() << " at " << bad.sum().item<int64_t>()
-     << " element(s) (rtol " << rtol << ", atol " << atol << ")";
+  const int64_t first = bad.flatten().nonzero()[0].item<int64_t>();
+  os << bad.sum().item<int64_t>() << " element(s) differ (rtol " << rtol << ", atol " << atol
+     << "); max |diff| of finite values " << (a - e).abs().nan_to_num(0, 0, 0).max().item<double>()
+     << "; the first at flat index " << first << ": " << a.flatten()[first].item<double>() << " vs "
+     << e.flatten()[first].item<double>();
   return os.str();
 }
 
@@ -145,7 +160,8 @@ class CollectWarnings : public c10::WarningHandler {
     REQUIRE_CLOSE(crucible_actual_, crucible_expected_, rtol, atol); \
   } while (0)
 
-/// REQUIRE bitwise equality (same sizes, dtype and values, NaNs equal).
+/// REQUIRE bitwise equality (same sizes, dtype and values, NaNs equal, -0
+/// not +0).
 #define REQUIRE_EQUAL_TENSORS(actual, expected) REQUIRE_CLOSE(actual, expected, 0.0, 0.0)
 
 /// Skips the rest of the test case where no CUDA device is usable (./x counts

@@ -516,6 +516,7 @@ TEST_CASE("ranks on CUDA tensors end where one process on the global batch ends,
     CHECK_THAT(err, CRUCIBLE_HAS_SUBSTR("all_reduce"));
     fs::remove_all(died.dir);
   }
+  if (at::getNumGPUs() < 2) CRUCIBLE_SKIP("the NCCL leg needs two GPUs or more (Gloo's ran)");
 }
 
 namespace {

@@ -48,7 +48,7 @@ struct AotConfig {
   partitioner::PartitionFn partition_fn = partitioner::default_partition;
   /// What the metadata analysis and the graph traces run on: meta tensors
   /// (Fake: no data is computed, so compiling takes little memory and time;
-  /// ops without a Meta kernel run on CPU stand-ins, Note [Fake mode]) or
+  /// ops without a Meta kernel run on CPU stand-ins, Note [Fake mode] in tracer/src/trace_session.cpp) or
   /// copies of the arguments (Real). The graphs are the same either way,
   /// unless the function branches on its tensors' device (fake tensors are on
   /// the meta device).

@@ -16,7 +16,7 @@
 
 namespace crucible::tracer {
 
-/// What the traced function runs on. See Note [Fake mode] in make_fx.cpp.
+/// What the traced function runs on. See Note [Fake mode] in src/trace_session.cpp.
 enum class TraceMode : uint8_t {
   /// The function runs on the example inputs themselves (make_fx's "real").
   Real,
