@@ -56,7 +56,7 @@ ir::CompiledFn aot_dispatch_base(AotRequest& request) {
 ir::CompiledFn aot_dispatch_autograd(AotRequest& request) {
   detail::JointGraph joint = detail::create_joint_graph(request);
   partitioner::PartitionResult parts = ir::run_stage(
-      request.config.instruments, ir::StageEvent{"partition", {{"joint", &joint.graph}}},
+      request.config.instruments, ir::StageEvent{.stage = "partition", .graphs = {{"joint", &joint.graph}}},
       [&] { return request.config.partition_fn(joint.graph, joint.num_fwd_outputs); },
       [](const partitioner::PartitionResult& r) {
         return std::vector<ir::StageGraph>{{"forward", &r.forward}, {"backward", &r.backward}};
@@ -107,13 +107,13 @@ AotCompiled create_aot_dispatcher_function(AotRequest request) {
   bool needs_autograd = any_requires_grad(request.flat_args);
   const std::string compile_id = request.compile_id, reason = request.recompile_reason;
   const ir::Instruments instruments = request.config.instruments;
-  ir::StageScope compile(instruments, ir::StageEvent{"compile", {}, true, false, false, compile_id, reason});
+  ir::StageScope compile(instruments, ir::StageEvent{.stage = "compile", .id = compile_id, .detail = reason});
   try {
     runtime::RngStateGuard keep_rng;  // See Note [RNG during compilation].
     if (request.config.pre_grad)
       request.flat_fn = request.config.pre_grad(request.flat_fn, request.trace, request.flat_args);
     {
-      ir::StageScope analysis(instruments, ir::StageEvent{"collect_metadata"});
+      ir::StageScope analysis(instruments, ir::StageEvent{.stage = "collect_metadata"});
       std::vector<tracer::NamedTensor> found;
       request.fw_metadata = collect_metadata(request, needs_autograd, &found, &request.analysis_hash);
       if (!found.empty()) {

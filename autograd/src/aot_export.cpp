@@ -79,7 +79,8 @@ void check_loss(const ViewAndMutationMeta& meta, size_t loss) {
 ir::Graph aot_export_module(torch::nn::Module& module, const tracer::ModuleFn& fn, const std::vector<at::Tensor>& args,
                             const AotExportOptions& options) {
   const ir::Instruments& instruments = options.instruments;
-  ir::StageScope compile(instruments, ir::StageEvent{"compile", {}, true, false, false, "export", "aot_export_module"});
+  ir::StageScope compile(instruments,
+                         ir::StageEvent{.stage = "compile", .id = "export", .detail = "aot_export_module"});
   // Non-owning: the caller keeps the module alive for the call.
   std::shared_ptr<torch::nn::Module> m(std::shared_ptr<torch::nn::Module>(), &module);
   std::vector<at::Tensor> state;
@@ -145,7 +146,7 @@ ir::Graph aot_export_module(torch::nn::Module& module, const tracer::ModuleFn& f
     }
     return ret;
   };
-  ir::StageScope stage(instruments, ir::StageEvent{"export"});
+  ir::StageScope stage(instruments, ir::StageEvent{.stage = "export"});
   ir::Graph g = detail::trace_functionalized(request, body, request.flat_args, "export").graph;
   const size_t num_outputs = written.size() + meta.output_info.size();
   detail::keep_first_outputs(g, num_outputs + grad_of.size());
@@ -157,7 +158,7 @@ ir::Graph aot_export_module(torch::nn::Module& module, const tracer::ModuleFn& f
         std::nullopt};
   for (size_t k = 0; k < grad_of.size(); ++k)
     specs[num_outputs + k] = ir::OutputSpec{ir::OutputKind::Gradient, grad_of[k]};
-  stage.done(ir::StageEvent{"export", {{"export", &g}}});
+  stage.done(ir::StageEvent{.stage = "export", .graphs = {{"export", &g}}});
   compile.done({});
   return g;
 }

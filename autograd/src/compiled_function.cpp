@@ -11,7 +11,7 @@ const ir::CompiledFn& CompiledGraphs::compiled_backward(const std::vector<at::Te
   std::call_once(backward_compiled, [&] {
     // The lazy part of the compilation: a "compile" of its own (Note [Compilation stages]).
     ir::StageScope compile(instruments,
-                           ir::StageEvent{"compile", {}, true, false, false, compile_id, "first backward"});
+                           ir::StageEvent{.stage = "compile", .id = compile_id, .detail = "first backward"});
     try {
       backward = run_backend(instruments, "bw_compiler", "backward", bw_compiler, cache, compiler_key, "backward",
                              backward_graph, example_inputs)

@@ -181,7 +181,7 @@ JointGraph create_joint_graph(const AotRequest& request) {
       }
       return ret;
     };
-    ir::StageScope trace(request.config.instruments, ir::StageEvent{"trace_joint"});
+    ir::StageScope trace(request.config.instruments, ir::StageEvent{.stage = "trace_joint"});
     ir::Graph g = trace_functionalized(request, body, joint_inputs, "the joint graph").graph;
     // Mark the joint graph per Note [Joint graph contract].
     keep_first_outputs(g, fwd_meta.size() + grad_of.size());
@@ -193,7 +193,7 @@ JointGraph create_joint_graph(const AotRequest& request) {
       g.signature().outputs[fwd_meta.size() + k] = ir::OutputSpec{ir::OutputKind::Gradient, grad_of[k]};
     mark_inputs(g, request, num_primals);
     if (meta.is_rng_op_functionalized) check_no_unfunctionalized_rng(g);
-    trace.done(ir::StageEvent{"trace_joint", {{"joint", &g}}});
+    trace.done(ir::StageEvent{.stage = "trace_joint", .graphs = {{"joint", &g}}});
     return g;
   });
   return joint;
@@ -215,7 +215,7 @@ ir::Graph create_inference_graph(const AotRequest& request) {
           return ret;
         };
         at::NoGradGuard no_grad;
-        ir::StageScope trace(request.config.instruments, ir::StageEvent{"trace_inference"});
+        ir::StageScope trace(request.config.instruments, ir::StageEvent{.stage = "trace_inference"});
         ir::Graph g = trace_functionalized(request, body, request.flat_args, "the inference graph").graph;
         const size_t num_outputs = computed.size() + written.size();
         // Writes kept in the graph and accumulated gradients: the tracer returned
@@ -248,7 +248,7 @@ ir::Graph create_inference_graph(const AotRequest& request) {
         g.signature().outputs = specs;
         mark_inputs(g, request, request.flat_args.size());
         if (meta.is_rng_op_functionalized) check_no_unfunctionalized_rng(g);
-        trace.done(ir::StageEvent{"trace_inference", {{request.config.inference_graph_name, &g}}});
+        trace.done(ir::StageEvent{.stage = "trace_inference", .graphs = {{request.config.inference_graph_name, &g}}});
         return g;
       });
 }

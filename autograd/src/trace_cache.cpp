@@ -27,7 +27,9 @@ namespace {
 
 // Bumped when what a trace records, or the entry format, changes in a way
 // the build IDs would not show (they always change with the code).
-constexpr const char* kTraceCacheVersion = "crucible-aot-trace-1";
+// A std::string: GCC 12 at -O2 takes `std::string(const char*) + " " + ...`
+// for an out-of-bounds write (-Warray-bounds), which this is not.
+const std::string kTraceCacheVersion = "crucible-aot-trace-1";
 
 std::string hex128(std::string_view text) {
   const XXH128_hash_t h = XXH3_128bits(text.data(), text.size());
@@ -48,10 +50,10 @@ std::string hex64(std::string_view text) {
 std::string key_text(const AotRequest& request, std::string_view kind, const ir::GraphHash& analysis,
                      const ViewAndMutationMeta& metadata) {
   const AotConfig& c = request.config;
-  std::string k = std::string(kTraceCacheVersion) + "\n" + std::string(kind) + "\ncode\n" +
-                  runtime::startup_code_identity() + "analysis " + analysis.hex() + "\ncompiler " + c.compiler_key +
-                  "\nmode " + std::to_string(static_cast<int>(c.trace_mode)) + " freeze " + std::to_string(c.freeze) +
-                  " state " + std::to_string(c.num_params_buffers) + " keep_mutations " +
+  std::string k = kTraceCacheVersion + "\n" + std::string(kind) + "\ncode\n" + runtime::startup_code_identity() +
+                  "analysis " + analysis.hex() + "\ncompiler " + c.compiler_key + "\nmode " +
+                  std::to_string(static_cast<int>(c.trace_mode)) + " freeze " + std::to_string(c.freeze) + " state " +
+                  std::to_string(c.num_params_buffers) + " keep_mutations " +
                   std::to_string(c.keep_inference_input_mutations) + " rng " + std::to_string(c.functionalize_rng_ops) +
                   " joint " + std::to_string(request.trace_joint) + "\ndecompositions";
   std::vector<std::string_view> ops;
@@ -99,7 +101,7 @@ std::optional<std::string> entry_path(const std::string& dir, char prefix, const
 // The body of the entry at `path` if it is whole and stored under `key`.
 std::optional<std::string> read_entry(const std::string& path, const std::string& key) {
   std::string text = runtime::read_file(path);
-  const std::string header = std::string(kTraceCacheVersion) + " " + key + " ";
+  const std::string header = kTraceCacheVersion + " " + key + " ";
   if (text.compare(0, header.size(), header) != 0) return std::nullopt;
   const size_t eol = text.find('\n', header.size());
   if (eol == std::string::npos) return std::nullopt;
@@ -110,7 +112,7 @@ std::optional<std::string> read_entry(const std::string& path, const std::string
 
 void write_entry(const std::string& path, const std::string& key, const std::string& body) {
   try {
-    runtime::write_atomically(path, std::string(kTraceCacheVersion) + " " + key + " " + hex64(body) + "\n" + body);
+    runtime::write_atomically(path, kTraceCacheVersion + " " + key + " " + hex64(body) + "\n" + body);
   } catch (const runtime::CacheError& e) {
     TORCH_WARN_ONCE("AOTAutograd: a trace cache entry was not stored: ", e.what());
   }
@@ -173,16 +175,16 @@ ir::Graph traced_graph(const AotRequest& request, std::string_view kind, std::st
     return trace();
   }
   if (const std::optional<std::string> body = read_entry(*path, *key)) {
-    ir::StageScope scope(c.instruments, ir::StageEvent{stage});
+    ir::StageScope scope(c.instruments, ir::StageEvent{.stage = stage});
     if (std::optional<ir::Graph> g = parse_entry(*body, num_inputs)) {
       counters.add("aot_autograd", "trace_cache_hit");
-      ir::StageEvent after{stage, {{graph_name, &*g}}};
+      ir::StageEvent after{.stage = stage, .graphs = {{graph_name, &*g}}};
       after.cached = true;
       after.detail = "trace cache hit";
       scope.done(std::move(after));
       return std::move(*g);
     }
-    scope.done(ir::StageEvent{stage, {}, /*changed=*/false, false, false, {}, "trace cache entry unusable"});
+    scope.done(ir::StageEvent{.stage = stage, .changed = false, .detail = "trace cache entry unusable"});
   }
   counters.add("aot_autograd", "trace_cache_miss");
   ir::Graph g = trace();

@@ -94,7 +94,7 @@ void PassManager::run(Graph& graph) const {
   // same reason).
   const bool fingerprinting = verifying || !instruments.empty();
   for (const Pass& pass : passes_) {
-    const StageEvent event{pass.name, {{options_.graph_name, &graph}}};
+    const StageEvent event{.stage = pass.name, .graphs = {{options_.graph_name, &graph}}};
     if (!should_run(instruments, event)) continue;
     const size_t before = fingerprinting ? fingerprint(graph) : 0;
     StageScope scope(instruments, event);
@@ -105,7 +105,7 @@ void PassManager::run(Graph& graph) const {
     }
     const bool changed = fingerprinting && fingerprint(graph) != before;
     if (!instruments.empty()) {
-      StageEvent after{pass.name, {{options_.graph_name, &graph}}};
+      StageEvent after{.stage = pass.name, .graphs = {{options_.graph_name, &graph}}};
       after.changed = changed;
       scope.done(std::move(after));
     }

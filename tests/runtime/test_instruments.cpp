@@ -30,11 +30,11 @@ ir::Graph small_graph() {
 // the compiler stage throw.
 void compile(const ir::Instruments& instruments, const ir::Graph& g, const char* id, const char* reason,
              bool fail = false, const char* cache = "") {
-  ir::StageScope c(instruments, ir::StageEvent{"compile", {}, true, false, false, id, reason});
+  ir::StageScope c(instruments, ir::StageEvent{.stage = "compile", .id = id, .detail = reason});
   try {
-    ir::StageScope compiler(instruments, ir::StageEvent{"inference_compiler", {{"inference", &g}}});
+    ir::StageScope compiler(instruments, ir::StageEvent{.stage = "inference_compiler", .graphs = {{"inference", &g}}});
     if (fail) throw std::runtime_error("no kernel for aten::neg");
-    ir::StageEvent after{"inference_compiler", {{"inference", &g}}};
+    ir::StageEvent after{.stage = "inference_compiler", .graphs = {{"inference", &g}}};
     after.changed = false;
     after.detail = cache;
     after.cached = std::string_view(cache) == "hit";
@@ -103,7 +103,7 @@ TEST_CASE("StageTimer: nested stages nest as phases; each thread closes its own"
   compile(instruments, g, "0/0", "first call");
   // A lazy backward compiles on another thread while this one is inside a stage.
   {
-    ir::StageScope outer(instruments, ir::StageEvent{"compile"});
+    ir::StageScope outer(instruments, ir::StageEvent{.stage = "compile"});
     std::thread([&] { compile(instruments, g, "0/1", "first backward"); }).join();
     outer.done({});
   }

@@ -32,7 +32,7 @@ struct AotExportOptions {
   /// requires grad). Required then.
   std::optional<size_t> output_loss_index;
   /// Applied while tracing, as make_fx's decomposition_table.
-  tracer::DecompositionTable decompositions;
+  tracer::DecompositionTable decompositions{};
   /// Told of the export: a "compile" holding an "export" stage whose after
   /// event carries the graph (Note [Compilation stages]); the process-wide
   /// instruments by default.

@@ -51,11 +51,12 @@ struct StageGraph {
 // pass (a pass any instrument says no to is skipped, and gets neither
 // event); other stages always run.
 
-/// What a stage event carries; see Note [Compilation stages].
+/// What a stage event carries; see Note [Compilation stages]. Every field has
+/// a default, so an event names only what it carries ({.stage = "trace"}).
 struct StageEvent {
-  std::string_view stage;
+  std::string_view stage{};
   /// Before: the stage's input graphs; after: its results (none if it failed).
-  std::vector<StageGraph> graphs;
+  std::vector<StageGraph> graphs{};
   /// After: whether the stage changed or made the graphs (false for the
   /// compiler and backend stages, and for passes that left the graph as it was).
   bool changed = true;
@@ -64,10 +65,10 @@ struct StageEvent {
   /// After a compiler stage: the callable came from a cache of compiled graphs.
   bool cached = false;
   /// "compile": the compilation's id.
-  std::string_view id;
+  std::string_view id{};
   /// "compile" before: why it happens; a compiler stage after: the graph
   /// cache's outcome; a failed "compile": the error message.
-  std::string_view detail;
+  std::string_view detail{};
 };
 
 /// Hooks around stages. Override what you need. should_run and before_stage

@@ -30,7 +30,7 @@ struct PassManagerOptions {
   /// Around each pass: a stage named after the pass, the graph under
   /// `graph_name` before and after (Note [Compilation stages]); `changed`
   /// says whether the pass changed it (a structural fingerprint differs).
-  Instruments instruments;
+  Instruments instruments{};
   std::string graph_name = "graph";
   /// Also check the metadata against the ops (VerifyOptions::check_meta)
   /// before the first pass and after each one that changed the graph,

@@ -72,7 +72,7 @@ struct OptimizerOptions {
   /// update rounds (torch::optim's kernels round differently per device,
   /// see adam_step). Unset: each parameter's own; a trace on meta tensors
   /// (fake mode) sets it to the real one.
-  std::optional<c10::DeviceType> device_type;
+  std::optional<c10::DeviceType> device_type{};
   /// Keep the step counts (init_optimizer_state) and the learning rate
   /// (lr_tensor's device) on the parameters' device, as torch.optim's
   /// `capturable` does, so that a CUDA graph can capture the update (Note
