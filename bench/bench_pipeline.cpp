@@ -20,7 +20,6 @@
 //                  compiler at -O3, loading
 //   CompileInductorWarm  compiling it again, as a new TrainStep, with the
 //                  directory filled: the graph cache and the kernel cache hit
-#include "bench_pipeline.h"
 #include "zoo_setup.h"
 
 #include <crucible/ir/error.h>
@@ -29,7 +28,6 @@
 #include <crucible/models/zoo.h>
 #include <crucible/partitioner/default_partition.h>
 #include <crucible/pipeline/builder.h>
-#include <crucible/tracer/decomposition.h>
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
@@ -120,15 +118,13 @@ void backend_cached(benchmark::State& state, const std::string& name) {
 }
 
 pipeline::TrainStep inductor_step(Setup& s) {
-  return pipeline::Builder()
-      .decompositions(tracer::core_aten_decompositions())
-      .backend("inductor")
-      .compile_train_step(s.model.module, *s.optimizer, s.loss());
+  return pipeline::Builder().backend("inductor").compile_train_step(s.model.module, *s.optimizer, s.loss());
 }
 
 void step_compiled(benchmark::State& state, const std::string& name) {
   Setup s(name);
-  const pipeline::TrainStep step = pipeline::compile_train_step(s.model.module, *s.optimizer, s.loss());
+  const pipeline::TrainStep step =
+      pipeline::Builder().backend("interpreter").compile_train_step(s.model.module, *s.optimizer, s.loss());
   step.compile(s.batch);
   for (auto _ : state) benchmark::DoNotOptimize(step(s.batch).item<double>());
 }
@@ -202,38 +198,29 @@ void step_eager(benchmark::State& state, const std::string& name) {
   }
 }
 
-}  // namespace
-
-namespace crucible::bench {
-
-const std::vector<std::pair<std::string, PipelineBenchFn>>& pipeline_stages() {
-  static const std::vector<std::pair<std::string, PipelineBenchFn>> stages = {
-      {"Trace", trace},
-      {"Functionalize", functionalize},
-      {"Joint", joint},
-      {"TrainStepTrace", train_step_trace},
-      {"Partition", partition},
-      {"Passes", passes},
-      {"BackendCold", backend_cold},
-      {"BackendCached", backend_cached},
-      {"StepCompiled", step_compiled},
-      {"StepInductor", step_inductor},
-      {"CompileInductorCold", compile_inductor_cold},
-      {"CompileInductorWarm", compile_inductor_warm},
-      {"StepEager", step_eager},
-  };
-  return stages;
-}
-
-}  // namespace crucible::bench
-
-namespace {
+// Stage name -> benchmark body for one zoo model, in pipeline order.
+using PipelineBenchFn = void (*)(benchmark::State& state, const std::string& model);
+const std::vector<std::pair<std::string, PipelineBenchFn>> kStages = {
+    {"Trace", trace},
+    {"Functionalize", functionalize},
+    {"Joint", joint},
+    {"TrainStepTrace", train_step_trace},
+    {"Partition", partition},
+    {"Passes", passes},
+    {"BackendCold", backend_cold},
+    {"BackendCached", backend_cached},
+    {"StepCompiled", step_compiled},
+    {"StepInductor", step_inductor},
+    {"CompileInductorCold", compile_inductor_cold},
+    {"CompileInductorWarm", compile_inductor_warm},
+    {"StepEager", step_eager},
+};
 
 [[maybe_unused]] const bool registered = [] {
   // Model by model, so that a model's compiled and eager steps run back to
   // back, under the same machine load.
   for (const std::string& model : crucible::models::model_names())
-    for (const auto& [stage, fn] : crucible::bench::pipeline_stages()) {
+    for (const auto& [stage, fn] : kStages) {
       auto* b = benchmark::RegisterBenchmark(("BM_Pipeline" + stage + "/" + model).c_str(), fn, model)
                     ->Unit(benchmark::kMillisecond);
       if (stage.starts_with("Compile")) b->UseRealTime();  // the C++ compiler runs in child processes

@@ -53,7 +53,7 @@ tracer::TraceResult ZooSetup::trace_joint() const {
 
 pipeline::TrainStep ZooSetup::unoptimized_step() const {
   pipeline::Builder b;
-  b.passes({});
+  b.backend("interpreter").passes({});
   pipeline::TrainStep step = b.compile_train_step(model.module, *optimizer, loss());
   step.compile(batch);
   return step;

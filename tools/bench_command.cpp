@@ -1,17 +1,24 @@
-// `crucible bench [--model M,...] [--stage S,...] [--json FILE] [-- FLAGS...]`:
-// runs the per-stage pipeline benchmarks (bench/bench_pipeline.cpp), linked
-// into this command, through Google Benchmark; FLAGS go to Google Benchmark
-// as they are (--benchmark_repetitions=3, ...).
+// `crucible bench [--model M,...] [--stage S,...] [--json FILE] [--list] [-- FLAGS...]`:
+// runs the per-stage pipeline benchmarks (BM_Pipeline<Stage>/<model>,
+// bench/bench_pipeline.cpp) of the crucible_bench binary, which this command
+// starts in its place rather than links (the benchmarks reach inductor's
+// internals); FLAGS go to Google Benchmark as they are
+// (--benchmark_repetitions=3, ...).
 #include "commands.h"
 
 #include <crucible/models/zoo.h>
 #include <crucible/pipeline/error.h>
 
-#include <bench_pipeline.h>
-#include <benchmark/benchmark.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace crucible::tools {
 namespace {
@@ -29,13 +36,27 @@ std::string alternatives(const std::vector<std::string>& names) {
   return "(" + out + ")";
 }
 
-void run_bench_command(const BenchCommandOptions& o, const std::vector<std::string>& extra) {
-  std::vector<std::string> stages = o.stages;
-  if (stages.empty())
-    for (const auto& [stage, fn] : bench::pipeline_stages()) stages.push_back(stage);
+// crucible_bench beside this command (both installed into bin/), else where
+// this build made it.
+std::filesystem::path bench_binary() {
+  std::vector<std::filesystem::path> candidates;
+  std::error_code ec;
+  if (const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec); !ec)
+    candidates.push_back(self.parent_path() / "crucible_bench");
+  candidates.emplace_back(CRUCIBLE_BENCH);
+  for (const std::filesystem::path& p : candidates)
+    if (std::filesystem::is_regular_file(p, ec)) return p;
+  throw pipeline::PipelineError(std::string("crucible bench: the crucible_bench binary is neither beside this command "
+                                            "nor at ") +
+                                CRUCIBLE_BENCH + "; build it (./x build, with Google Benchmark installed)");
+}
+
+[[noreturn]] void run_bench_command(const BenchCommandOptions& o, const std::vector<std::string>& extra) {
   const std::vector<std::string>& models = o.models.empty() ? models::model_names() : o.models;
-  std::vector<std::string> args = {
-      "crucible bench", "--benchmark_filter=^BM_Pipeline" + alternatives(stages) + "/" + alternatives(models) + "$"};
+  const std::string stages = o.stages.empty() ? "[A-Za-z]+" : alternatives(o.stages);
+  const std::filesystem::path binary = bench_binary();
+  std::vector<std::string> args = {binary.string(),
+                                   "--benchmark_filter=^BM_Pipeline" + stages + "/" + alternatives(models) + "$"};
   if (o.list) args.push_back("--benchmark_list_tests=true");
   if (!o.json.empty()) {
     args.push_back("--benchmark_out=" + o.json);
@@ -45,12 +66,8 @@ void run_bench_command(const BenchCommandOptions& o, const std::vector<std::stri
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  int argc = static_cast<int>(args.size());
-  benchmark::Initialize(&argc, argv.data());
-  if (argc > 1)
-    throw pipeline::PipelineError(std::string("crucible bench: Google Benchmark does not know the flag ") + argv[1]);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
+  ::execv(argv[0], argv.data());
+  throw pipeline::PipelineError("crucible bench: could not start " + binary.string() + ": " + std::strerror(errno));
 }
 
 }  // namespace
@@ -60,13 +77,11 @@ void add_bench_command(CLI::App& app) {
   CLI::App* cmd =
       app.add_subcommand("bench",
                          "per-stage compile times and a training step, compiled vs eager, for the zoo's models "
-                         "(Google Benchmark; flags after -- go to it)");
-  std::vector<std::string> stages;
-  for (const auto& [stage, fn] : bench::pipeline_stages()) stages.push_back(stage);
+                         "(Google Benchmark's crucible_bench; flags after -- go to it)");
   cmd->add_option("--model", o->models, "models to run (default: all)")
       ->delimiter(',')
       ->check(CLI::IsMember(models::model_names()));
-  cmd->add_option("--stage", o->stages, "stages to run (default: all)")->delimiter(',')->check(CLI::IsMember(stages));
+  cmd->add_option("--stage", o->stages, "stages to run, by name (default: all; --list shows them)")->delimiter(',');
   cmd->add_option("--json", o->json, "also write Google Benchmark's JSON results to this file");
   cmd->add_flag("--list", o->list, "list the benchmarks instead of running them");
   cmd->allow_extras();

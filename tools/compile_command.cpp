@@ -10,9 +10,9 @@
 #include <crucible/autograd/aot_module.h>
 #include <crucible/models/zoo.h>
 #include <crucible/partitioner/min_cut_partition.h>
-#include <crucible/pipeline/backend_registry.h>
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/instruments.h>
+#include <crucible/runtime/backend_registry.h>
 #include <crucible/runtime/instruments.h>
 #include <crucible/runtime/timing.h>
 
@@ -30,7 +30,7 @@ namespace {
 
 struct CompileCommandOptions {
   std::string model = "mlp";
-  std::string backend = pipeline::BackendRegistry::builtin().best().name;
+  std::string backend = runtime::BackendRegistry::builtin().best().name;
   std::string size = "small";
   CompileFlags compile;
   OptimizerFlags optimizer;
@@ -46,8 +46,8 @@ void run_compile_command(const CompileCommandOptions& o) {
   const std::vector<at::Tensor> inputs = {batch.inputs, batch.targets};
   std::unique_ptr<torch::optim::Optimizer> optimizer = o.optimizer.make(model.module->parameters());
 
-  const pipeline::BackendRegistry registry = pipeline::BackendRegistry::builtin();
-  const pipeline::BackendInfo& backend = registry.get(o.backend);
+  const runtime::BackendRegistry registry = runtime::BackendRegistry::builtin();
+  const runtime::BackendInfo& backend = registry.get(o.backend);
   auto dumper = std::make_shared<pipeline::GraphDumper>(
       pipeline::GraphDumpOptions{.dir = o.dump_dir, .svg = o.svg, .code = backend.generated_code});
   pipeline::Builder builder;
@@ -102,7 +102,7 @@ void add_compile_command(CLI::App& app) {
       ->check(CLI::IsMember(models::model_names()))
       ->capture_default_str();
   cmd->add_option("--backend", o->backend, "compiler backend")
-      ->check(CLI::IsMember(pipeline::BackendRegistry::builtin().names()))
+      ->check(CLI::IsMember(runtime::BackendRegistry::builtin().names()))
       ->capture_default_str();
   add_size_option(*cmd, o->size);
   o->compile.add_to(*cmd);

@@ -16,10 +16,10 @@
 #include <crucible/data/batcher.h>
 #include <crucible/data/fashion_mnist.h>
 #include <crucible/models/zoo.h>
-#include <crucible/pipeline/backend_registry.h>
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/error.h>
 #include <crucible/pipeline/instruments.h>
+#include <crucible/runtime/backend_registry.h>
 #include <crucible/runtime/instruments.h>
 #include <crucible/runtime/timing.h>
 #include <crucible/spmd/api.h>
@@ -43,15 +43,6 @@
 namespace crucible::tools {
 namespace {
 
-// inductor where it is registered (torch.compile's default backend; its
-// check against eager is Note [Agreement with eager for a fused backend]),
-// else the best-ranked backend. The Builder's own default stays the
-// best-ranked, the interpreter: the reference, bitwise with eager.
-std::string default_train_backend() {
-  const pipeline::BackendRegistry registry = pipeline::BackendRegistry::builtin();
-  return registry.contains("inductor") ? "inductor" : registry.best().name;
-}
-
 struct TrainCommandOptions {
   std::string model = "convnet";
   std::string dataset;  // empty: fashion-mnist for image models, synthetic for the GPT
@@ -59,7 +50,7 @@ struct TrainCommandOptions {
   std::optional<int64_t> steps;
   int64_t batch = 32;
   OptimizerFlags optimizer;
-  std::string backend = default_train_backend();
+  std::string backend = runtime::BackendRegistry::builtin().best().name;
   std::string device = "cpu";
   std::string size = "small";
   CompileFlags compile;
@@ -453,7 +444,7 @@ void add_train_command(CLI::App& app) {
       ->check(at_least_one())
       ->capture_default_str();
   o->optimizer.add_to(*cmd);
-  std::vector<std::string> backends = pipeline::BackendRegistry::builtin().names();
+  std::vector<std::string> backends = runtime::BackendRegistry::builtin().names();
   backends.insert(backends.begin(), "eager");
   cmd->add_option("--backend", o->backend, "eager (no compilation), or a compiler backend")
       ->check(CLI::IsMember(backends))

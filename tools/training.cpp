@@ -76,10 +76,8 @@ void CompileFlags::add_to(CLI::App& cmd) {
 void CompileFlags::apply(pipeline::Builder& builder,
                          std::function<void(const partitioner::MinCutReport&)> on_partition) const {
   builder.passes(passes).pre_grad_passes(pre_grad_passes).joint_passes(joint_passes);
-  tracer::TraceOptions options = builder.trace_options();
+  tracer::TraceOptions options = builder.trace_options();  // auto: the backend's decompositions
   options.mode = trace_mode == "fake" ? tracer::TraceMode::Fake : tracer::TraceMode::Real;
-  if (decompositions == "core" || (decompositions == "auto" && builder.backend_name().starts_with("inductor")))
-    options.decompositions = tracer::core_aten_decompositions();
   if (partitioner == "min-cut") {
     partitioner::MinCutOptions min_cut;
     min_cut.memory_budget = memory_budget;
@@ -95,6 +93,8 @@ void CompileFlags::apply(pipeline::Builder& builder,
     builder.add_pass(partitioner::remat_pass(min_cut));
   }
   builder.trace_options(options);
+  if (decompositions == "none") builder.decompositions({});
+  if (decompositions == "core") builder.decompositions(tracer::core_aten_decompositions());
 }
 
 void add_size_option(CLI::App& cmd, std::string& size) {

@@ -6,6 +6,7 @@
 #include <crucible/partitioner/default_partition.h>
 #include <crucible/runtime/instruments.h>
 #include <crucible/runtime/lifted_inputs.h>
+#include <crucible/tracer/decomposition.h>
 #include <crucible/tracer/error.h>
 #include <crucible/tracer/functional_call.h>
 
@@ -28,12 +29,20 @@ const std::vector<std::string>& Builder::default_passes() {
 
 Builder::Builder() : partition_fn_(partitioner::default_partition), instruments_(runtime::default_instruments()) {
   passes(default_passes());
-  backend(BackendRegistry::builtin().best().name);
+  backend(runtime::BackendRegistry::builtin().best().name);
 }
 
 Builder& Builder::trace_options(tracer::TraceOptions options) {
+  decompositions_chosen_ = !options.decompositions.empty();
   trace_options_ = std::move(options);
   return *this;
+}
+
+tracer::TraceOptions Builder::trace_options() const {
+  tracer::TraceOptions options = trace_options_;
+  if (!decompositions_chosen_ && backend_decompositions_ == "core")
+    options.decompositions = tracer::core_aten_decompositions();
+  return options;
 }
 
 Builder& Builder::name_module(std::string name, const std::shared_ptr<torch::nn::Module>& module) {
@@ -44,6 +53,7 @@ Builder& Builder::name_module(std::string name, const std::shared_ptr<torch::nn:
 
 Builder& Builder::decompositions(tracer::DecompositionTable table) {
   trace_options_.decompositions = std::move(table);
+  decompositions_chosen_ = true;
   return *this;
 }
 
@@ -92,23 +102,23 @@ Builder& Builder::partitioner(partitioner::PartitionFn partition_fn) {
 }
 
 Builder& Builder::backend(std::string_view name) {
-  const BackendRegistry builtin = BackendRegistry::builtin();  // outlives the entry read from it
-  const BackendInfo& info = builtin.get(name);
-  backend_name_ = info.name;
-  backend_ = info.compile;
-  backend_cuda_graphs_ = info.cuda_graphs;
-  backend_cache_dir_ = info.cache_dir;
+  const runtime::BackendRegistry builtin = runtime::BackendRegistry::builtin();  // outlives the entry read from it
+  set_backend(builtin.get(name));
   return *this;
 }
 
-Builder& Builder::backend(std::string_view name, const BackendRegistry& registry) {
-  const BackendInfo& info = registry.get(name);
+Builder& Builder::backend(std::string_view name, const runtime::BackendRegistry& registry) {
+  set_backend(registry.get(name));
+  user_compilers_ = true;
+  return *this;
+}
+
+void Builder::set_backend(const runtime::BackendInfo& info) {
   backend_name_ = info.name;
   backend_ = info.compile;
   backend_cuda_graphs_ = info.cuda_graphs;
   backend_cache_dir_ = info.cache_dir;
-  user_compilers_ = true;
-  return *this;
+  backend_decompositions_ = info.decompositions;
 }
 
 Builder& Builder::backend(std::string name, ir::Backend backend) {
@@ -117,6 +127,7 @@ Builder& Builder::backend(std::string name, ir::Backend backend) {
   backend_ = std::move(backend);
   backend_cuda_graphs_ = false;
   backend_cache_dir_.reset();
+  backend_decompositions_.clear();
   user_compilers_ = true;
   return *this;
 }
@@ -169,13 +180,13 @@ Builder& Builder::instruments(ir::Instruments instruments) {
 
 tracer::TraceResult Builder::trace(std::string_view graph_name,
                                    const std::function<tracer::TraceResult(const tracer::TraceOptions&)>& trace) const {
-  tracer::TraceOptions options = trace_options_;
+  tracer::TraceOptions options = trace_options();
   for (const auto& [name, weak] : named_modules_)
     if (std::shared_ptr<torch::nn::Module> m = weak.lock())
       for (tracer::NamedTensor& t : tracer::module_state(*m, name).tensors)
         options.source_names.push_back(std::move(t));
   return ir::run_stage(
-      instruments_, ir::StageEvent{"trace"}, [&] { return trace(options); },
+      instruments_, ir::StageEvent{.stage = "trace"}, [&] { return trace(options); },
       [&](const tracer::TraceResult& r) {
         return std::vector<ir::StageGraph>{{graph_name, &r.graph}};
       });
@@ -193,7 +204,7 @@ ir::CompiledFn Builder::run_backend(const ir::Graph& graph, const std::vector<at
                                     std::string_view graph_name) const {
   const std::vector<ir::StageGraph> graphs = {{graph_name, &graph}};
   return ir::run_stage(
-      instruments_, ir::StageEvent{"backend", graphs},
+      instruments_, ir::StageEvent{.stage = "backend", .graphs = graphs},
       [&] {
         return wrappers_.empty() ? backend_(graph, example_inputs)
                                  : runtime::wrap_backend(wrappers_, backend_)(graph, example_inputs);
@@ -228,9 +239,10 @@ autograd::AotConfig Builder::aot_config() const {
                                      const std::vector<at::Tensor>& args) {
       return self.pre_grad_function(fn, trace, args);
     };
-  config.decompositions = trace_options_.decompositions;
-  config.freeze = trace_options_.freeze;
-  config.trace_mode = trace_options_.mode;
+  tracer::TraceOptions options = trace_options();
+  config.decompositions = std::move(options.decompositions);
+  config.freeze = options.freeze;
+  config.trace_mode = options.mode;
   config.wrappers = aot_wrappers_;
   config.instruments = instruments_;
   config.named_modules = named_modules_;

@@ -78,7 +78,7 @@ void GraphDumper::after_stage(const ir::StageEvent& event) {
     for (const ir::StageGraph& g : event.graphs) {
       if (!g.graph) continue;
       const std::string base = next_base(g.name, "code");
-      for (const GeneratedFile& f : options_.code(*g.graph)) {
+      for (const runtime::GeneratedFile& f : options_.code(*g.graph)) {
         write_file(base + "." + f.name, f.text);
         files_.push_back(base + "." + f.name);
       }

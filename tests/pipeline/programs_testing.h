@@ -129,7 +129,7 @@ inline Trained train_and_compare(const MakeModule& make, const MakeOptimizer& ma
 // caller gets, are checked there too.
 inline std::vector<std::pair<std::string, Builder>> builders() {
   std::vector<std::pair<std::string, Builder>> out;
-  out.emplace_back("interpreter", Builder());
+  out.emplace_back("interpreter", Builder().backend("interpreter"));
   out.emplace_back(
       "inductor",
       std::move(Builder().decompositions(crucible::tracer::core_aten_decompositions()).backend("inductor")));
@@ -146,8 +146,8 @@ inline std::vector<std::pair<std::string, Builder>> builders() {
                                             })));
   crucible::tracer::TraceOptions fake;
   fake.mode = crucible::tracer::TraceMode::Fake;
-  out.emplace_back("fake", std::move(Builder().trace_options(fake)));
-  out.emplace_back("pre-grad", std::move(Builder().pre_grad_passes({"fuse_attention", "cse"})));
+  out.emplace_back("fake", std::move(Builder().backend("interpreter").trace_options(fake)));
+  out.emplace_back("pre-grad", std::move(Builder().backend("interpreter").pre_grad_passes({"fuse_attention", "cse"})));
   return out;
 }
 

@@ -541,7 +541,7 @@ TEST_CASE("autograd programs: aot_module_simplified refuses a call after a modul
       return std::vector<at::Tensor>{d->forward(dynamic_cast<torch::nn::LinearImpl&>(m).forward(in[0])).mean()};
     };
   };
-  Builder b;
+  Builder b = Builder().backend("interpreter");
   b.name_module("disc", disc);
   const at::Tensor x = f64_randn({5, 6}, 4);
   auto compiled = crucible::autograd::aot_module_simplified(gen, fn_over(disc), {x}, b.aot_config());

@@ -5,10 +5,11 @@
 #include <crucible/ir/graph.h>
 #include <crucible/ir/parser.h>
 #include <crucible/models/zoo.h>
-#include <crucible/pipeline/backend_registry.h>
 #include <crucible/pipeline/builder.h>
 #include <crucible/pipeline/error.h>
 #include <crucible/pipeline/instruments.h>
+#include <crucible/runtime/backend_registry.h>
+#include <crucible/runtime/error.h>
 #include <crucible/runtime/instruments.h>
 #include <crucible/runtime/timing.h>
 #include <crucible/tracer/decomposition.h>
@@ -71,27 +72,43 @@ std::vector<at::Tensor> mlp_fn(const std::vector<at::Tensor>& in) {
 
 }  // namespace
 
-TEST_CASE("builder: the defaults are DCE and CSE on the best registered backend", "[pipeline][builder]") {
+TEST_CASE("builder: the defaults are DCE and CSE on the best registered backend, with its decompositions",
+          "[pipeline][builder]") {
+  // This program links crucible-inductor: its backends registered
+  // themselves, and the inductor is the best (Note [Backends register
+  // themselves]), traced with the core ATen decompositions it lowers from.
   const Builder b;
   REQUIRE(b.passes().size() == 2);
   CHECK(b.passes()[0].name == "dce");
   CHECK(b.passes()[1].name == "cse");
-  CHECK(b.backend_name() == BackendRegistry::builtin().best().name);
-  CHECK(b.backend_name() == "interpreter");
+  CHECK(b.backend_name() == runtime::BackendRegistry::builtin().best().name);
+  CHECK(b.backend_name() == "inductor");
+  const size_t core = crucible::tracer::core_aten_decompositions().size();
+  CHECK(b.trace_options().decompositions.size() == core);
+  // The reference is one call away, without decompositions; a table chosen
+  // explicitly, the empty one included, stays whatever the backend.
+  CHECK(Builder().backend("interpreter").trace_options().decompositions.empty());
+  CHECK(Builder().decompositions({}).trace_options().decompositions.empty());
+  CHECK(Builder()
+            .backend("interpreter")
+            .decompositions(crucible::tracer::core_aten_decompositions())
+            .trace_options()
+            .decompositions.size() == core);
 }
 
 TEST_CASE("builder: unknown passes and backends are refused by name", "[pipeline][builder][errors]") {
-  Builder b;
+  Builder b = Builder().backend("interpreter");
   CHECK_THROWS_WITH(b.passes({"dce", "fuse_everything"}), CRUCIBLE_HAS_SUBSTR("fuse_everything"));
   CHECK_THROWS_WITH(b.backend("tpu"), CRUCIBLE_HAS_SUBSTR("'tpu'") && CRUCIBLE_HAS_SUBSTR("interpreter"));
 }
 
 TEST_CASE("backend registry: names, lookup, ranks", "[pipeline][builder]") {
-  BackendRegistry r = BackendRegistry::builtin();
+  runtime::BackendRegistry r = runtime::BackendRegistry::builtin();
   CHECK(r.names() == std::vector<std::string>{"inductor", "inductor-cudagraphs", "interpreter"});
-  CHECK_THROWS_AS(r.add({"interpreter", "again", ir::interpret, {}, 0}), PipelineError);
-  CHECK_THROWS_AS(r.add({"empty", "no compile function", {}, {}, 0}), PipelineError);
-  r.add({"fast", "a better one", ir::interpret, {}, 5});
+  CHECK_THROWS_AS(r.add({.name = "interpreter", .description = "again", .compile = ir::interpret}),
+                  runtime::WrapperError);
+  CHECK_THROWS_AS(r.add({.name = "empty", .description = "no compile function"}), runtime::WrapperError);
+  r.add({.name = "fast", .description = "a better one", .compile = ir::interpret, .rank = 5});
   CHECK(r.best().name == "fast");
   CHECK(r.contains("fast"));
   CHECK(Builder().backend("fast", r).backend_name() == "fast");
@@ -103,7 +120,7 @@ TEST_CASE("builder: a train step's stages are AOTAutograd's inference path, each
   SmallMlp s;
   torch::optim::SGD opt(s.model.module->parameters(), torch::optim::SGDOptions(0.1));
   auto recorder = std::make_shared<Recorder>();
-  Builder b;
+  Builder b = Builder().backend("interpreter");
   b.instrument(recorder);
   TrainStep step = b.compile_train_step(s.model.module, opt, s.loss());
   step.compile(s.batch);
@@ -125,7 +142,7 @@ TEST_CASE("builder: should_run skips a pass; a failing stage still gets its afte
   torch::optim::SGD opt(s.model.module->parameters(), torch::optim::SGDOptions(0.1));
   SECTION("skip") {
     auto recorder = std::make_shared<Recorder>("cse");
-    Builder b;
+    Builder b = Builder().backend("interpreter");
     b.instrument(recorder);
     b.compile_train_step(s.model.module, opt, s.loss()).compile(s.batch);
     CHECK(std::find(recorder->events.begin(), recorder->events.end(), "before:cse:train_step") ==
@@ -135,7 +152,7 @@ TEST_CASE("builder: should_run skips a pass; a failing stage still gets its afte
   }
   SECTION("failure") {
     auto recorder = std::make_shared<Recorder>();
-    Builder b;
+    Builder b = Builder().backend("interpreter");
     b.instrument(recorder).add_pass({"explode", [](ir::Graph&) { throw std::runtime_error("boom"); }});
     CHECK_THROWS_WITH(b.compile_train_step(s.model.module, opt, s.loss()).compile(s.batch),
                       CRUCIBLE_HAS_SUBSTR("explode"));
@@ -151,7 +168,7 @@ TEST_CASE("builder: compile() runs the AOT path through the builder's partitione
           "[pipeline][builder]") {
   auto recorder = std::make_shared<Recorder>();
   int partitions = 0, compiles = 0, pass_runs = 0;
-  Builder b;
+  Builder b = Builder().backend("interpreter");
   b.instrument(recorder)
       .partitioner([&](const ir::Graph& joint, size_t n) {
         ++partitions;
@@ -247,12 +264,12 @@ TEST_CASE("builder: compile() shares compiled graphs between callables only when
     return backend_runs;
   };
   autograd::default_aot_cache()->clear();
-  const Builder builtin;
+  const Builder builtin = Builder().backend("interpreter");
   CHECK(builtin.compiler_key() == "backend=" + builtin.backend_name() + ";passes=dce,cse");
   // Forward and backward compiled once for both callables.
   CHECK(count_backend_runs(builtin, 2) == 2);
 
-  Builder with_user_pass;
+  Builder with_user_pass = Builder().backend("interpreter");
   with_user_pass.add_pass({"noop", [](ir::Graph&) {}});
   CHECK(with_user_pass.compiler_key().empty());
   CHECK(count_backend_runs(with_user_pass, 2) == 4);  // user code: never shared
@@ -280,7 +297,7 @@ TEST_CASE("builder: after_stage runs in reverse order, so the first instrument w
   torch::manual_seed(0);
   SmallMlp s;
   torch::optim::SGD opt(s.model.module->parameters(), torch::optim::SGDOptions(0.1));
-  Builder b;
+  Builder b = Builder().backend("interpreter");
   b.passes({}).instrument(std::make_shared<Named>("a", log)).instrument(std::make_shared<Named>("b", log));
   b.compile_train_step(s.model.module, opt, s.loss()).compile(s.batch);
   CHECK(log == std::vector<std::string>{"a>compile", "b>compile", "a>backend", "b>backend", "b<backend", "a<backend",
@@ -293,10 +310,14 @@ TEST_CASE("builder: compile() over a module gives eager's loss and fills the mod
   SmallMlp compiled, eager;
   copy_state(*compiled.model.module, *eager.model.module);
   auto recorder = std::make_shared<Recorder>();
-  const autograd::AotModule f = Builder().instrument(recorder).compile(
-      compiled.model.module, [loss = compiled.loss()](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
-        return std::vector<at::Tensor>{loss(m, in)};
-      });
+  const autograd::AotModule f =
+      Builder()
+          .backend("interpreter")
+          .instrument(recorder)
+          .compile(compiled.model.module,
+                   [loss = compiled.loss()](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+                     return std::vector<at::Tensor>{loss(m, in)};
+                   });
   const at::Tensor loss = f(compiled.batch).at(0);
   loss.backward();
   const at::Tensor eager_loss = eager.loss()(*eager.model.module, compiled.batch);
@@ -335,7 +356,8 @@ TEST_CASE("builder: runtime wrappers run around the backend", "[pipeline][builde
   torch::manual_seed(0);
   SmallMlp s;
   torch::optim::SGD opt(s.model.module->parameters(), torch::optim::SGDOptions(0.1));
-  TrainStep step = Builder().add_wrapper(wrapper).compile_train_step(s.model.module, opt, s.loss());
+  TrainStep step =
+      Builder().backend("interpreter").add_wrapper(wrapper).compile_train_step(s.model.module, opt, s.loss());
   step(s.batch);
   step(s.batch);
   CHECK(wrapper->calls == 2);
@@ -349,12 +371,12 @@ TEST_CASE("instruments: stage timer, graph dumps and verification", "[pipeline][
   auto stage_timer = std::make_shared<runtime::StageTimer>(timer);
   const std::string dir = std::filesystem::temp_directory_path() / ("crucible_dump_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
-  auto dumper = std::make_shared<GraphDumper>(
-      GraphDumpOptions{.dir = dir, .svg = false, .code = [](const ir::Graph& g) {
-                         return std::vector<GeneratedFile>{{"kernel.txt", std::to_string(g.num_nodes()) + " nodes"}};
-                       }});
+  auto dumper = std::make_shared<GraphDumper>(GraphDumpOptions{
+      .dir = dir, .svg = false, .code = [](const ir::Graph& g) {
+        return std::vector<runtime::GeneratedFile>{{"kernel.txt", std::to_string(g.num_nodes()) + " nodes"}};
+      }});
   // Only these instruments: the process-wide defaults stay untouched.
-  Builder b;
+  Builder b = Builder().backend("interpreter");
   b.instruments({stage_timer, dumper, std::make_shared<GraphVerifier>()});
   b.compile_train_step(s.model.module, opt, s.loss()).compile(s.batch);
 
@@ -402,9 +424,9 @@ TEST_CASE("instruments: a dump of a compilation the graph cache serves still hol
     REQUIRE_EQUAL_TENSORS(out.detach(), mlp_fn(data)[0]);
     out.sum().backward();
   };
-  run(Builder());  // fills the graph cache
+  run(Builder().backend("interpreter"));  // fills the graph cache
   auto dumper = std::make_shared<GraphDumper>(GraphDumpOptions{.dir = dir, .svg = false});
-  Builder b;
+  Builder b = Builder().backend("interpreter");
   b.instrument(dumper);
   run(b);  // another callable: its forward and backward come from the cache
   for (const char* file : {"/forward.01.fw_compiler.cached.txt", "/backward.01.bw_compiler.cached.txt"}) {
@@ -421,7 +443,7 @@ TEST_CASE("instruments: a dump of a compilation the graph cache serves still hol
 TEST_CASE("instruments: counters count compilations, compiled graphs, cache outcomes and recompiles",
           "[pipeline][builder]") {
   runtime::Counters counters;
-  Builder b;
+  Builder b = Builder().backend("interpreter");
   b.instruments({std::make_shared<runtime::CounterRecorder>(counters)}).compiler_key("");
   auto compiled = b.compile(mlp_fn);
   at::manual_seed(6);
@@ -453,8 +475,10 @@ TEST_CASE("builder: a training step traced in fake mode (meta tensors) trains as
   torch::optim::Adam eager_opt(eager.model.module->parameters(), torch::optim::AdamOptions(1e-2));
   tracer::TraceOptions fake;
   fake.mode = tracer::TraceMode::Fake;
-  TrainStep step =
-      Builder().trace_options(fake).compile_train_step(compiled.model.module, compiled_opt, compiled.loss());
+  TrainStep step = Builder()
+                       .backend("interpreter")
+                       .trace_options(fake)
+                       .compile_train_step(compiled.model.module, compiled_opt, compiled.loss());
   for (int i = 0; i < 5; ++i) {
     const at::Tensor loss = step(compiled.batch);
     eager_opt.zero_grad();
@@ -479,10 +503,10 @@ TEST_CASE("builder: pre-grad, joint and post-grad passes run where Note [Pass ph
     return std::vector<at::Tensor>{(a * b * in[1]).sum()};
   };
   auto recorder = std::make_shared<Recorder>();
-  Builder b;
+  Builder b = Builder().backend("interpreter");
   b.pre_grad_passes({"cse", "dce"}).joint_passes({"dce"}).passes({"dce"}).instrument(recorder).compiler_key("");
   // The graph cache's key names every phase's passes (Note [Builder compiler key]).
-  Builder keyed;
+  Builder keyed = Builder().backend("interpreter");
   keyed.pre_grad_passes({"cse", "dce"}).joint_passes({"dce"}).passes({"dce"});
   CHECK(keyed.compiler_key() == "backend=" + keyed.backend_name() + ";pre_grad=cse,dce;joint=dce;passes=dce");
   const std::vector<at::Tensor> data = {at::randn({5}), at::randn({5})};
@@ -525,7 +549,7 @@ TEST_CASE("builder: an AOT wrapper joins AOTAutograd's chain, around the compile
     size_t outputs = 0, compiles = 0, calls = 0;
   };
   auto counting = std::make_shared<Counting>();
-  Builder b;
+  Builder b = Builder().backend("interpreter");
   b.add_aot_wrapper(counting);
   CHECK(b.compiler_key().empty());  // user code joined the chain: Note [Builder compiler key]
   auto f = b.compile(mlp_fn);
@@ -534,7 +558,7 @@ TEST_CASE("builder: an AOT wrapper joins AOTAutograd's chain, around the compile
   CHECK(counting->compiles == 1);
   CHECK(counting->outputs == 1);
   CHECK(counting->calls == 3);
-  CHECK_THROWS_AS(Builder().add_aot_wrapper(nullptr), PipelineError);
+  CHECK_THROWS_AS(Builder().backend("interpreter").add_aot_wrapper(nullptr), PipelineError);
 }
 
 TEST_CASE(
@@ -546,7 +570,7 @@ TEST_CASE(
   copy_state(*compiled.module, *eager.module);
   torch::optim::SGD c_opt(compiled.module->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   torch::optim::SGD e_opt(eager.module->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  Builder b;
+  Builder b = Builder().backend("interpreter");
   b.decompositions(tracer::core_aten_decompositions());
   TrainStep step = b.compile_train_step(compiled.module, c_opt, loss_of(compiled));
   for (int64_t i = 0; i < 5; ++i) {

@@ -32,7 +32,7 @@ struct Recorder : ir::Instrument {
 Builder builder_for(crucible::tracer::TraceMode mode, const std::shared_ptr<Recorder>& recorder) {
   crucible::tracer::TraceOptions options;
   options.mode = mode;
-  Builder b;
+  Builder b = Builder().backend("interpreter");
   // No graph cache: each mode compiles (and reports) every graph itself.
   b.backend("interpreter").trace_options(options).instrument(recorder).compiler_key("");
   return b;

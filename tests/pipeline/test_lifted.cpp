@@ -120,7 +120,7 @@ TEST_CASE("a GAN's two compiled steps train as eager, each reading the other mod
   copy_module(*compiled.g, *eager.g);
   copy_module(*compiled.d, *eager.d);
 
-  Builder builder;
+  Builder builder = Builder().backend("interpreter");
   builder.backend("interpreter")
       .name_module("generator", compiled.g.ptr())
       .name_module("discriminator", compiled.d.ptr());
@@ -188,9 +188,12 @@ TEST_CASE("a compiled train step reads a captured tensor afresh; replacing it co
     return (m.forward(b[0]) * scale - b[1]).pow(2).mean();
   };
   torch::optim::SGD c_opt(compiled->parameters(), 0.1), e_opt(eager->parameters(), 0.1);
-  TrainStep step = compile_train_step(compiled, c_opt, [&](torch::nn::Module& m, const std::vector<at::Tensor>& b) {
-    return loss(static_cast<torch::nn::LinearImpl&>(m), b);
-  });
+  TrainStep step =
+      Builder()
+          .backend("interpreter")
+          .compile_train_step(compiled, c_opt, [&](torch::nn::Module& m, const std::vector<at::Tensor>& b) {
+            return loss(static_cast<torch::nn::LinearImpl&>(m), b);
+          });
   auto both = [&](int64_t n) {
     const std::vector<at::Tensor> b = {at::randn({n, 6}), at::randn({n, 3})};
     const at::Tensor c = step(b);

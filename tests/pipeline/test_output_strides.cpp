@@ -67,6 +67,7 @@ struct Entry {
 pipeline::Builder inductor_builder() {
   return std::move(
       pipeline::Builder()
+          .backend("interpreter")
           .decompositions(tracer::core_aten_decompositions())
           .backend("inductor, layout rewrite forced", [](const ir::Graph& g, const std::vector<at::Tensor>& examples) {
             return inductor::compile_fx_inner(g, examples, layout_rewrite_on());
@@ -88,7 +89,9 @@ std::vector<Entry> entries() {
       {"Builder, inductor with the layout rewrite forced",
        [](auto m, auto fn, const auto&) { return inductor_builder().compile(std::move(m), std::move(fn)); }},
       {"Builder, interpreter",
-       [](auto m, auto fn, const auto&) { return pipeline::Builder().compile(std::move(m), std::move(fn)); }},
+       [](auto m, auto fn, const auto&) {
+         return pipeline::Builder().backend("interpreter").compile(std::move(m), std::move(fn));
+       }},
   };
 }
 
@@ -257,8 +260,8 @@ TEST_CASE(
   const crucible::testing::NoTf32Convolutions float32;
   const at::Device device = crucible::testing::test_device();
   for (const auto& [builder_name, builder] : {std::pair{"inductor, layout rewrite forced", inductor_builder()},
-                                              std::pair{"interpreter", pipeline::Builder()}})
-    for (const std::string& name : {"convnet", "resnet18"}) {
+                                              std::pair{"interpreter", pipeline::Builder().backend("interpreter")}})
+    for (const std::string name : {"convnet", "resnet18"}) {
       INFO(name << " through " << builder_name);
       torch::manual_seed(0);
       models::Model compiled = models::make_model(name), eager = models::make_model(name);

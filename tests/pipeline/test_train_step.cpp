@@ -98,7 +98,8 @@ std::vector<at::Tensor> snapshot(const Model& m) {
 // no decompositions).
 template <typename Optimizer, typename Options>
 void train_and_compare(const std::function<Model()>& make, const Options& options, const BatchFn& batches,
-                       int64_t steps, double rtol, double atol, const Builder& builder = Builder()) {
+                       int64_t steps, double rtol, double atol,
+                       const Builder& builder = Builder().backend("interpreter")) {
   Twins t = twins(make);
   t.compiled.module->train();
   t.eager.module->train();
@@ -311,7 +312,7 @@ void train_gpt_with_fused_attention(Builder builder, at::Device device, at::Scal
 // both backends.
 TEST_CASE("train step with fuse_attention before differentiation: the GPT trains as eager",
           "[pipeline][train_step][fuse_attention]") {
-  for (const Builder& builder : {Builder(), inductor_builder()})
+  for (const Builder& builder : {Builder().backend("interpreter"), inductor_builder()})
     train_gpt_with_fused_attention(builder, at::kCPU, at::kDouble, "aten::_scaled_dot_product_flash_attention_for_cpu",
                                    kFusedRtol, kFusedAtol);
 }
@@ -364,25 +365,26 @@ TEST_CASE("train step with rematerialization in its graph: every zoo model train
     };
     train_and_compare<torch::optim::SGD>([] { return make_mlp(); }, torch::optim::SGDOptions(0.05).momentum(0.9),
                                          fashion_mnist_batches(32), 10, kRtol, kAtol,
-                                         with_remat(Builder(), report, budget));
+                                         with_remat(Builder().backend("interpreter"), report, budget));
     check();
     train_and_compare<torch::optim::Adam>([] { return make_convnet(); }, torch::optim::AdamOptions(1e-3),
                                           fashion_mnist_batches(32), 10, kRtol, kAtol,
-                                          with_remat(Builder(), report, budget));
+                                          with_remat(Builder().backend("interpreter"), report, budget));
     check();
     const GptConfig gpt{.vocab_size = 32, .block_size = 16, .n_layer = 1, .n_head = 2, .n_embd = 32};
     train_and_compare<torch::optim::AdamW>([&] { return make_gpt(gpt); }, torch::optim::AdamWOptions(3e-3),
                                            [&](int64_t i) {
                                              return synthetic_token_batch({gpt.vocab_size, gpt.block_size, 4, 0}, i);
                                            },
-                                           10, kRtol, kAtol, with_remat(Builder(), report, budget));
+                                           10, kRtol, kAtol,
+                                           with_remat(Builder().backend("interpreter"), report, budget));
     check();
     const ResNetConfig resnet{.in_channels = 1, .image_size = 16, .width = 4, .blocks = {1, 1, 1, 1}};
     const Model shapes = make_resnet(resnet);
     train_and_compare<torch::optim::SGD>([&] { return make_resnet(resnet); },
                                          torch::optim::SGDOptions(0.05).momentum(0.9),
                                          [&](int64_t i) { return shapes.example_batch(8, 100 + i); }, 8, kRtol, kAtol,
-                                         with_remat(Builder(), report, budget));
+                                         with_remat(Builder().backend("interpreter"), report, budget));
     check();
   }
 }
@@ -398,7 +400,8 @@ TEST_CASE("train step with rematerialization: a memory budget sweep keeps non-in
                                            [&](int64_t i) {
                                              return synthetic_token_batch({gpt.vocab_size, gpt.block_size, 4, 0}, i);
                                            },
-                                           5, kRtol, kAtol, with_remat(Builder(), report, budget));
+                                           5, kRtol, kAtol,
+                                           with_remat(Builder().backend("interpreter"), report, budget));
     REQUIRE(report->kept_bytes_after <= last);
     last = report->kept_bytes_after;
   }
@@ -481,7 +484,7 @@ TEST_CASE("train step through inductor on CUDA: the GPT with AdamW and ResNet-18
 TEST_CASE("train step with fuse_attention on CUDA: the GPT trains as eager with memory-efficient attention",
           "[pipeline][train_step][fuse_attention][cuda]") {
   CRUCIBLE_REQUIRE_CUDA();
-  for (const Builder& builder : {Builder(), inductor_builder()})
+  for (const Builder& builder : {Builder().backend("interpreter"), inductor_builder()})
     train_gpt_with_fused_attention(builder, at::kCUDA, at::kFloat, "aten::_scaled_dot_product_efficient_attention",
                                    1e-4, 1e-5);
 }
@@ -575,7 +578,8 @@ TEST_CASE("train step: the step count and the learning rate are graph inputs, no
   Twins t = twins([] { return make_mlp({.in_features = 784, .hidden = {32}, .num_classes = 10}); });
   torch::optim::Adam compiled_opt(t.compiled.module->parameters(), torch::optim::AdamOptions(1e-2));
   torch::optim::Adam eager_opt(t.eager.module->parameters(), torch::optim::AdamOptions(1e-2));
-  TrainStep step = compile_train_step(t.compiled.module, compiled_opt, loss_of(t.compiled));
+  TrainStep step =
+      Builder().backend("interpreter").compile_train_step(t.compiled.module, compiled_opt, loss_of(t.compiled));
   const BatchFn batches = fashion_mnist_batches(16);
   // A schedule that changes the rate at every step, set on each optimizer as
   // a torch::optim scheduler would set it.
@@ -608,7 +612,8 @@ TEST_CASE("train step: compiling changes nothing; a new batch size compiles agai
   Twins t = twins([] { return make_convnet(); });
   torch::optim::SGD compiled_opt(t.compiled.module->parameters(), torch::optim::SGDOptions(0.1).momentum(0.5));
   torch::optim::SGD eager_opt(t.eager.module->parameters(), torch::optim::SGDOptions(0.1).momentum(0.5));
-  TrainStep step = compile_train_step(t.compiled.module, compiled_opt, loss_of(t.compiled));
+  TrainStep step =
+      Builder().backend("interpreter").compile_train_step(t.compiled.module, compiled_opt, loss_of(t.compiled));
   const std::vector<at::Tensor> before = snapshot(t.compiled);
   const Batch first = fashion_mnist_batches(8)(0);
   step.compile({first.inputs, first.targets});
@@ -631,7 +636,8 @@ TEST_CASE("train step: one submodule switched to eval() compiles again and train
   Twins t = twins([&] { return make_resnet(config); });
   torch::optim::SGD compiled_opt(t.compiled.module->parameters(), torch::optim::SGDOptions(0.05));
   torch::optim::SGD eager_opt(t.eager.module->parameters(), torch::optim::SGDOptions(0.05));
-  TrainStep step = compile_train_step(t.compiled.module, compiled_opt, loss_of(t.compiled));
+  TrainStep step =
+      Builder().backend("interpreter").compile_train_step(t.compiled.module, compiled_opt, loss_of(t.compiled));
   // The first BatchNorm in both copies: in eval() it normalizes with its
   // running statistics and leaves them alone, a different graph.
   auto first_batch_norm = [](const Model& m) {
@@ -663,7 +669,8 @@ TEST_CASE("train step: a compiled step resumes from the state eager steps left i
     eager_train_step(t.compiled, compiled_opt, batches(i));
     eager_train_step(t.eager, eager_opt, batches(i));
   }
-  TrainStep step = compile_train_step(t.compiled.module, compiled_opt, loss_of(t.compiled));
+  TrainStep step =
+      Builder().backend("interpreter").compile_train_step(t.compiled.module, compiled_opt, loss_of(t.compiled));
   for (int64_t i = 3; i < 10; ++i) {
     const Batch b = batches(i);
     REQUIRE_CLOSE(step({b.inputs, b.targets}), eager_train_step(t.eager, eager_opt, b), kRtol, kAtol);
@@ -684,7 +691,8 @@ TEST_CASE("train step: a module converted to float64 after compile_train_step ke
       return std::make_unique<torch::optim::SGD>(m.module->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     };
     auto compiled_opt = make_opt(t.compiled), eager_opt = make_opt(t.eager);
-    TrainStep step = compile_train_step(t.compiled.module, *compiled_opt, loss_of(t.compiled));
+    TrainStep step =
+        Builder().backend("interpreter").compile_train_step(t.compiled.module, *compiled_opt, loss_of(t.compiled));
     t.compiled.module->to(at::kDouble);
     t.eager.module->to(at::kDouble);
     for (int64_t i = 0; i < 3; ++i) {
@@ -705,9 +713,12 @@ TEST_CASE("train step: a loss of sizes [1] trains as eager's", "[pipeline][train
   torch::optim::SGD compiled_opt(t.compiled.module->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   torch::optim::SGD eager_opt(t.eager.module->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   const LossFn mean = loss_of(t.compiled);
-  TrainStep step = compile_train_step(
-      t.compiled.module, compiled_opt,
-      [mean](torch::nn::Module& m, const std::vector<at::Tensor>& b) { return mean(m, b).reshape({1}); });
+  TrainStep step = Builder()
+                       .backend("interpreter")
+                       .compile_train_step(t.compiled.module, compiled_opt,
+                                           [mean](torch::nn::Module& m, const std::vector<at::Tensor>& b) {
+                                             return mean(m, b).reshape({1});
+                                           });
   for (int64_t i = 0; i < 3; ++i) {
     const Batch b = fashion_mnist_batches(16)(i);
     const at::Tensor loss = step({b.inputs, b.targets});
@@ -726,7 +737,8 @@ TEST_CASE("train step: a parameter's hook is traced once; one registered after c
   // parameters differ by far more than rounding.
   for (const Model* m : {&t.compiled, &t.eager})
     m->module->parameters().front().register_hook([](const at::Tensor& g) { return g * 3; });
-  TrainStep step = compile_train_step(t.compiled.module, compiled_opt, loss_of(t.compiled));
+  TrainStep step =
+      Builder().backend("interpreter").compile_train_step(t.compiled.module, compiled_opt, loss_of(t.compiled));
   const Batch b = fashion_mnist_batches(16)(0);
   REQUIRE_CLOSE(step({b.inputs, b.targets}), eager_train_step(t.eager, eager_opt, b), kRtol, kAtol);
   require_same_state(t.compiled, t.eager, kRtol, kAtol);
@@ -750,14 +762,17 @@ TEST_CASE("train step: clear errors for optimizers it cannot compile", "[pipelin
   }
   SECTION("a loss that is not a scalar") {
     torch::optim::SGD opt(m.module->parameters(), torch::optim::SGDOptions(0.1));
-    TrainStep step = compile_train_step(
-        m.module, opt, [&](torch::nn::Module&, const std::vector<at::Tensor>& b) { return m.forward(b[0]); });
+    TrainStep step = Builder()
+                         .backend("interpreter")
+                         .compile_train_step(m.module, opt, [&](torch::nn::Module&, const std::vector<at::Tensor>& b) {
+                           return m.forward(b[0]);
+                         });
     CHECK_THROWS_WITH(step({at::ones({2, 4}), at::zeros({2}, at::kLong)}),
                       CRUCIBLE_HAS_SUBSTR("must return a tensor of one element"));
   }
   SECTION("options other than the learning rate changed after compiling (constants of the step)") {
     torch::optim::SGD opt(m.module->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-    TrainStep step = compile_train_step(m.module, opt, loss);
+    TrainStep step = Builder().backend("interpreter").compile_train_step(m.module, opt, loss);
     const std::vector<at::Tensor> batch = {at::ones({2, 4}), at::zeros({2}, at::kLong)};
     step(batch);
     auto& options = static_cast<torch::optim::SGDOptions&>(opt.param_groups()[0].options());
@@ -776,7 +791,7 @@ TEST_CASE("train step: every zoo model's graph is functional, its writes the tra
     Model m = make_model(name);
     m.module->train();
     torch::optim::Adam opt(m.module->parameters(), torch::optim::AdamOptions(1e-3));
-    TrainStep step = compile_train_step(m.module, opt, loss_of(m));
+    TrainStep step = Builder().backend("interpreter").compile_train_step(m.module, opt, loss_of(m));
     const Batch b = m.example_batch(2, 0);
     step.compile({b.inputs, b.targets});
     const crucible::ir::Graph& g = step.graph();
@@ -827,7 +842,10 @@ TEST_CASE("train step: a step that fails to compile leaves the module, its gradi
     loss_of(t.eager)(*t.eager.module, {b.inputs, b.targets}).backward();
     crucible::tracer::TraceOptions options;
     if (fake) options.mode = crucible::tracer::TraceMode::Fake;
-    TrainStep step = Builder().trace_options(options).compile_train_step(t.compiled.module, compiled_opt, failing);
+    TrainStep step = Builder()
+                         .backend("interpreter")
+                         .trace_options(options)
+                         .compile_train_step(t.compiled.module, compiled_opt, failing);
     CHECK_THROWS_WITH(step({b.inputs, b.targets}), CRUCIBLE_HAS_SUBSTR("nonzero"));
     require_same_state(t.compiled, t.eager, 0.0, 0.0);
     auto eager_params = t.eager.module->parameters();

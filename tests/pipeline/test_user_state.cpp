@@ -263,7 +263,7 @@ TEST_CASE("user state: checkpoints saved and loaded mid-run end where eager ends
   };
   std::vector<Backend> backends;
   // On a GPU cuBLAS and cuDNN may pick other algorithms per call: close, not bitwise.
-  backends.push_back({"interpreter", Builder(), gpu ? kFused : kBitwise});
+  backends.push_back({"interpreter", Builder().backend("interpreter"), gpu ? kFused : kBitwise});
   backends.push_back({"inductor", inductor(), kFused});
   if (gpu) backends.push_back({"inductor-cudagraphs", std::move(inductor().backend("inductor-cudagraphs")), kFused});
   struct Program {
@@ -276,8 +276,8 @@ TEST_CASE("user state: checkpoints saved and loaded mid-run end where eager ends
   programs.push_back({"ResNet with batch norm", resnet, optimizer_cases().front()});
   for (const Program& program : programs)
     for (const bool same_objects : {false, true}) {
-      const Run eager =
-          checkpoint_program(program.make, program.optimizer.make, How::Eager, How::Eager, same_objects, Builder());
+      const Run eager = checkpoint_program(program.make, program.optimizer.make, How::Eager, How::Eager, same_objects,
+                                           Builder().backend("interpreter"));
       for (const Backend& backend : backends)
         for (const auto& [before, after] :
              {std::pair{How::Compiled, How::Compiled}, std::pair{How::Compiled, How::Eager},
@@ -301,10 +301,12 @@ TEST_CASE("user state: eager and compiled steps interleave on one optimizer, wit
     // A second step over the same module and optimizer (another loss
     // scale), as a program that compiles a step per phase has.
     TrainStep other =
-        compile_train_step(mixed.model.module, *mixed.optimizer,
-                           [loss = loss_of(mixed.model)](torch::nn::Module& m, const std::vector<at::Tensor>& b) {
-                             return loss(m, b) * 2;
-                           });
+        Builder()
+            .backend("interpreter")
+            .compile_train_step(mixed.model.module, *mixed.optimizer,
+                                [loss = loss_of(mixed.model)](torch::nn::Module& m, const std::vector<at::Tensor>& b) {
+                                  return loss(m, b) * 2;
+                                });
     for (int64_t i = 0; i < 9; ++i) {
       INFO("step " << i);
       const std::vector<at::Tensor> b = batch(i);
@@ -316,7 +318,8 @@ TEST_CASE("user state: eager and compiled steps interleave on one optimizer, wit
         continue;
       }
       const at::Tensor expected = eager_step(eager, i);
-      REQUIRE_EQUAL_TENSORS(i % 3 == 0 ? compiled_step(mixed, i, Builder()) : eager_step(mixed, i), expected);
+      REQUIRE_EQUAL_TENSORS(
+          i % 3 == 0 ? compiled_step(mixed, i, Builder().backend("interpreter")) : eager_step(mixed, i), expected);
     }
     require_same(mixed, eager, 0, 0);
   }
@@ -346,8 +349,11 @@ TEST_CASE(
   auto loss = [](const std::shared_ptr<Net>& net, const std::vector<at::Tensor>& b) {
     return at::cross_entropy_loss(net->used->forward(b[0].flatten(1)), b[1]);
   };
-  TrainStep step = compile_train_step(a, compiled_opt,
-                                      [&](torch::nn::Module&, const std::vector<at::Tensor>& b) { return loss(a, b); });
+  TrainStep step = Builder()
+                       .backend("interpreter")
+                       .compile_train_step(a, compiled_opt, [&](torch::nn::Module&, const std::vector<at::Tensor>& b) {
+                         return loss(a, b);
+                       });
   REQUIRE(compiled_opt.state().empty());  // compile_train_step makes no state: torch::optim makes it at a step
   for (int64_t i = 0; i < 4; ++i) {
     step(batch(i));
@@ -404,7 +410,8 @@ TEST_CASE("user state: learning-rate schedulers set the compiled step's rate at 
     auto [compiled_step_lr, compiled_plateau] = scheduler_of(*compiled.optimizer);
     double last_lr = 0;
     for (int64_t i = 0; i < 12; ++i) {
-      const at::Tensor expected = eager_step(eager, i), loss = compiled_step(compiled, i, Builder());
+      const at::Tensor expected = eager_step(eager, i),
+                       loss = compiled_step(compiled, i, Builder().backend("interpreter"));
       INFO("step " << i);
       REQUIRE_EQUAL_TENSORS(loss, expected);
       if (plateau) {
@@ -441,8 +448,8 @@ TEST_CASE("user state: gradient clipping by norm and by value compiled into the 
     TrainStepOptions options;
     options.clip_grad_value = clip.value;
     options.clip_grad_norm = clip.norm;
-    TrainStep step =
-        compile_train_step(compiled.model.module, *compiled.optimizer, loss_of(compiled.model), Builder(), options);
+    TrainStep step = compile_train_step(compiled.model.module, *compiled.optimizer, loss_of(compiled.model),
+                                        Builder().backend("interpreter"), options);
     for (int64_t i = 0; i < 6; ++i) {
       const std::vector<at::Tensor> b = batch(i);
       eager.optimizer->zero_grad();
@@ -466,21 +473,23 @@ TEST_CASE("user state: gradient clipping by norm and by value compiled into the 
         return std::make_unique<torch::optim::SGD>(m.parameters(), 0.1);
       },
       7);
-  TrainStep plain = compile_train_step(r.model.module, *r.optimizer, loss_of(r.model));
+  TrainStep plain = Builder().backend("interpreter").compile_train_step(r.model.module, *r.optimizer, loss_of(r.model));
   REQUIRE_THROWS_WITH(plain.grad_norm(), CRUCIBLE_HAS_SUBSTR("clip_grad_norm"));
   TrainStepOptions eager_clip;
   eager_clip.gradient_hook = [&](std::vector<at::Tensor> grads) {
     torch::nn::utils::clip_grad_norm_(r.model.module->parameters(), 1.0);
     return grads;
   };
-  TrainStep hooked = compile_train_step(r.model.module, *r.optimizer, loss_of(r.model), Builder(), eager_clip);
+  TrainStep hooked =
+      compile_train_step(r.model.module, *r.optimizer, loss_of(r.model), Builder().backend("interpreter"), eager_clip);
   const auto before = r.model.module->parameters().front().clone();
   REQUIRE_THROWS_WITH(hooked(batch(0)), CRUCIBLE_HAS_SUBSTR("TrainStepOptions::clip_grad_norm"));
   REQUIRE_EQUAL_TENSORS(r.model.module->parameters().front(), before);
   TrainStepOptions nan_clip;
   nan_clip.clip_grad_value = std::numeric_limits<double>::quiet_NaN();
-  REQUIRE_THROWS_AS(compile_train_step(r.model.module, *r.optimizer, loss_of(r.model), Builder(), nan_clip),
-                    PipelineError);
+  REQUIRE_THROWS_AS(
+      compile_train_step(r.model.module, *r.optimizer, loss_of(r.model), Builder().backend("interpreter"), nan_clip),
+      PipelineError);
 }
 
 TEST_CASE("user state: .grad after a compiled step is eager's with keep_gradients, and unset without",
@@ -496,8 +505,8 @@ TEST_CASE("user state: .grad after a compiled step is eager's with keep_gradient
     TrainStepOptions options;
     options.keep_gradients = keep;
     options.clip_grad_norm = ClipGradNorm{0.5, 2};
-    TrainStep step =
-        compile_train_step(compiled.model.module, *compiled.optimizer, loss_of(compiled.model), Builder(), options);
+    TrainStep step = compile_train_step(compiled.model.module, *compiled.optimizer, loss_of(compiled.model),
+                                        Builder().backend("interpreter"), options);
     for (int64_t i = 0; i < 3; ++i) {
       const std::vector<at::Tensor> b = batch(i);
       eager.optimizer->zero_grad();
@@ -525,33 +534,33 @@ TEST_CASE("user state: module changes after compiling recompile as eager's progr
   };
   SECTION("converted to float64 after some steps (the optimizer's state stays float32, as in eager)") {
     Run eager = fresh_run(adam, 9, mlp, at::kFloat), compiled = fresh_run(adam, 9, mlp, at::kFloat);
-    train(eager, How::Eager, Builder(), 0, 3);
-    train(compiled, How::Compiled, Builder(), 0, 3);
+    train(eager, How::Eager, Builder().backend("interpreter"), 0, 3);
+    train(compiled, How::Compiled, Builder().backend("interpreter"), 0, 3);
     for (Run* r : {&eager, &compiled}) {
       r->model.module->to(at::kDouble);
       r->dtype = at::kDouble;
     }
     for (int64_t i = 3; i < 6; ++i) {
       INFO("step " << i);
-      REQUIRE_EQUAL_TENSORS(compiled_step(compiled, i, Builder()), eager_step(eager, i));
+      REQUIRE_EQUAL_TENSORS(compiled_step(compiled, i, Builder().backend("interpreter")), eager_step(eager, i));
     }
     CHECK(compiled.step->num_compilations() == 2);
     require_same(compiled, eager, 0, 0);
   }
   SECTION("a parameter frozen after some steps keeps its state and count, as in eager") {
     Run eager = fresh_run(adam, 10), compiled = fresh_run(adam, 10);
-    train(eager, How::Eager, Builder(), 0, 2);
-    train(compiled, How::Compiled, Builder(), 0, 2);
+    train(eager, How::Eager, Builder().backend("interpreter"), 0, 2);
+    train(compiled, How::Compiled, Builder().backend("interpreter"), 0, 2);
     eager.model.module->parameters().front().requires_grad_(false);
     compiled.model.module->parameters().front().requires_grad_(false);
-    train(eager, How::Eager, Builder(), 2, 3);
-    train(compiled, How::Compiled, Builder(), 2, 3);
+    train(eager, How::Eager, Builder().backend("interpreter"), 2, 3);
+    train(compiled, How::Compiled, Builder().backend("interpreter"), 2, 3);
     CHECK(compiled.step->num_compilations() == 2);
     require_same(compiled, eager, 0, 0);
   }
   SECTION("a parameter replaced in the module is refused, and nothing changes") {
     Run r = fresh_run(adam, 11);
-    train(r, How::Compiled, Builder(), 0, 1);
+    train(r, How::Compiled, Builder().backend("interpreter"), 0, 1);
     // A new head, as transfer learning puts one in.
     r.model.module->replace_module("fc2", torch::nn::Linear(24, 10));
     const auto before = r.model.module->parameters().front().clone();
@@ -560,7 +569,7 @@ TEST_CASE("user state: module changes after compiling recompile as eager's progr
   }
   SECTION("a state loaded for other options or another model is refused, naming the parameter") {
     Run r = fresh_run(adam, 12);
-    train(r, How::Compiled, Builder(), 0, 1);
+    train(r, How::Compiled, Builder().backend("interpreter"), 0, 1);
     auto& state = static_cast<torch::optim::AdamParamState&>(
         *r.optimizer->state().at(r.model.module->parameters().front().unsafeGetTensorImpl()));
     const at::Tensor kept = state.exp_avg_sq();
@@ -583,7 +592,7 @@ TEST_CASE("user state: on a GPU a module moved after the optimizer stepped is re
   torch::manual_seed(13);
   Run r{mlp(), nullptr, std::nullopt, at::kFloat};
   r.optimizer = adam(*r.model.module);
-  r.step = compile_train_step(r.model.module, *r.optimizer, loss_of(r.model));
+  r.step = Builder().backend("interpreter").compile_train_step(r.model.module, *r.optimizer, loss_of(r.model));
   const std::vector<at::Tensor> b = batch(0, r.dtype);
   (*r.step)({b[0].cpu(), b[1].cpu()});
   r.model.module->to(at::kCUDA);

@@ -28,13 +28,12 @@
 // Per-rank batch 4; batches are the model's example_batch(4 * world, step).
 // CRUCIBLE_TEST_DEVICE=cuda trains on cuda:(LOCAL_RANK mod GPUs), and
 // CRUCIBLE_TEST_BACKEND picks the group's backend (default: auto), and
-// CRUCIBLE_TEST_COMPILER the step's (default: interpreter; inductor traces
-// with the core decompositions, as crucible train does for it).
+// CRUCIBLE_TEST_COMPILER the step's backend (default: interpreter; the
+// inductor traces with its core decompositions, as it registered them).
 #include <crucible/models/zoo.h>
 #include <crucible/spmd/api.h>
 #include <crucible/spmd/collectives.h>
 #include <crucible/spmd/process_group.h>
-#include <crucible/tracer/decomposition.h>
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -58,6 +57,12 @@ namespace {
 constexpr int64_t kPerRank = 4;
 constexpr int kSteps = 10;
 
+// The step's backend: CRUCIBLE_TEST_COMPILER, or the reference.
+const char* compiler() {
+  const char* name = std::getenv("CRUCIBLE_TEST_COMPILER");
+  return name ? name : "interpreter";
+}
+
 void write_error(const std::string& dir, int rank, const std::string& what) {
   std::ofstream(dir + "/rank" + std::to_string(rank) + ".err") << what;
 }
@@ -73,10 +78,7 @@ int run_program(const std::string& scenario, const std::string& dir, const std::
   spmd::SpmdOptions options;
   options.parallel_mode.bucket_bytes = bucket_bytes;
   if (scenario == "ddp_local_buffers") options.broadcast_buffers = false;
-  if (const char* compiler = std::getenv("CRUCIBLE_TEST_COMPILER")) {
-    options.builder.backend(compiler);
-    if (std::string(compiler) == "inductor") options.builder.decompositions(tracer::core_aten_decompositions());
-  }
+  options.builder.backend(compiler());
   try {
     spmd::SpmdStep step = spmd::compile(p.module, *p.optimizer, p.loss, options);
     auto shard = [&](int s) { return spmd_testing::shard_of(p.batch(p.per_rank * world, s), rank, p.per_rank); };
@@ -141,6 +143,7 @@ int main(int argc, char** argv) {
     other.module->to(device);
     torch::optim::SGD other_opt(other.module->parameters(), torch::optim::SGDOptions(0.1));
     spmd::SpmdOptions one_per_gradient;
+    one_per_gradient.builder.backend(compiler());
     one_per_gradient.parallel_mode.bucket_bytes = 0;
     spmd::compile(other.module, other_opt, models::loss_of(other), one_per_gradient).compile(shard(0));
   }
@@ -152,10 +155,7 @@ int main(int argc, char** argv) {
     }
   spmd::SpmdOptions options;
   options.parallel_mode.bucket_bytes = bucket_bytes;
-  if (const char* compiler = std::getenv("CRUCIBLE_TEST_COMPILER")) {
-    options.builder.backend(compiler);
-    if (std::string(compiler) == "inductor") options.builder.decompositions(tracer::core_aten_decompositions());
-  }
+  options.builder.backend(compiler());
   pipeline::LossFn loss = models::loss_of(model);
   if (scenario == "trace_fails" && rank == world - 1)
     loss = [base = loss](torch::nn::Module& m, const std::vector<at::Tensor>& batch) {

@@ -158,6 +158,7 @@ TEST_CASE("the expansion replaces every gradient tag with bucketed all_reduce an
     models::Model m = make_optimizer_twin("mlp", 0, opt, "sgd");
     const size_t num_params = m.module->parameters().size();
     spmd::SpmdOptions o;
+    o.builder.backend("interpreter");  // the reference: bitwise eager
     o.parallel_mode.group = group.name();
     o.parallel_mode.bucket_bytes = bucket_bytes;
     spmd::SpmdStep step = spmd::compile(m.module, *opt, models::loss_of(m), o);
@@ -254,6 +255,7 @@ TEST_CASE("a data-parallel step over one rank trains bit for bit like eager", "[
     models::Model compiled = make_optimizer_twin("mlp", 7, opt_c, opt_name);
     models::Model eager = make_optimizer_twin("mlp", 7, opt_e, opt_name);
     spmd::SpmdOptions o;
+    o.builder.backend("interpreter");  // the reference: bitwise eager
     o.parallel_mode.group = group.name();
     o.parallel_mode.bucket_bytes = 4096;
     spmd::SpmdStep step = spmd::compile(compiled.module, *opt_c, models::loss_of(compiled), o);
@@ -273,6 +275,7 @@ TEST_CASE("gm_transformation runs once and sees the expanded graph", "[spmd]") {
   int calls = 0;
   size_t all_reduces = 0;
   spmd::SpmdOptions o;
+  o.builder.backend("interpreter");  // the reference: bitwise eager
   o.parallel_mode.group = solo_group().name();
   o.gm_transformation = [&](ir::Graph& g) {
     ++calls;
@@ -585,6 +588,7 @@ TEST_CASE("an Override traces a placeholder and splices the real layer into forw
   torch::optim::SGD opt_e(eager->parameters(), torch::optim::SGDOptions(0.1));
   auto splice = std::make_shared<SpliceDouble>();
   spmd::SpmdOptions o;
+  o.builder.backend("interpreter");  // the reference: bitwise eager
   o.parallel_mode.group = solo_group().name();
   o.module_override = {splice};
   auto loss_fn = [](torch::nn::Module& m, const std::vector<at::Tensor>& b) {

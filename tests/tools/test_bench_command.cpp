@@ -1,5 +1,5 @@
-// `crucible bench` runs the per-stage benchmarks linked into it (built where
-// Google Benchmark is found).
+// `crucible bench` runs the per-stage benchmarks of the crucible_bench
+// binary (built where Google Benchmark is found).
 #include "catch.h"
 #include "cli.h"
 

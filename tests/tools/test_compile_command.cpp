@@ -34,7 +34,7 @@ bool graphviz_installed() {
 TEST_CASE("crucible compile writes each stage's graph as text and DOT", "[tools][compile]") {
   const std::string dir = "/tmp/crucible_compile_" + std::to_string(::getpid());
   std::filesystem::remove_all(dir);
-  const auto r = run_cli("compile --model mlp --optimizer sgd --dump-dir " + dir);
+  const auto r = run_cli("compile --model mlp --optimizer sgd --backend interpreter --dump-dir " + dir);
   INFO(r.out << r.err);
   REQUIRE(r.exit_code == 0);
   // The traced step, then the passes that changed it: the first names its state.

@@ -18,8 +18,8 @@
 #include <crucible/ir/instrument.h>
 #include <crucible/ir/pass_manager.h>
 #include <crucible/partitioner/partition.h>
-#include <crucible/pipeline/backend_registry.h>
 #include <crucible/pipeline/train_step.h>
+#include <crucible/runtime/backend_registry.h>
 #include <crucible/runtime/compiler_wrapper.h>
 #include <crucible/tracer/make_fx.h>
 
@@ -67,11 +67,14 @@ namespace crucible::pipeline {
 
 class Builder {
  public:
-  /// The defaults: real-mode tracing without decompositions, the passes
-  /// "dce" and "cse", the default partition, the best backend of
-  /// BackendRegistry::builtin(), no wrappers, runtime::default_instruments()
-  /// (the process-wide timer, metrics log and counters), and verification
-  /// between passes.
+  /// The defaults: real-mode tracing, the passes "dce" and "cse", the
+  /// default partition, the best backend of runtime::BackendRegistry::
+  /// builtin() with the decompositions it lowers from (the inductor with the
+  /// core ATen decompositions where a program links crucible-inductor, as
+  /// torch.compile defaults to it; the interpreter, the reference, one call
+  /// away: backend("interpreter")), no wrappers,
+  /// runtime::default_instruments() (the process-wide timer, metrics log and
+  /// counters), and verification between passes.
   Builder();
   /// The default pass list's names: "dce", "cse".
   static const std::vector<std::string>& default_passes();
@@ -80,7 +83,8 @@ class Builder {
 
   /// How compile() and compile_train_step trace (through AOTAutograd,
   /// which always functionalizes): mode (real or fake, AotConfig::
-  /// trace_mode), freeze and decompositions. AOTAutograd sets
+  /// trace_mode), freeze and decompositions (an empty table: the backend's,
+  /// BackendInfo::decompositions; name none with decompositions({})). AOTAutograd sets
   /// `functionalize`, max_constant_bytes, source_names and lifted_inputs
   /// itself (name other modules with name_module()).
   Builder& trace_options(tracer::TraceOptions options);
@@ -92,7 +96,8 @@ class Builder {
   /// module read from outside without a name is not guarded so). Held
   /// weakly. Throws PipelineError if `module` is null.
   Builder& name_module(std::string name, const std::shared_ptr<torch::nn::Module>& module);
-  /// Replaces the decomposition table of the trace options.
+  /// Replaces the decomposition table of the trace options, also where the
+  /// backend has decompositions of its own (an empty table: none).
   Builder& decompositions(tracer::DecompositionTable table);
   /// Replaces the post-grad pass list (Note [Pass phases]) with Crucible's
   /// passes by name (ir::PassRegistry::builtin()); `passes({})` empties it.
@@ -119,11 +124,13 @@ class Builder {
   /// Splits joint graphs for compile() (see partitioner/partition.h).
   /// Throws PipelineError if `partition_fn` is empty.
   Builder& partitioner(partitioner::PartitionFn partition_fn);
-  /// A backend by name from BackendRegistry::builtin(). Throws PipelineError
-  /// naming an unknown backend and listing the known ones.
+  /// A backend by name from runtime::BackendRegistry::builtin(), traced with
+  /// its decompositions unless decompositions() chose others. Throws
+  /// runtime::WrapperError naming an unknown backend and listing the known
+  /// ones.
   Builder& backend(std::string_view name);
   /// The same from a registry of the caller's (user code: see compiler_key()).
-  Builder& backend(std::string_view name, const BackendRegistry& registry);
+  Builder& backend(std::string_view name, const runtime::BackendRegistry& registry);
   /// A user backend, under a name for reports. Throws PipelineError if
   /// `backend` is empty (checked here, not at the first compilation).
   Builder& backend(std::string name, ir::Backend backend);
@@ -152,9 +159,10 @@ class Builder {
   /// graph alike. Empty: never share. See Note [Builder compiler key].
   Builder& compiler_key(std::string key);
 
-  /// The trace options, decompositions included (without the names of
-  /// name_module(), which are added when a trace starts).
-  const tracer::TraceOptions& trace_options() const { return trace_options_; }
+  /// The trace options, decompositions included (the backend's where none
+  /// were chosen; without the names of name_module(), which are added when
+  /// a trace starts).
+  tracer::TraceOptions trace_options() const;
   /// The post-grad pass list, in the order the passes run.
   const std::vector<ir::Pass>& passes() const { return passes_; }
   /// The pre-grad and joint pass lists (Note [Pass phases]).
@@ -242,7 +250,11 @@ class Builder {
                                LossFn loss_fn) const;
 
  private:
+  void set_backend(const runtime::BackendInfo& info);
+
   tracer::TraceOptions trace_options_;
+  bool decompositions_chosen_ = false;  // decompositions() or trace_options() named a table
+  std::string backend_decompositions_;  // runtime::BackendInfo::decompositions
   std::vector<std::pair<std::string, std::weak_ptr<torch::nn::Module>>> named_modules_;
   std::vector<ir::Pass> pre_grad_passes_;
   std::vector<ir::Pass> joint_passes_;
@@ -251,7 +263,7 @@ class Builder {
   partitioner::PartitionFn partition_fn_;
   std::string backend_name_;
   bool backend_cuda_graphs_ = false;
-  std::optional<std::string> backend_cache_dir_;  // BackendInfo::cache_dir
+  std::optional<std::string> backend_cache_dir_;  // runtime::BackendInfo::cache_dir
   ir::Backend backend_;
   runtime::WrapperList<runtime::GraphRequest> wrappers_;
   runtime::WrapperList<autograd::AotRequest> aot_wrappers_;

@@ -4,7 +4,7 @@
 #pragma once
 
 #include <crucible/ir/instrument.h>
-#include <crucible/pipeline/backend_registry.h>
+#include <crucible/runtime/backend_registry.h>
 
 #include <cstddef>
 #include <map>
@@ -28,9 +28,9 @@ struct GraphDumpOptions {
   /// A rendering still running after this many seconds is stopped and its
   /// SVG left out.
   double svg_timeout_s = 30;
-  /// The code the backend generates (BackendInfo::generated_code), written
+  /// The code the backend generates (runtime::BackendInfo::generated_code), written
   /// after each backend stage as `<graph>.<NN>.code.<file name>`; empty: none.
-  CodeGenerator code;
+  runtime::CodeGenerator code{};
 };
 
 /// Writes each graph a stage makes or changes to `dir` as

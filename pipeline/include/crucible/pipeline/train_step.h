@@ -150,7 +150,7 @@ struct TrainStepOptions {
   /// Keep the step counts and the learning rate on the parameters' device
   /// (OptimizerOptions::capturable), so that a backend that captures CUDA
   /// graphs can capture the whole step. Unset: on when the builder's backend
-  /// captures CUDA graphs (BackendInfo::cuda_graphs, e.g.
+  /// captures CUDA graphs (runtime::BackendInfo::cuda_graphs, e.g.
   /// "inductor-cudagraphs").
   std::optional<bool> capturable;
 };
@@ -253,7 +253,9 @@ class TrainStep {
 /// compilation throw PipelineError.
 TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimizer& optimizer,
                              LossFn loss_fn, const Builder& builder, TrainStepOptions options = {});
-/// The same with a default Builder.
+/// The same with Builder()'s defaults: the best registered backend with its
+/// decompositions (the inductor where the program links crucible-inductor,
+/// as torch.compile defaults to it; else the interpreter).
 TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimizer& optimizer,
                              LossFn loss_fn);
 

@@ -6,7 +6,8 @@
 namespace crucible::runtime {
 
 /// Thrown by the runtime library: a wrapper chain misused, a compiled call
-/// given inputs it cannot take, malformed arguments to same().
+/// given inputs it cannot take, malformed arguments to same(), a backend the
+/// registry does not know.
 class WrapperError : public Error {
  public:
   using Error::Error;

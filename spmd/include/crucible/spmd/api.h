@@ -62,7 +62,9 @@ struct SpmdOptions {
   /// ranks] in src/api.cpp.
   bool broadcast_buffers = true;
   /// The stages after the expansion (post-grad passes, backend,
-  /// instruments); the expansion runs as its first joint passes.
+  /// instruments); the expansion runs as its first joint passes. Its
+  /// default is Builder()'s: the best registered backend (the inductor
+  /// where the program links crucible-inductor).
   pipeline::Builder builder;
 };
 
