@@ -28,8 +28,15 @@
 //
 // Under `crucible launch` the step rows count slowest_rank_ms: the most
 // milliseconds a step took on any rank (each row is rank 0's own time).
-// On a GPU the step rows count peak_MiB: the most memory the caching
-// allocator had handed out during the timed steps (tensors, not its cache).
+// Memory (runtime/memory.h), in MiB: process_alloc_MiB and
+// process_reserved_MiB, the caching allocator's peaks over the whole
+// process up to the row's end (compile, CUDA-graph capture, warm-up and the
+// timed steps: as torch.cuda.max_memory_allocated and max_memory_reserved
+// count them; run one row per process for a row's own, as
+// bench/zoo_gpu.sh does), step_alloc_MiB and step_reserved_MiB, their peaks
+// over the timed steps alone (a CUDA graph's pool counts as reserved: its
+// replays allocate nothing), and on the CPU process_rss_MiB, the resident
+// set's peak.
 //
 // Rows (real time; every iteration ends by reading the loss, which waits for
 // the step's kernels):
@@ -51,10 +58,10 @@
 #include <crucible/partitioner/min_cut_partition.h>
 #include <crucible/pipeline/builder.h>
 #include <crucible/runtime/autocast.h>
+#include <crucible/runtime/memory.h>
 #include <crucible/spmd/api.h>
 #include <crucible/spmd/collectives.h>
 #include <crucible/spmd/process_group.h>
-#include <crucible/tracer/decomposition.h>
 
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>
@@ -179,8 +186,8 @@ template <typename Step>
 void time_steps(benchmark::State& state, Step&& step) {
   for (int i = 0; i < 3; ++i) step().template item<double>();
   const Shared& c = context();
-  const bool gpu = c.device.is_cuda();
-  if (gpu) at::accelerator::resetPeakStats(gpu_index());
+  const runtime::MemoryPeaks before = runtime::memory_peaks(c.device);
+  runtime::reset_memory_peaks(c.device);
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) benchmark::DoNotOptimize(step().template item<double>());
   if (c.group) {
@@ -192,9 +199,15 @@ void time_steps(benchmark::State& state, Step&& step) {
       slowest = std::max(slowest, std::stod(v));
     state.counters["slowest_rank_ms"] = slowest;
   }
-  if (gpu) {
-    const auto stats = at::accelerator::getDeviceStats(gpu_index());
-    state.counters["peak_MiB"] = static_cast<double>(stats.allocated_bytes[0].peak) / (1 << 20);
+  const runtime::MemoryPeaks steady = runtime::memory_peaks(c.device);
+  auto mib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
+  state.counters["process_rss_MiB"] = mib(std::max(before.rss_bytes, steady.rss_bytes));
+  if (steady.device_allocated_bytes) {
+    state.counters["process_alloc_MiB"] = mib(std::max(*before.device_allocated_bytes, *steady.device_allocated_bytes));
+    state.counters["process_reserved_MiB"] =
+        mib(std::max(*before.device_reserved_bytes, *steady.device_reserved_bytes));
+    state.counters["step_alloc_MiB"] = mib(*steady.device_allocated_bytes);
+    state.counters["step_reserved_MiB"] = mib(*steady.device_reserved_bytes);
   }
   state.counters["samples/s"] =
       benchmark::Counter(static_cast<double>(c.flags.batch * c.world()), benchmark::Counter::kIsIterationInvariantRate);
@@ -237,8 +250,7 @@ std::map<int64_t, std::vector<int64_t>>& buckets_of() {
 // layer norm, GELU and the loss into the pointwise ops and reductions it fuses.
 pipeline::Builder builder() {
   pipeline::Builder b;
-  b.backend(context().flags.backend);
-  if (context().flags.backend.starts_with("inductor")) b.decompositions(tracer::core_aten_decompositions());
+  b.backend(context().flags.backend);  // the inductor's bring the core decompositions
   std::vector<std::string> pre_grad;
   for (std::stringstream list(context().flags.pre_grad_passes); list.good();) {
     std::string name;

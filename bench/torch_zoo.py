@@ -15,12 +15,17 @@ and parameter names, shapes and initialization (built on the CPU after
 torch.manual_seed(0), in the zoo's order), the same inputs (example_batch(batch,
 seed 1), seeded as the zoo seeds them) and the same loss (mean cross-entropy;
 over every position for the GPT). A step is the zoo's eager_train_step with
-AdamW(lr=3e-4), as in bench/bench_spmd.cpp: zero_grad, loss, backward,
-optimizer step, then loss.item(), which waits for the step's kernels. The
+AdamW(lr=3e-4), as in bench/bench_spmd.cpp, fused on a GPU (the fastest a
+PyTorch user picks): zero_grad, loss, backward, optimizer step, then
+loss.item(), which waits for the step's kernels. The
 compiled modes compile the model together with its loss, as Crucible compiles
 loss_of(model), with torch.compile(mode=...); the optimizer step stays eager.
 Each row builds a fresh model, runs 3 warm-up steps (the first compiles; its
-wall time is printed as "first step") and times --steps steps.
+wall time is printed as "first step") and times --steps steps. On a GPU each
+row also prints its memory peaks, compile and CUDA-graph capture included
+(torch.cuda.max_memory_allocated and max_memory_reserved, reset before the
+row, after the previous row's memory went back: crucible_spmd_bench's
+process_alloc_MiB and process_reserved_MiB).
 """
 import argparse
 import contextlib
@@ -253,7 +258,7 @@ def time_row(name, size, batch_size, mode, steps, device, memory_format=torch.co
     model, example_batch = make_model(name, size)
     model.to(device).train()
     model.to(memory_format=memory_format)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device.type == "cuda")
     inputs, targets = (t.to(device) for t in example_batch(batch_size, 1))
     if inputs.dim() == 4:
         inputs = inputs.contiguous(memory_format=memory_format)
@@ -339,6 +344,8 @@ def main():
         eager_ms = None
         for mode in modes:
             torch.compiler.reset()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
             try:
                 ms, first = time_row(name, args.size, batch[name], mode, args.steps, device, memory_format, autocast,
                                      args.profile)
@@ -348,7 +355,11 @@ def main():
             else:
                 eager_ms = ms if mode == "eager" else eager_ms
                 ratio = f"{eager_ms / ms:5.2f}" if eager_ms else "    -"
-                print(f"{mode:28s} {name:10s} {ms:9.2f} ms/step  {ratio}x eager  first step {first:6.1f} s",
+                memory = ""
+                if device.type == "cuda":
+                    memory = (f"  peak alloc {torch.cuda.max_memory_allocated(device) / 2**20:8.0f} MiB"
+                              f"  reserved {torch.cuda.max_memory_reserved(device) / 2**20:8.0f} MiB")
+                print(f"{mode:28s} {name:10s} {ms:9.2f} ms/step  {ratio}x eager  first step {first:6.1f} s{memory}",
                       flush=True)
             torch.compiler.reset()
             gc.collect()

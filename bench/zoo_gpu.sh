@@ -48,14 +48,17 @@ if want crucible; then
   for m in $models; do
     for be in $backends; do
       log "Crucible $m (${batch[$m]}), $be, autocast $autocast, $memory_format"
-      # BM_StepEager only with the first backend: it does not depend on it.
-      filter=BM_Step/
-      [[ $be == "${backends%% *}" ]] && filter=BM_Step
-      timeout 420 build/bench/crucible_spmd_bench "--model=$m" --size=full "--batch=${batch[$m]}" "--device=$device" \
-        "--backend=$be" "--steps=$steps" --matmul-precision=high "--autocast=$autocast" \
-        "--memory-format=$memory_format" "--benchmark_filter=$filter" \
-        --benchmark_out="$out/crucible_${m}_${be}.json" 2>&1 | tee "$out/crucible_${m}_${be}.txt" |
-        grep -E '^BM_' | tee -a "$out/summary.txt"
+      # One row per process, so that its memory peaks are its own; BM_StepEager
+      # with the first backend only: it does not depend on it.
+      rows=BM_Step/
+      [[ $be == "${backends%% *}" ]] && rows="BM_Step/ BM_StepEager/"
+      for row in $rows; do
+        timeout 420 build/bench/crucible_spmd_bench "--model=$m" --size=full "--batch=${batch[$m]}" "--device=$device" \
+          "--backend=$be" "--steps=$steps" --matmul-precision=high "--autocast=$autocast" \
+          "--memory-format=$memory_format" "--benchmark_filter=$row" \
+          --benchmark_out="$out/crucible_${m}_${be}_${row%/}.json" 2>&1 | tee "$out/crucible_${m}_${be}_${row%/}.txt" |
+          grep -E '^BM_' | tee -a "$out/summary.txt"
+      done
     done
   done
 fi

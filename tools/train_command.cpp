@@ -21,6 +21,7 @@
 #include <crucible/pipeline/instruments.h>
 #include <crucible/runtime/backend_registry.h>
 #include <crucible/runtime/instruments.h>
+#include <crucible/runtime/memory.h>
 #include <crucible/runtime/timing.h>
 #include <crucible/spmd/api.h>
 #include <crucible/spmd/launch.h>
@@ -383,6 +384,14 @@ void run_train_command(const TrainCommandOptions& o) {
   auto all = runtime::default_counters().snapshot();
   for (const char* group : {"inductor", "aot_autograd"})
     if (all.contains(group)) j["counters"][group] = all[group];
+  // The process's peaks so far: compiles, CUDA-graph captures, the steps,
+  // the evaluation and an eager copy's training alike (runtime/memory.h).
+  const runtime::MemoryPeaks peaks = runtime::memory_peaks(placed);
+  j["memory"] = {{"peak_rss_bytes", peaks.rss_bytes}};
+  if (peaks.device_allocated_bytes) {
+    j["memory"]["peak_device_allocated_bytes"] = *peaks.device_allocated_bytes;
+    j["memory"]["peak_device_reserved_bytes"] = peaks.device_reserved_bytes.value_or(0);
+  }
   bool agree = true;
   if (eager) {
     const double diff = models::max_param_diff(*model.module, *eager->module);

@@ -93,6 +93,10 @@ TEST_CASE("crucible train's default is inductor, checked against eager as a fuse
   const nlohmann::json j = last_line_json(r.out);
   require_fused_agreement(j);
   CHECK(j["test_accuracy"].get<double>() > 0.4);
+  // The process's resident peak: LibTorch's own libraries alone are some
+  // hundred MiB resident; no device figures on the CPU.
+  CHECK(j["memory"]["peak_rss_bytes"].get<int64_t>() > (int64_t{100} << 20));
+  CHECK_FALSE(j["memory"].contains("peak_device_allocated_bytes"));
   CHECK_THAT(r.out, CRUCIBLE_HAS_SUBSTR("as a fused backend should: one step from the same state: loss ok, "
                                         "gradients ok, parameters ok"));
 }
@@ -116,6 +120,10 @@ TEST_CASE("crucible train --device cuda trains on the GPU and agrees with an eag
   CHECK(j["final_loss"] == j["eager_final_loss"]);
   CHECK(j["test_accuracy"].get<double>() > 0.4);
   CHECK(j["test_accuracy"] == j["eager_test_accuracy"]);
+  // Two copies of the ConvNet and their Adam state were on the GPU at once.
+  const int64_t allocated = j["memory"]["peak_device_allocated_bytes"].get<int64_t>();
+  CHECK(allocated > 0);
+  CHECK(j["memory"]["peak_device_reserved_bytes"].get<int64_t>() >= allocated);
 }
 
 TEST_CASE("crucible train --device cuda without a GPU says so", "[tools][train][errors]") {
