@@ -21,4 +21,9 @@ fi
 # Only the consumer and what it links (the builder and the libraries under
 # it), not the zoo, the data sets or the CLI.
 ninja -C "$work/build" consumer
+# The builder links no backend library: no inductor, no NVRTC.
+if ldd "$work/build/consumer" | grep -E 'crucible_inductor|nvrtc'; then
+  echo "the consumer of crucible-pipeline links the above" >&2
+  exit 1
+fi
 "$work/build/consumer"
