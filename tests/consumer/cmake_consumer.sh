@@ -6,6 +6,8 @@
 #   cmake_consumer.sh BUILD_DIR SOURCE_ROOT WORK_DIR
 set -euo pipefail
 build=$1 src=$2 work=$3
+# 77: meson's "skipped" (./x installs cmake; the GPU machine has none).
+command -v cmake >/dev/null || { echo "skipped: cmake is not installed"; exit 77; }
 rm -rf "$work"
 mkdir -p "$work"
 meson install -C "$build" --no-rebuild --quiet --destdir "$work/stage"
