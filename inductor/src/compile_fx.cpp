@@ -1,13 +1,13 @@
 #include <crucible/inductor/compile_fx.h>
 #include <crucible/inductor/error.h>
 
-#include "codegen.h"
-#include "cpp_builder.h"
-#include "cuda_builder.h"
-#include "cuda_graphs.h"
-#include "graph_cache.h"
-#include "host_arith.h"
-#include "rewrites.h"
+#include "codecache/cpp_builder.h"
+#include "codecache/cuda_builder.h"
+#include "codecache/graph_cache.h"
+#include "fx_passes/fx_passes.h"
+#include "runtime/cuda_graphs.h"
+#include "runtime/host_arith.h"
+#include "schedule.h"
 
 #include <crucible/ir/graph.h>
 #include <crucible/ir/interpreter.h>

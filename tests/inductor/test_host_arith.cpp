@@ -3,7 +3,7 @@
 // op is compared with ATen's own kernel, called through the dispatcher on
 // the same values, bit for bit: the optimizer's step counts and bias
 // corrections must stay what eager computes.
-#include "host_arith.h"
+#include "runtime/host_arith.h"
 
 #include <crucible/ir/graph.h>
 #include <crucible/ir/tensor_meta.h>

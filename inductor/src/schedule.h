@@ -2,7 +2,7 @@
 // rendering of each kernel.
 #pragma once
 
-#include "loop_ir.h"
+#include "loop_ir/loop_ir.h"
 
 #include <string>
 #include <vector>

@@ -1,7 +1,7 @@
 // See graph_cache.h.
-#include "graph_cache.h"
+#include "codecache/graph_cache.h"
 
-#include "cpp_builder.h"
+#include "codecache/cpp_builder.h"
 
 #include <crucible/inductor/error.h>
 #include <crucible/ir/hash.h>

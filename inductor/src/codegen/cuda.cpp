@@ -1,5 +1,5 @@
-#include "codegen.h"
-#include "render.h"
+#include "codegen/render.h"
+#include "schedule.h"
 
 #include <algorithm>
 #include <numeric>

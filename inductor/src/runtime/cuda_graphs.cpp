@@ -1,6 +1,6 @@
-#include "cuda_graphs.h"
+#include "runtime/cuda_graphs.h"
 
-#include "loop_ir.h"
+#include "loop_ir/loop_ir.h"
 
 #include <crucible/inductor/compile_fx.h>
 #include <crucible/inductor/error.h>

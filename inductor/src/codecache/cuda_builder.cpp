@@ -1,6 +1,6 @@
-#include "cuda_builder.h"
+#include "codecache/cuda_builder.h"
 
-#include "cpp_builder.h"
+#include "codecache/cpp_builder.h"
 
 #include <crucible/inductor/error.h>
 #include <crucible/runtime/disk_cache.h>

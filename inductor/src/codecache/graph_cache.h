@@ -6,7 +6,7 @@
 // a key of the graph and the options, and a compile that finds it skips them.
 #pragma once
 
-#include "codegen.h"
+#include "schedule.h"
 
 #include <crucible/inductor/options.h>
 #include <crucible/ir/graph.h>

@@ -4,7 +4,7 @@
 // GPU's driver, so a build links and runs on machines without one.
 #pragma once
 
-#include "codegen.h"
+#include "schedule.h"
 
 #include <crucible/inductor/options.h>
 

@@ -1,4 +1,4 @@
-#include "index.h"
+#include "loop_ir/index.h"
 
 #include <algorithm>
 #include <numeric>

@@ -8,7 +8,7 @@
 // expressions from index.h in place of sympy.
 #pragma once
 
-#include "index.h"
+#include "loop_ir/index.h"
 
 #include <crucible/ir/graph.h>
 

@@ -1,6 +1,6 @@
-#include "rewrites.h"
+#include "fx_passes/fx_passes.h"
 
-#include "loop_ir.h"
+#include "loop_ir/loop_ir.h"
 
 #include <crucible/inductor/error.h>
 #include <crucible/ir/aliasing.h>

@@ -1,6 +1,6 @@
-#include "codegen.h"
-#include "cpp_builder.h"
-#include "render.h"
+#include "codecache/cpp_builder.h"
+#include "codegen/render.h"
+#include "schedule.h"
 
 #include <algorithm>
 #include <cctype>

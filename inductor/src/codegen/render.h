@@ -5,7 +5,7 @@
 // and reductions around the bodies differ, Note [CUDA rendering]).
 #pragma once
 
-#include "codegen.h"
+#include "schedule.h"
 
 #include <algorithm>
 #include <functional>

@@ -1,4 +1,4 @@
-#include "host_arith.h"
+#include "runtime/host_arith.h"
 
 #include <ATen/EmptyTensor.h>
 #include <c10/core/Scalar.h>

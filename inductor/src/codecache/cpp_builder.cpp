@@ -1,4 +1,4 @@
-#include "cpp_builder.h"
+#include "codecache/cpp_builder.h"
 
 #include <crucible/inductor/error.h>
 #include <crucible/runtime/disk_cache.h>
