@@ -4,10 +4,10 @@
 #include "codecache/cpp_builder.h"
 #include "codecache/cuda_builder.h"
 #include "codecache/graph_cache.h"
+#include "codegen/codegen.h"
 #include "fx_passes/fx_passes.h"
 #include "runtime/cuda_graphs.h"
 #include "runtime/host_arith.h"
-#include "schedule.h"
 
 #include <crucible/ir/graph.h>
 #include <crucible/ir/interpreter.h>

@@ -1,10 +1,14 @@
-// Private: the scheduler (loops grouped into kernels) and the C++/OpenMP
-// rendering of each kernel.
+// Private: what the scheduler decides, and the renderers and the run-time
+// plan read: loops grouped into kernels (Group), the stage each loop takes
+// in its kernel and which of a group's buffers reach memory (GroupInfo),
+// how a CUDA kernel is launched (Launch), a generated kernel's signature,
+// and a graph's compiled form (Schedule).
 #pragma once
 
 #include "loop_ir/loop_ir.h"
 
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace crucible::inductor::detail {
@@ -19,6 +23,23 @@ struct Group {
   int64_t inner = 1;
   bool tiled = false;
   std::vector<int> loops;  // stage order
+};
+
+/// How a loop runs inside its group: once per outer index (Scalar), over
+/// the inner range (Inner), or combined over the inner range (Reduce).
+enum class Stage { Scalar, Inner, Reduce };
+
+inline Stage stage_of(const Loop& l, const Group& g) {
+  if (l.reduction) return Stage::Reduce;
+  return l.numel() == g.outer ? Stage::Scalar : Stage::Inner;
+}
+
+/// The buffers a group's loops write, and those someone outside the group
+/// reads (the graph, an extern kernel, another group): only the latter
+/// reach memory.
+struct GroupInfo {
+  std::unordered_set<int> produced;  // buffers the group's loops write
+  std::unordered_set<int> external;  // ... that someone outside reads
 };
 
 /// How a CUDA kernel is launched: `block` threads per block, and enough
@@ -55,7 +76,7 @@ struct KernelSignature {
   Launch launch;      // CUDA kernels only
   std::string fuses;  // the graph nodes it computes, as its comment lists them
   /// CUDA kernels the runtime may autotune (Note [Autotuning] in
-  /// compile_fx.cpp): every configuration to try at the first run, the
+  /// runtime/autotune.cpp): every configuration to try at the first run, the
   /// first of them {name, launch}; empty for a kernel with one.
   std::vector<KernelConfig> configs;
   /// With configs: a hash of the kernel's text up to its buffers' names,
@@ -78,41 +99,5 @@ struct Schedule {
   /// generated kernel.
   std::string source;
 };
-
-/// Lowers, schedules (Note [Fusion]) and renders `graph`: as C++/OpenMP
-/// when its loops run on the CPU (`threads` > 0 fixes the OpenMP thread
-/// count of every parallel loop), as CUDA C++ on a CUDA device.
-Schedule compile_schedule(const ir::Graph& graph, int threads);
-
-struct GroupInfo;
-
-/// The CUDA C++ kernel `name` computing group `g` (cuda_codegen.cpp,
-/// Note [CUDA rendering]); fills `sig`'s buffers and launch. May add
-/// buffers to `info.external` (scratch rows too large for shared memory).
-std::string render_cuda_group(const Program& p, const Group& g, GroupInfo& info, const std::string& name,
-                              KernelSignature& sig);
-
-/// One CUDA kernel launching the pointwise `groups` (independent of each
-/// other) together: each runs its own grid-stride loop over a range of the
-/// blocks (Note [Combined launches]); fills `sig` (the union of the groups'
-/// buffers; a launch of exactly the blocks the parts take).
-std::string render_cuda_combined(const Program& p, const std::vector<const Group*>& groups,
-                                 const std::vector<GroupInfo*>& infos, const std::string& name, KernelSignature& sig);
-
-/// The line the CUDA renderer puts before each kernel it renders: the
-/// source splits there into units NVRTC compiles side by side, each of
-/// them the prelude (everything before the first break) and some kernels
-/// (Note [Parallel NVRTC] in cuda_builder.cpp).
-inline constexpr const char* kCudaUnitBreak = "// ---- unit break (Note [Parallel NVRTC]) ----\n";
-
-/// What every generated CUDA translation unit starts with: the integer
-/// types and math functions the loop bodies name, for NVRTC, which has no
-/// standard library.
-const char* cuda_prelude();
-
-/// The conversions between float and the 16-bit patterns of bf16 and f16
-/// that loads and stores of such buffers call (Note [Reduced-precision
-/// loops]), for NVRTC; a translation unit carries them where it names them.
-const char* cuda_reduced_precision_prelude();
 
 }  // namespace crucible::inductor::detail

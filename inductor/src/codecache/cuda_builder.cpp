@@ -1,6 +1,7 @@
 #include "codecache/cuda_builder.h"
 
 #include "codecache/cpp_builder.h"
+#include "codegen/cuda.h"
 
 #include <crucible/inductor/error.h>
 #include <crucible/runtime/disk_cache.h>

@@ -180,11 +180,6 @@ std::string round_to(c10::ScalarType t, const std::string& value);
 /// variable (`r`, `rh`, `rl`, `ol`), 1 if `o` or `oh`, else 0.
 int level_of(const Expr& e);
 
-/// Lowers `graph` (functional, ATen-level, metadata on every tensor) to a
-/// Program (Note [Lowering] in lowering.cpp). Never fails on an op it does
-/// not know: that op is an extern kernel.
-Program lower(const ir::Graph& graph);
-
 /// Where element `index` of buffer `b` comes in the iteration of the loop
 /// that writes it: the flat position its loop counts it at (its storage
 /// offset for a loop in memory order, Loop::order; else row-major). What a

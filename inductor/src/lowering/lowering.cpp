@@ -1,4 +1,4 @@
-#include "loop_ir/loop_ir.h"
+#include "lowering/lowering.h"
 
 #include <crucible/ir/effects.h>
 #include <crucible/ir/tensor_meta.h>
