@@ -3,6 +3,8 @@
 #include "lowering/lowerer.h"
 #include "lowering/pointwise_table.h"
 
+#include <crucible/ir/op_classes.h>
+
 #include <algorithm>
 #include <cctype>
 #include <unordered_set>
@@ -21,10 +23,11 @@ namespace crucible::inductor::detail {
 //    reduced indices whose operand inlines its producers (the prologue);
 //    its result is always a buffer;
 //  - a view (view, reshape, expand, permute, transpose, slice, select,
-//    split, squeeze, unsqueeze, ...): a change of index folded into the
-//    readers' index expressions, never a copy; where an extern kernel or
-//    the graph's outputs need the view as a tensor, the view op itself runs
-//    on the realized base, so it aliases as it does in eager;
+//    split, squeeze, unsqueeze, ...: ir::OpClass::IndexView): a change of
+//    index folded into the readers' index expressions, never a copy; where
+//    an extern kernel or the graph's outputs need the view as a tensor, the
+//    view op itself runs on the realized base, so it aliases as it does in
+//    eager;
 //  - an extern kernel: everything else (mm, convolution, random and
 //    mutating ops, ops of dtypes or devices the loops do not handle), run
 //    through the dispatcher in graph order.
@@ -41,30 +44,6 @@ namespace crucible::inductor::detail {
 // views are not, since in eager they alias the written buffer too.
 
 namespace {
-
-// Views whose index map lowering knows (Note [Lowering]).
-const std::unordered_set<std::string>& view_ops() {
-  static const std::unordered_set<std::string> v = {"aten::view",
-                                                    "aten::_unsafe_view",
-                                                    "aten::reshape",
-                                                    "aten::expand",
-                                                    "aten::permute",
-                                                    "aten::transpose.int",
-                                                    "aten::t",
-                                                    "aten::unsqueeze",
-                                                    "aten::squeeze.dim",
-                                                    "aten::squeeze.dims",
-                                                    "aten::squeeze",
-                                                    "aten::slice.Tensor",
-                                                    "aten::select.int",
-                                                    "aten::split.Tensor",
-                                                    "aten::split_with_sizes",
-                                                    "aten::unbind.int",
-                                                    "aten::alias",
-                                                    "aten::detach",
-                                                    "aten::lift_fresh"};
-  return v;
-}
 
 // Inlining bounds (torch/_inductor/config.py's realize_reads_threshold and
 // realize_opcount_threshold play the same part).
@@ -150,7 +129,7 @@ Lowerer::Kind Lowerer::classify(const ir::Node* n) const {
     if (!loop_tensor(r.get())) return Kind::Extern;
   if (n->is_mutating() || n->is_nondeterministic()) return Kind::Extern;
   const std::string& t = n->target();
-  if (view_ops().contains(t)) {
+  if (ir::is_op_class(t, ir::OpClass::IndexView)) {
     if (n->args().empty() || !n->arg(0).is_value() || !loop_tensor(n->arg(0).value())) return Kind::Extern;
     for (size_t i = 1; i < n->args().size(); ++i)
       if (!n->arg(i).is_constant()) return Kind::Extern;

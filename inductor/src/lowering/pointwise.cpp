@@ -4,8 +4,9 @@
 #include "lowering/lowerer.h"
 #include "lowering/pointwise_table.h"
 
+#include <crucible/ir/op_classes.h>
+
 #include <algorithm>
-#include <unordered_set>
 
 namespace crucible::inductor::detail {
 
@@ -101,10 +102,9 @@ bool Lowerer::selects_one(const ir::Node* n) const {
 // `v` is an arange (integers counting by a step that is not 0), seen
 // through views that keep its elements in order.
 bool Lowerer::counts(const ir::Value* v) {
-  static const std::unordered_set<std::string> views = {"aten::view", "aten::_unsafe_view", "aten::reshape",
-                                                        "aten::unsqueeze"};
   const ir::Node* n = v->node();
-  while (n->is_call() && views.contains(n->target()) && n->arg(0).is_value()) n = n->arg(0).value()->node();
+  while (n->is_call() && ir::is_op_class(n->target(), ir::OpClass::RowMajorView) && n->arg(0).is_value())
+    n = n->arg(0).value()->node();
   if (!n->is_call() || !n->result()->has_meta() || !c10::isIntegralType(n->result()->meta().dtype, false)) return false;
   if (n->target() == "aten::arange" || n->target() == "aten::arange.start") return true;
   return n->target() == "aten::arange.start_step" && n->arg(2).is_constant() &&

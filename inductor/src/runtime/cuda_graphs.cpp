@@ -5,11 +5,9 @@
 #include <crucible/inductor/compile_fx.h>
 #include <crucible/inductor/error.h>
 #include <crucible/ir/graph.h>
+#include <crucible/ir/op_classes.h>
 
 #include <c10/util/Exception.h>
-
-#include <string_view>
-#include <unordered_set>
 
 #ifdef CRUCIBLE_HAVE_CUDA_GRAPHS
 #include <ATen/cuda/CUDAEvent.h>
@@ -68,23 +66,6 @@ namespace crucible::inductor {
 
 namespace {
 
-// Ops that read a tensor's value back to the host, or size their result by it.
-bool syncs_with_host(std::string_view target) {
-  static const std::unordered_set<std::string_view> ops = {"aten::_local_scalar_dense",
-                                                           "aten::item",
-                                                           "aten::nonzero",
-                                                           "aten::masked_select",
-                                                           "aten::unique",
-                                                           "aten::_unique",
-                                                           "aten::_unique2",
-                                                           "aten::unique_consecutive",
-                                                           "aten::unique_dim",
-                                                           "aten::equal",
-                                                           "crucible::assert_equal",
-                                                           "aten::is_nonzero"};
-  return ops.contains(target);
-}
-
 std::string where_tensor_is(const ir::Value* v) {
   return v->has_meta() ? "a tensor on " + v->meta().device.str() : std::string("a tensor without metadata");
 }
@@ -105,7 +86,7 @@ std::string cuda_graph_blocker(const ir::Graph& graph, c10::Device device) {
       continue;
     }
     if (!n->is_call()) continue;
-    if (syncs_with_host(n->target()))  // a guard has no result to name
+    if (ir::is_op_class(n->target(), ir::OpClass::HostSync))  // a guard has no result to name
       return (n->num_results() ? "%" + n->result()->name() + " (" + n->target() + ")" : n->target()) +
              " reads a tensor's value back to the host";
     // c10d keeps each collective's work on the host (issued, then waited),
