@@ -468,6 +468,14 @@ TEST_CASE("cuda_graph_blocker: what keeps a graph from being captured, read from
     crucible::testing::relabel_device(h, c10::Device(c10::kCUDA, 0));
     CHECK_THAT(inductor::cuda_graph_blocker(h), CRUCIBLE_HAS_SUBSTR("crucible::assert_equal"));
   }
+  SECTION("a collective of any kind (ir::is_collective), which c10d tracks on the host") {
+    ir::Graph h = state_step(w, m, x);
+    crucible::testing::relabel_device(h, c10::Device(c10::kCUDA, 0));
+    h.add_call("_c10d_functional_autograd::all_gather_into_tensor", {h.placeholders()[2], int64_t{2}, "0"});
+    CHECK_THAT(inductor::cuda_graph_blocker(h),
+               CRUCIBLE_HAS_SUBSTR("_c10d_functional_autograd::all_gather_into_tensor") &&
+                   CRUCIBLE_HAS_SUBSTR("is a collective"));
+  }
 }
 
 // Note [CUDA graphs]: replays agree with the same graph compiled without

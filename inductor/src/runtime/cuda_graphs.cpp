@@ -4,6 +4,7 @@
 
 #include <crucible/inductor/compile_fx.h>
 #include <crucible/inductor/error.h>
+#include <crucible/ir/effects.h>
 #include <crucible/ir/graph.h>
 #include <crucible/ir/op_classes.h>
 
@@ -86,14 +87,12 @@ std::string cuda_graph_blocker(const ir::Graph& graph, c10::Device device) {
       continue;
     }
     if (!n->is_call()) continue;
-    if (ir::is_op_class(n->target(), ir::OpClass::HostSync))  // a guard has no result to name
-      return (n->num_results() ? "%" + n->result()->name() + " (" + n->target() + ")" : n->target()) +
-             " reads a tensor's value back to the host";
+    // A guard or a barrier has no result to name.
+    const std::string what = n->num_results() ? "%" + n->result()->name() + " (" + n->target() + ")" : n->target();
+    if (ir::is_op_class(n->target(), ir::OpClass::HostSync)) return what + " reads a tensor's value back to the host";
     // c10d keeps each collective's work on the host (issued, then waited),
     // which a replay would not redo.
-    if (n->target().starts_with("crucible::all_reduce") || n->target().starts_with("crucible::wait_tensor") ||
-        n->target().starts_with("_c10d_functional::"))
-      return "%" + n->result()->name() + " (" + n->target() + ") is a collective, which c10d tracks on the host";
+    if (ir::is_collective(*n)) return what + " is a collective, which c10d tracks on the host";
     for (const auto& r : n->results()) {
       // An output the op leaves undefined (convolution_backward's unused
       // gradients) has neither metadata nor readers.
