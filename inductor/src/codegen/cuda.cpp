@@ -348,170 +348,209 @@ std::string render_column(const Program& p, const Group& g, const GroupInfo& inf
 // from the threads combine the same way. Sums come out within rounding of
 // the two-pass ones; an infinite or NaN maximum gives a NaN sum, as there.
 // Persistent rows read their elements once already and keep two stages.
-std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const std::string& name,
-                        KernelSignature& sig, int block) {
-  // Scratch rows: inner-stage values read only inside the group. Too many
-  // bytes for shared memory, and they become buffers of their own.
-  std::vector<int> scratch;
-  // A scratch row's bytes in shared memory, 16-byte aligned.
-  auto row_bytes = [&](int b) { return (g.inner * scratch_size_of(p.buffers[b].dtype) + 15) / 16 * 16; };
-  int64_t bytes = 0;
-  for (int li : g.loops) {
-    const Loop& l = p.loops[li];
-    if (stage_of(l, g) == Stage::Inner && !info.external.contains(l.buffer)) {
-      scratch.push_back(l.buffer);
-      bytes += row_bytes(l.buffer);
+// A row group's kernel, a block per row (Note [CUDA rendering]): its
+// stages in pieces (a piece run once per row, or a loop over the row's
+// elements), then the pieces as a looped or a persistent row, then the
+// kernel around them.
+class RowKernel {
+ public:
+  RowKernel(const Program& p, const Group& g, GroupInfo& info, int block)
+      : p_(p), g_(g), info_(info), block_(block), body_(p, g, info) {
+    place_scratch_rows();
+    slots_ = (g.inner + block - 1) / block;
+    persistent_ = slots_ <= kMaxPersistentSlots;
+    // A persistent row's thread holds vectors of `width` consecutive elements
+    // (Note [Vectorized pointwise kernels]): r = width·rh + rl.
+    width_ = persistent_ ? vector_width(p, g, std::gcd(slots_, g.inner)) : 1;
+    vars_ = loop_vars(g.outer, g.inner, 0, width_ > 1 ? width_ : 0);
+    if (persistent_) body_.keep_inner_values();
+    if (width_ > 1) {
+      body_.vectorize(width_, "rl");
+      body_.set_row_element(vars_.r);
     }
   }
-  if (bytes > kSharedBudget) {
-    for (int b : scratch) info.external.insert(b);
-    scratch.clear();
-    bytes = 0;
+
+  // The kernel `name`; fills `sig`'s buffers and launch.
+  std::string render(const std::string& name, KernelSignature& sig) {
+    for (size_t k = 0; k < g_.loops.size(); ++k) stage(k);
+    if (persistent_) keep_needed_scratch_rows();
+    return kernel_text(name, sig, persistent_ ? persistent_row() : looped_row());
   }
-  const int64_t slots = (g.inner + block - 1) / block;
-  const bool persistent = slots <= kMaxPersistentSlots;
-  // A persistent row's thread holds vectors of `width` consecutive elements
-  // (Note [Vectorized pointwise kernels]): r = width·rh + rl.
-  const int64_t width = persistent ? vector_width(p, g, std::gcd(slots, g.inner)) : 1;
-  const LoopVars vars = loop_vars(g.outer, g.inner, 0, width > 1 ? width : 0);
-  const std::string B = std::to_string(block), INNER = std::to_string(g.inner);
-  CBody body(p, g, info);
-  if (persistent) body.keep_inner_values();
-  if (width > 1) {
-    body.vectorize(width, "rl");
-    body.set_row_element(vars.r);
-  }
-  const Expr& o = vars.o;
-  const Expr& r = vars.r;
-  // The row's program: text run once per row, and loops over its elements
-  // (a stage's statements and the level-2 values they define).
-  std::vector<RowPiece> pieces;
-  auto once = [&](std::string text) { pieces.push_back({std::move(text), false, {}, {}, {}, {}}); };
-  auto over_row = [&](std::string text) {
-    pieces.push_back({std::move(text), true, body.take_defs(), {}, body.take_vector_lines(), body.take_after()});
-  };
+
+ private:
+  // A store to a persistent row's scratch row, made only if a later stage
+  // reads the row at another element than the thread's own.
   struct ScratchStore {
     size_t piece;
     int buffer;
     std::string line;
   };
-  std::vector<ScratchStore> scratch_stores;
-  int acc_counter = 0;
-  for (size_t k = 0; k < g.loops.size(); ++k) {
-    const int li = g.loops[k];
-    const Loop& l = p.loops[li];
-    const Buffer& buf = p.buffers[l.buffer];
-    const std::string T = ctype_of(buf.dtype);
-    const bool external = info.external.contains(l.buffer);
-    // An in-place write-back: every thread has done its reads of the old values.
-    if (buf.kind == Buffer::Input) once("__syncthreads();\n");
-    Val v = body_value(body, l, vars);
-    switch (stage_of(l, g)) {
-      case Stage::Scalar: {
-        std::string text = body.take(1);
-        if (external) {
-          text += "if (threadIdx.x == 0) " + body.store(l.buffer, store_offset(p, l, o), v.name);
-          body.stored(l.buffer);
-        }
-        body.set_local(l.buffer, v.name);
-        once(std::move(text));
-        break;
-      }
-      case Stage::Inner: {
-        std::string inner_lines = body.take(2);
-        once(body.take(1));
-        std::string scratch_store;
-        if (external) {
-          inner_lines += body.store(l.buffer, store_offset(p, l, o * g.inner + r), v.name);
-          body.stored(l.buffer);
-        } else if (persistent) {
-          // Kept only if a later stage reads the row at another element.
-          scratch_store = "row_" + buf.name + "[" + r.str() + "] = " + v.name + ";\n";
-          body.set_row_local(l.buffer, v);
-        } else {
-          inner_lines += body.scratch(l.buffer) + "[r] = " + v.name + ";\n";
-        }
-        over_row(std::move(inner_lines));
-        if (!scratch_store.empty()) scratch_stores.push_back({pieces.size() - 1, l.buffer, std::move(scratch_store)});
-        once("__syncthreads();\n");
-        break;
-      }
-      case Stage::Reduce: {
-        std::string inner_lines = body.take(2);
-        const bool online = !persistent && l.rtype == ReductionType::Max && k + 1 < g.loops.size() &&
-                            p.loops[g.loops[k + 1]].online_max == li &&
-                            stage_of(p.loops[g.loops[k + 1]], g) == Stage::Reduce;
-        if (online) {  // Note [Online softmax]: this max and the next loop's sum in one pass
-          const Loop& sl = p.loops[g.loops[++k]];
-          const std::string A = acc_type(T), m = "acc" + std::to_string(acc_counter++),
-                            s = "acc" + std::to_string(acc_counter++);
-          once(body.take(1) + A + " " + m + " = crucible_lowest<" + A + ">(), " + s + " = " + A + "(0);\n");
-          over_row(inner_lines + "crucible_online_add(" + m + ", " + s + ", " + A + "(" + v.name + "));\n");
-          std::string text = "crucible_block_reduce_online(" + m + ", " + s + ");\n";
-          auto result = [&](const Loop& r, std::string value) {
-            const Buffer& rb = p.buffers[r.buffer];
-            const std::string RT = ctype_of(rb.dtype), red = "red_" + rb.name;
-            value = "static_cast<" + RT + ">(" + value + ")";
-            if (!r.finalize.empty()) value = substitute(r.finalize, value);
-            text += "const " + RT + " " + red + " = " + value + ";\n";
-            if (info.external.contains(r.buffer))
-              text += "if (threadIdx.x == 0) " + body.store(r.buffer, store_offset(p, r, o), red);
-            body.set_local(r.buffer, red);
-          };
-          result(l, m);
-          // A maximum that is infinite or NaN makes every exp(x - max) of the
-          // two-pass sum NaN, or one of them: so is this one.
-          result(sl,
-                 "(" + m + " - " + m + " == " + A + "(0) ? " + s + " : std::numeric_limits<" + A + ">::quiet_NaN())");
-          once(std::move(text));
-          break;
-        }
-        const std::string A = acc_type(T), acc = "acc" + std::to_string(acc_counter++), f = combiner(l.rtype);
-        once(body.take(1) + A + " " + acc + " = " + init_of(l.rtype, A) + ";\n");
-        over_row(inner_lines + acc + " = " + f + "()(" + acc + ", " + A + "(" + v.name + "));\n");
-        std::string value = "static_cast<" + T + ">(" + acc + ")";
-        if (!l.finalize.empty()) value = substitute(l.finalize, value);
-        const std::string red = "red_" + buf.name;
-        std::string text = acc + " = crucible_block_reduce(" + acc + ", " + f + "());\n";
-        text += "const " + T + " " + red + " = " + value + ";\n";
-        if (external) text += "if (threadIdx.x == 0) " + body.store(l.buffer, store_offset(p, l, o), red);
-        body.set_local(l.buffer, red);
-        once(std::move(text));
-        break;
+
+  // Scratch rows: inner-stage values read only inside the group. Too many
+  // bytes for shared memory, and they become buffers of their own.
+  void place_scratch_rows() {
+    for (int li : g_.loops) {
+      const Loop& l = p_.loops[li];
+      if (stage_of(l, g_) == Stage::Inner && !info_.external.contains(l.buffer)) {
+        scratch_.push_back(l.buffer);
+        bytes_ += row_bytes(l.buffer);
       }
     }
+    if (bytes_ > kSharedBudget) {
+      for (int b : scratch_) info_.external.insert(b);
+      scratch_.clear();
+      bytes_ = 0;
+    }
   }
+
+  // A scratch row's bytes in shared memory, 16-byte aligned.
+  int64_t row_bytes(int b) const { return (g_.inner * scratch_size_of(p_.buffers[b].dtype) + 15) / 16 * 16; }
+
+  // Pieces: text run once per row, and loops over its elements (a stage's
+  // statements and the level-2 values they define).
+  void once(std::string text) { pieces_.push_back({std::move(text), false, {}, {}, {}, {}}); }
+  void over_row(std::string text) {
+    pieces_.push_back({std::move(text), true, body_.take_defs(), {}, body_.take_vector_lines(), body_.take_after()});
+  }
+
+  // The pieces of loop g.loops[k] (and, for an online softmax, of the next
+  // one too: k then moves past it).
+  void stage(size_t& k) {
+    const Loop& l = p_.loops[g_.loops[k]];
+    // An in-place write-back: every thread has done its reads of the old values.
+    if (p_.buffers[l.buffer].kind == Buffer::Input) once("__syncthreads();\n");
+    const Val v = body_value(body_, l, vars_);
+    switch (stage_of(l, g_)) {
+      case Stage::Scalar:
+        scalar_stage(l, v);
+        break;
+      case Stage::Inner:
+        inner_stage(l, v);
+        break;
+      case Stage::Reduce:
+        reduce_stage(k, v);
+        break;
+    }
+  }
+
+  void scalar_stage(const Loop& l, const Val& v) {
+    std::string text = body_.take(1);
+    if (info_.external.contains(l.buffer)) {
+      text += "if (threadIdx.x == 0) " + body_.store(l.buffer, store_offset(p_, l, vars_.o), v.name);
+      body_.stored(l.buffer);
+    }
+    body_.set_local(l.buffer, v.name);
+    once(std::move(text));
+  }
+
+  void inner_stage(const Loop& l, const Val& v) {
+    const Expr& r = vars_.r;
+    std::string inner_lines = body_.take(2);
+    once(body_.take(1));
+    std::string scratch_store;
+    if (info_.external.contains(l.buffer)) {
+      inner_lines += body_.store(l.buffer, store_offset(p_, l, vars_.o * g_.inner + r), v.name);
+      body_.stored(l.buffer);
+    } else if (persistent_) {
+      // Kept only if a later stage reads the row at another element.
+      scratch_store = "row_" + p_.buffers[l.buffer].name + "[" + r.str() + "] = " + v.name + ";\n";
+      body_.set_row_local(l.buffer, v);
+    } else {
+      inner_lines += body_.scratch(l.buffer) + "[r] = " + v.name + ";\n";
+    }
+    over_row(std::move(inner_lines));
+    if (!scratch_store.empty()) scratch_stores_.push_back({pieces_.size() - 1, l.buffer, std::move(scratch_store)});
+    once("__syncthreads();\n");
+  }
+
+  void reduce_stage(size_t& k, const Val& v) {
+    const int li = g_.loops[k];
+    const Loop& l = p_.loops[li];
+    const Buffer& buf = p_.buffers[l.buffer];
+    const std::string T = ctype_of(buf.dtype);
+    std::string inner_lines = body_.take(2);
+    const bool online = !persistent_ && l.rtype == ReductionType::Max && k + 1 < g_.loops.size() &&
+                        p_.loops[g_.loops[k + 1]].online_max == li &&
+                        stage_of(p_.loops[g_.loops[k + 1]], g_) == Stage::Reduce;
+    if (online) return online_softmax(l, p_.loops[g_.loops[++k]], v, std::move(inner_lines));
+    const std::string A = acc_type(T), acc = "acc" + std::to_string(acc_counter_++), f = combiner(l.rtype);
+    once(body_.take(1) + A + " " + acc + " = " + init_of(l.rtype, A) + ";\n");
+    over_row(inner_lines + acc + " = " + f + "()(" + acc + ", " + A + "(" + v.name + "));\n");
+    std::string value = "static_cast<" + T + ">(" + acc + ")";
+    if (!l.finalize.empty()) value = substitute(l.finalize, value);
+    const std::string red = "red_" + buf.name;
+    std::string text = acc + " = crucible_block_reduce(" + acc + ", " + f + "());\n";
+    text += "const " + T + " " + red + " = " + value + ";\n";
+    if (info_.external.contains(l.buffer))
+      text += "if (threadIdx.x == 0) " + body_.store(l.buffer, store_offset(p_, l, vars_.o), red);
+    body_.set_local(l.buffer, red);
+    once(std::move(text));
+  }
+
+  // Note [Online softmax]: the maximum `max` and the next loop's sum `sum`
+  // of exponentials in one pass.
+  void online_softmax(const Loop& max, const Loop& sum, const Val& v, std::string inner_lines) {
+    const std::string A = acc_type(ctype_of(p_.buffers[max.buffer].dtype));
+    const std::string m = "acc" + std::to_string(acc_counter_++), s = "acc" + std::to_string(acc_counter_++);
+    once(body_.take(1) + A + " " + m + " = crucible_lowest<" + A + ">(), " + s + " = " + A + "(0);\n");
+    over_row(inner_lines + "crucible_online_add(" + m + ", " + s + ", " + A + "(" + v.name + "));\n");
+    std::string text = "crucible_block_reduce_online(" + m + ", " + s + ");\n";
+    auto result = [&](const Loop& r, std::string value) {
+      const Buffer& rb = p_.buffers[r.buffer];
+      const std::string RT = ctype_of(rb.dtype), red = "red_" + rb.name;
+      value = "static_cast<" + RT + ">(" + value + ")";
+      if (!r.finalize.empty()) value = substitute(r.finalize, value);
+      text += "const " + RT + " " + red + " = " + value + ";\n";
+      if (info_.external.contains(r.buffer))
+        text += "if (threadIdx.x == 0) " + body_.store(r.buffer, store_offset(p_, r, vars_.o), red);
+      body_.set_local(r.buffer, red);
+    };
+    result(max, m);
+    // A maximum that is infinite or NaN makes every exp(x - max) of the
+    // two-pass sum NaN, or one of them: so is this one.
+    result(sum, "(" + m + " - " + m + " == " + A + "(0) ? " + s + " : std::numeric_limits<" + A + ">::quiet_NaN())");
+    once(std::move(text));
+  }
+
   // A persistent row's scratch rows hold only what is read at another
   // element than the thread's own.
-  if (persistent) {
-    for (const ScratchStore& st : scratch_stores)
-      if (body.scratch_.contains(st.buffer)) pieces[st.piece].text += st.line;
-    std::erase_if(scratch, [&](int b) { return !body.scratch_.contains(b); });
-    bytes = 0;
-    for (int b : scratch) bytes += row_bytes(b);
+  void keep_needed_scratch_rows() {
+    for (const ScratchStore& st : scratch_stores_)
+      if (body_.scratch_.contains(st.buffer)) pieces_[st.piece].text += st.line;
+    std::erase_if(scratch_, [&](int b) { return !body_.scratch_.contains(b); });
+    bytes_ = 0;
+    for (int b : scratch_) bytes_ += row_bytes(b);
   }
-  // Rendered: a looped row strides over its elements; a persistent one
-  // unrolls them, keeping what a later loop reads again in register arrays.
-  std::string per_outer;
-  if (!persistent) {
-    for (const RowPiece& piece : pieces)
+
+  // A looped row: each loop strides over the row's elements.
+  std::string looped_row() const {
+    const std::string B = std::to_string(block_), INNER = std::to_string(g_.inner);
+    std::string per_outer;
+    for (const RowPiece& piece : pieces_)
       per_outer += piece.over_row ? "for (idx_t r = static_cast<idx_t>(threadIdx.x); r < " + INNER + "; r += " + B +
                                         ") {\n" + indent(piece.text, 2) + "}\n"
                                   : piece.text;
-  } else {
-    const std::string K = std::to_string(slots);
-    const std::vector<std::vector<bool>> kept = read_later(pieces);
-    for (const CBody::Def& d : kept_defs(pieces, kept)) per_outer += d.ctype + " " + d.name + "_row[" + K + "];\n";
-    const bool ragged = slots * block != g.inner;
-    for (size_t k = 0; k < pieces.size(); ++k) {
-      if (!pieces[k].over_row) {
-        per_outer += pieces[k].text;
+    return per_outer;
+  }
+
+  // A persistent row: each loop unrolled over the thread's elements (or
+  // its vectors of them), what a later loop reads again kept in register
+  // arrays.
+  std::string persistent_row() const {
+    const std::string B = std::to_string(block_), INNER = std::to_string(g_.inner), K = std::to_string(slots_);
+    std::string per_outer;
+    const std::vector<std::vector<bool>> kept = read_later(pieces_);
+    for (const CBody::Def& d : kept_defs(pieces_, kept)) per_outer += d.ctype + " " + d.name + "_row[" + K + "];\n";
+    const bool ragged = slots_ * block_ != g_.inner;
+    for (size_t k = 0; k < pieces_.size(); ++k) {
+      if (!pieces_[k].over_row) {
+        per_outer += pieces_[k].text;
         continue;
       }
-      const std::string element = with_kept_values(pieces, kept, k, [](const CBody::Def& d) {
+      const std::string element = with_kept_values(pieces_, kept, k, [](const CBody::Def& d) {
         return KeptSlot{d.name + "_row[j]", d.name + "_row[j]"};
       });
-      if (width == 1) {
+      if (width_ == 1) {
         per_outer += "#pragma unroll\nfor (int j = 0; j < " + K +
                      "; ++j) {\n  const idx_t r = static_cast<idx_t>(threadIdx.x) + " + B + " * j;\n" +
                      (ragged ? "  if (r < " + INNER + ") {\n" + indent(element, 4) + "  }\n" : indent(element, 2)) +
@@ -519,39 +558,66 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
         continue;
       }
       // Vector c of the thread's slots / width: its loads, its lanes, its stores.
-      const std::string W = std::to_string(width);
-      const std::string lanes = pieces[k].before_lanes + "#pragma unroll\nfor (int rl = 0; rl < " + W +
+      const std::string W = std::to_string(width_);
+      const std::string lanes = pieces_[k].before_lanes + "#pragma unroll\nfor (int rl = 0; rl < " + W +
                                 "; ++rl) {\n  const int j = c * " + W + " + rl;\n" + indent(element, 2) + "}\n" +
-                                pieces[k].after_lanes;
-      per_outer += "#pragma unroll\nfor (int c = 0; c < " + std::to_string(slots / width) +
+                                pieces_[k].after_lanes;
+      per_outer += "#pragma unroll\nfor (int c = 0; c < " + std::to_string(slots_ / width_) +
                    "; ++c) {\n  const idx_t rh = static_cast<idx_t>(threadIdx.x) + " + B + " * c;\n" +
-                   (ragged ? "  if (rh < " + std::to_string(g.inner / width) + ") {\n" + indent(lanes, 4) + "  }\n"
+                   (ragged ? "  if (rh < " + std::to_string(g_.inner / width_) + ") {\n" + indent(lanes, 4) + "  }\n"
                            : indent(lanes, 2)) +
                    "}\n";
     }
+    return per_outer;
   }
-  const std::string params = parameters(p, body, info, sig);
-  std::string text = "  typedef " + index_type(p, g, body) + " idx_t;\n" + aligned_flag(body);
-  if (!scratch.empty()) {
-    text += "  extern __shared__ __align__(16) unsigned char crucible_smem[];\n";
-    int64_t offset = 0;
-    for (int b : scratch) {
-      const Buffer& buf = p.buffers[b];
-      const std::string T = ctype_of(buf.dtype);
-      text += "  " + T + "* __restrict__ row_" + buf.name + " = reinterpret_cast<" + T + "*>(crucible_smem + " +
-              std::to_string(offset) + ");\n";
-      offset += row_bytes(b);
+
+  // The kernel around a row's text: its parameters, the scratch rows in
+  // shared memory, the kernel-wide values, and a grid-stride loop over the
+  // rows.
+  std::string kernel_text(const std::string& name, KernelSignature& sig, std::string per_outer) {
+    const std::string params = parameters(p_, body_, info_, sig);
+    std::string text = "  typedef " + index_type(p_, g_, body_) + " idx_t;\n" + aligned_flag(body_);
+    if (!scratch_.empty()) {
+      text += "  extern __shared__ __align__(16) unsigned char crucible_smem[];\n";
+      int64_t offset = 0;
+      for (int b : scratch_) {
+        const Buffer& buf = p_.buffers[b];
+        const std::string T = ctype_of(buf.dtype);
+        text += "  " + T + "* __restrict__ row_" + buf.name + " = reinterpret_cast<" + T + "*>(crucible_smem + " +
+                std::to_string(offset) + ");\n";
+        offset += row_bytes(b);
+      }
     }
+    text += indent(body_.take(0), 2);
+    // The next row reuses the scratch rows and the reductions' shared memory.
+    const std::string sync = "__syncthreads();\n";
+    if (per_outer.size() < sync.size() || per_outer.compare(per_outer.size() - sync.size(), sync.size(), sync) != 0)
+      per_outer += sync;
+    text += "  for (idx_t o = static_cast<idx_t>(blockIdx.x); o < " + std::to_string(g_.outer) +
+            "; o += static_cast<idx_t>(gridDim.x)) {\n" + indent(per_outer, 4) + "  }\n";
+    sig.launch = {block_, g_.outer, 1, static_cast<int>(bytes_)};
+    return kernel(name, block_, params, text);
   }
-  text += indent(body.take(0), 2);
-  // The next row reuses the scratch rows and the reductions' shared memory.
-  const std::string sync = "__syncthreads();\n";
-  if (per_outer.size() < sync.size() || per_outer.compare(per_outer.size() - sync.size(), sync.size(), sync) != 0)
-    per_outer += sync;
-  text += "  for (idx_t o = static_cast<idx_t>(blockIdx.x); o < " + std::to_string(g.outer) +
-          "; o += static_cast<idx_t>(gridDim.x)) {\n" + indent(per_outer, 4) + "  }\n";
-  sig.launch = {block, g.outer, 1, static_cast<int>(bytes)};
-  return kernel(name, block, params, text);
+
+  const Program& p_;
+  const Group& g_;
+  GroupInfo& info_;
+  const int block_;
+  CBody body_;
+  std::vector<int> scratch_;  // buffers in shared-memory scratch rows
+  int64_t bytes_ = 0;         // their bytes
+  int64_t slots_ = 0;         // elements of the row a thread takes
+  bool persistent_ = false;   // slots_ held in registers (Note [Persistent rows])
+  int64_t width_ = 1;         // a persistent row's vector width
+  LoopVars vars_;
+  std::vector<RowPiece> pieces_;
+  std::vector<ScratchStore> scratch_stores_;
+  int acc_counter_ = 0;
+};
+
+std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const std::string& name,
+                        KernelSignature& sig, int block) {
+  return RowKernel(p, g, info, block).render(name, sig);
 }
 
 }  // namespace
