@@ -358,7 +358,8 @@ TEST_CASE("a cache directory others can write is refused", "[inductor]") {
                       CRUCIBLE_HAS_SUBSTR("writable by group or others"));
 }
 
-// Note [In-place write-backs] and [Trailing write-backs] in src/lowering.cpp:
+// Note [In-place write-backs] and [Trailing write-backs] in
+// src/lowering/write_backs.cpp:
 // an SGD-with-momentum step's write-backs, in the order a traced step has
 // them (momentum first, whose old value the parameter's update reads).
 TEST_CASE("trailing write-backs: new values written in place into the inputs, in an order that keeps old values",

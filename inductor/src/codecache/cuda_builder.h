@@ -18,7 +18,7 @@ namespace crucible::inductor::detail {
 bool have_nvrtc();
 
 /// The translation units of a generated CUDA source (Note [Parallel
-/// NVRTC] in cuda_builder.cpp): the prelude and a share of the kernels
+/// NVRTC] in codecache/cuda_builder.cpp): the prelude and a share of the kernels
 /// each, every kernel in one unit; the whole source when it has no unit
 /// break. Deterministic: the same source splits the same way on every
 /// machine, so each unit's cubin is found in the cache again.

@@ -1,4 +1,4 @@
-// See graph_cache.h.
+// See codecache/graph_cache.h.
 #include "codecache/graph_cache.h"
 
 #include "codecache/cpp_builder.h"

@@ -36,10 +36,10 @@ constexpr size_t kMaxCombined = 24;
 // once.
 //
 // `text` with the kernel's names (its own and its variants', Note
-// [Autotuning] in cuda_codegen.cpp) and every buffer name of `p` in it
+// [Autotuning] in codegen/cuda.cpp) and every buffer name of `p` in it
 // replaced by a position (buffers numbered in order of first appearance),
 // so that two kernels compare equal exactly when they differ only there.
-// Buffer names are "buf<index>_<value>" (lowering.cpp), and derived
+// Buffer names are "buf<index>_<value>" (Lowerer::add_buffer), and derived
 // identifiers (red_<buffer>, row_<buffer>) contain them whole: a
 // left-to-right scan that replaces the full name found at each "buf<digits>_"
 // consumes each name once.

@@ -284,7 +284,7 @@ Split split_loops(const Program& p, const Group& g, const GroupInfo& info) {
   // ... then the divisors of the innermost dimension, largest first: a
   // dimension that merges several of an operand's (a reshape merging heads,
   // [B, H, T, D] -> [B, T, H·D]; inputs of a cat, Note [Masked loads] in
-  // lowering.cpp) is affine over the innermost of them.
+  // lowering/pad_and_cat.cpp) is affine over the innermost of them.
   auto candidates = [](const std::vector<int64_t>& dims) {
     std::vector<int64_t> out;
     int64_t k = 1;
@@ -333,7 +333,7 @@ Split split_loops(const Program& p, const Group& g, const GroupInfo& info) {
 // loads x and takes exp(x - max) a second time. In a row of at most
 // kMaxKeptRow elements, a value that a later loop reads again is kept in a
 // per-thread row instead (as the CUDA kernels keep theirs in registers,
-// Note [Persistent rows] in cuda_codegen.cpp), read back from L1 where it
+// Note [Persistent rows] in codegen/cuda.cpp), read back from L1 where it
 // would have been recomputed. A value that is a load of memory is loaded
 // again under its name instead, which costs what reading a copy would. Loads of memory are not kept: a later loop
 // loads them again, which costs what reading a kept copy would.

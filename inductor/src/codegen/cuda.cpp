@@ -633,8 +633,8 @@ std::string render_rows(const Program& p, const Group& g, GroupInfo& info, const
 // with twice as many (each thread holding half as many elements of a
 // persistent row), and each is offered with a capped and an exact grid;
 // the runtime times them on the first call and keeps the fastest
-// (compile_fx.cpp), as torch/_inductor's CachingAutotuner benchmarks a
-// reduction's Triton configs at their first launch. A kernel that writes a
+// (runtime/autotune.cpp), as torch/_inductor's CachingAutotuner benchmarks
+// a reduction's Triton configs at their first launch. A kernel that writes a
 // graph input in place is not tuned: a second run would read what the
 // first wrote.
 std::string render_cuda_group(const Program& p, const Group& g, GroupInfo& info, const std::string& name,

@@ -12,7 +12,7 @@ namespace crucible::inductor::detail {
 
 /// Rewrites each large aten::mm with a dimension that is not a multiple of
 /// the tensor cores' alignment into an mm of zero-padded operands sliced
-/// back to its sizes (Note [Padding matmuls] in pad_mm.cpp). Leaves matmuls
+/// back to its sizes (Note [Padding matmuls] in fx_passes/pad_mm.cpp). Leaves matmuls
 /// the graph returns, or returns a view of, as they are. Throws ir::IrError only if LibTorch's meta
 /// kernels reject a padded shape.
 void pad_mm(ir::Graph& graph);
@@ -22,7 +22,7 @@ void pad_mm(ir::Graph& graph);
 /// operand of a convolution (and convolution_backward) that is not
 /// channels-last to channels-last first, so that cuDNN runs its NHWC kernels
 /// and the layout carries through the graph (Note [Channels-last
-/// convolutions] in layout_opt.cpp); every output but a saved value keeps
+/// convolutions] in fx_passes/layout_opt.cpp); every output but a saved value keeps
 /// its sizes, strides and storage offset (Note [Eager's strides at the
 /// outputs]). Leaves the graph as it was when its metadata cannot be derived
 /// again or an output cannot keep its layout; counts the graphs it rewrote

@@ -37,7 +37,7 @@ namespace crucible::inductor::detail {
 //  - A matmul whose result the graph returns, or a view of it (GPT-2's
 //    logits: the product viewed as [B, T, V]), is left alone: a sliced
 //    result would have strides eager does not give (Note [Eager's strides
-//    at the outputs] in layout_opt.cpp).
+//    at the outputs] in fx_passes/layout_opt.cpp).
 namespace {
 
 constexpr int64_t kMinMultiplyAdds = int64_t{1} << 30;

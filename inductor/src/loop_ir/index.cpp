@@ -19,7 +19,7 @@ namespace {
 // Floor division and modulo of constants. C++'s / and % truncate, which
 // differs for a negative constant; a negative constant comes from a shifted
 // index (cat's `i - offset`), whose quotient must be floor's (Note [Masked
-// loads] in lowering.cpp: the rendered argument of every / and % is then
+// loads] in lowering/pad_and_cat.cpp: the rendered argument of every / and % is then
 // non-negative wherever the element is selected).
 int64_t floor_div(int64_t a, int64_t c) { return a / c - (a % c != 0 && a < 0); }
 int64_t floor_mod(int64_t a, int64_t c) { return a - floor_div(a, c) * c; }

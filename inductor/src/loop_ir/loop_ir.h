@@ -5,7 +5,7 @@
 // them. Target-independent: nothing here knows about C++ or CUDA beyond the
 // element type names a renderer picks. Mirrors torch/_inductor/ir.py
 // (Buffer, ComputedBuffer, Pointwise, Reduction, ExternKernel) with index
-// expressions from index.h in place of sympy.
+// expressions from loop_ir/index.h in place of sympy.
 #pragma once
 
 #include "loop_ir/index.h"
@@ -81,7 +81,7 @@ struct Loop {
   /// A sum of exp(x - max) whose max is loop `online_max`'s, over x its
   /// operand and the same reduced range (a softmax's denominator): a
   /// renderer may compute both in one pass over x (Note [Online softmax]
-  /// in cuda_codegen.cpp); -1: none.
+  /// in codegen/cuda.cpp); -1: none.
   int online_max = -1;
   /// C++-free finalization of the accumulator, e.g. dividing by the count
   /// for a mean: text with `$` standing for the accumulator; empty: none.
@@ -136,7 +136,8 @@ class Body {
 
   /// Loads until the matching pop_mask read memory only where `cond` (C
   /// text over the loop variables, needing loop level `level`) holds, and
-  /// the masks pushed before it (Note [Masked loads] in lowering.cpp).
+  /// the masks pushed before it (Note [Masked loads] in
+  /// lowering/pad_and_cat.cpp).
   void push_mask(const std::string& cond, int level) {
     masks_.push_back({masks_.empty() ? cond : masks_.back().name + " && " + cond,
                       masks_.empty() ? level : std::max(level, masks_.back().level)});
@@ -200,8 +201,8 @@ c10::Device loop_device(const ir::Graph& graph);
 
 /// The loop variables a kernel counts with: `o` over `outer` elements and
 /// `r` over `inner`. Either may be split into two nested loops (Note [Split
-/// loops] in codegen.cpp): o = K·oh + ol, r = K·rh + rl, the inner one (ol,
-/// rl) over K elements, so that offsets become affine in it.
+/// loops] in codegen/cpp.cpp): o = K·oh + ol, r = K·rh + rl, the inner one
+/// (ol, rl) over K elements, so that offsets become affine in it.
 struct LoopVars {
   int64_t outer = 1, inner = 1;
   Expr o, r;

@@ -124,8 +124,9 @@ void Lowerer::lower_pad(const ir::Node* n) {
 // copy of three realized tensors. A reader whose index range lies inside
 // one input's (a slice of the cat) reads that input alone, unmasked.
 // Shifted indices i - offset_k are negative where k is not chosen; index
-// expressions divide with floor semantics (index.cpp), so that every /
-// and % the kernel computes is of a non-negative value where chosen.
+// expressions divide with floor semantics (loop_ir/index.cpp), so that
+// every / and % the kernel computes is of a non-negative value where
+// chosen.
 void Lowerer::lower_cat(const ir::Node* n) {
   struct Part {
     Lazy in;

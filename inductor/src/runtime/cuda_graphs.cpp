@@ -58,7 +58,7 @@ namespace crucible::inductor {
 //    of an output's storage, once per storage, and the output is made again
 //    on it with its sizes, strides and offset: a view with gaps keeps
 //    eager's strides, and outputs that view one another still do (Note
-//    [Eager's strides at the outputs] in layout_opt.cpp);
+//    [Eager's strides at the outputs] in fx_passes/layout_opt.cpp);
 //  - a capture that fails anyway (an op that syncs without saying so) is
 //    ended and discarded, and the graph runs without CUDA graphs from then
 //    on, with a warning.
@@ -146,7 +146,8 @@ struct CudaGraphRunner {
         if (!is_state[i]) captured->inputs[i].copy_(inputs[i]);
     }
     // The replay writes state inputs in place without the dispatcher: Note
-    // [Version counters of inputs written in place] in compile_fx.cpp.
+    // [Version counters of inputs written in place] in
+    // runtime/kernel_runner.cpp.
     for (size_t i = 0; i < inputs.size(); ++i)
       if (written[i] && is_state[i]) inputs[i].unsafeGetTensorImpl()->bump_version();
     captured->graph.replay();

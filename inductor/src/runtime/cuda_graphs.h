@@ -1,4 +1,5 @@
-// CUDA graphs around a compiled graph: Note [CUDA graphs] in cuda_graphs.cpp.
+// CUDA graphs around a compiled graph: Note [CUDA graphs] in
+// runtime/cuda_graphs.cpp.
 #pragma once
 
 #include <crucible/ir/backend.h>

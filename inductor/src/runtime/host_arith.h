@@ -1,5 +1,6 @@
 // Private: arithmetic on 0-dim float64 CPU tensors, done by the run-time
-// plan without the dispatcher (Note [Host arithmetic] in host_arith.cpp).
+// plan without the dispatcher (Note [Host arithmetic] in
+// runtime/host_arith.cpp).
 #pragma once
 
 #include <crucible/ir/graph.h>

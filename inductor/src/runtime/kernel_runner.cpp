@@ -46,8 +46,8 @@ c10::IValue read(const Source& s, std::vector<c10::IValue>& slots) {
   return {};
 }
 
-// Note [Host arithmetic] in runtime/host_arith.cpp: false where an operand is not
-// what the graph said (the step then runs through the dispatcher).
+// Note [Host arithmetic] in runtime/host_arith.cpp: false where an operand
+// is not what the graph said (the step then runs through the dispatcher).
 bool run_host_arith(const Step& st, std::vector<c10::IValue>& slots) {
   const HostArith& h = *st.host;
   std::array<double, 2> x = h.constant;
