@@ -49,7 +49,7 @@ class Expr {
   /// inside a quotient or remainder: the expression steps by a constant as
   /// `name` counts.
   bool affine_in(const std::string& name) const;
-  /// C++ text, e.g. `64*o + r` or `((o / 8) % 4)`.
+  /// C++ text, e.g. `64*o + r` or `(((o / 8)) % 4)`.
   std::string str() const;
   bool operator==(const Expr& o) const { return str() == o.str(); }
 
