@@ -32,7 +32,7 @@
 // bytes_per_second counts the minimum traffic of each computation (every
 // input read once, every output written once), the same for its eager and
 // inductor rows, so the figures compare directly.
-#include "host_arith.h"
+#include "runtime/host_arith.h"
 
 #include <crucible/inductor/compile_fx.h>
 #include <crucible/ir/graph.h>

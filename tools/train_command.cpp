@@ -37,9 +37,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <utility>
+#include <vector>
 
 namespace crucible::tools {
 namespace {
@@ -157,226 +160,333 @@ void launch_ranks(const TrainCommandOptions& o) {
                                   "); its error is printed above");
 }
 
-void run_train_command(const TrainCommandOptions& o) {
-  const bool distributed = std::getenv("WORLD_SIZE") != nullptr;
-  if (o.nproc > 1 && !distributed) return launch_ranks(o);
+// The ranks of a data-parallel run: its process group where WORLD_SIZE is
+// set (a rank that crucible launch or --nproc started), else one rank and
+// no group.
+struct Ranks {
   std::optional<spmd::ProcessGroup> group;
-  if (distributed) {
+  int world = 1, rank = 0;
+};
+
+Ranks join_ranks(const TrainCommandOptions& o) {
+  Ranks r;
+  if (std::getenv("WORLD_SIZE") != nullptr) {
     spmd::ProcessGroupOptions g = spmd::options_from_env();
     if (g.world_size != o.nproc && o.nproc != 1)
       throw pipeline::PipelineError("--nproc " + std::to_string(o.nproc) + " but WORLD_SIZE is " +
                                     std::to_string(g.world_size) + ": give one or the other");
     g.device = o.device;
-    group = spmd::init_process_group(g);
+    r.group = spmd::init_process_group(g);
   }
-  const int world = group ? group->size() : 1, rank = group ? group->rank() : 0;
-  // Only rank 0 reports; the others print their errors only.
-  static std::ostream quiet(nullptr);
-  if (rank != 0) std::cout.setstate(std::ios::failbit);
-  const bool gpt = o.model == "gpt";
-  const std::string dataset = o.dataset.empty() ? (gpt ? "synthetic" : "fashion-mnist") : o.dataset;
-  if (gpt && dataset == "fashion-mnist")
-    throw pipeline::PipelineError("the gpt model trains on token sequences: use --dataset synthetic");
-  if (dataset == "synthetic" && o.epochs)
-    throw pipeline::PipelineError("synthetic data is a stream without epochs: use --steps");
-  const double lr = o.optimizer.effective_lr();
-  const bool compiled = o.backend != "eager";
-  const at::Device device =
-      o.device == "cuda" && group ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(rank)) : at::Device(o.device);
-  if (device.is_cuda() && !at::hasCUDA())
-    throw pipeline::PipelineError(
-        "--device cuda: no CUDA device is usable here (no GPU, or a LibTorch without "
-        "CUDA); train with --device cpu");
+  r.world = r.group ? r.group->size() : 1;
+  r.rank = r.group ? r.group->rank() : 0;
+  return r;
+}
 
-  // Eager CUDA training does not repeat itself bit for bit: cuDNN's default
-  // weight-gradient kernels accumulate with atomics in no fixed order, and two
-  // copies so trained drift apart over an epoch until the comparison says
-  // nothing. --check-eager therefore runs both copies with deterministic
-  // kernels, as torch.use_deterministic_algorithms(True, warn_only=True) does;
-  // cuBLAS reads its workspace setting when its first handle is made.
-  // They also run without TF32, as torch.compile's accuracy runs do: TF32
-  // keeps 10 bits of each operand's mantissa, and a compiled step's other
-  // kernels (channels-last convolutions: Note [Channels-last convolutions])
-  // round other operands, 1e-4 apart where float32 agrees to 1e-7.
-  const bool deterministic = o.check_eager && device.is_cuda();
-  if (deterministic) {
-    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
-    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
-    at::globalContext().setBenchmarkCuDNN(false);
-    at::globalContext().setAllowTF32CuDNN(false);
-    at::globalContext().setFloat32MatmulPrecision("highest");
-  }
+// Eager CUDA training does not repeat itself bit for bit: cuDNN's default
+// weight-gradient kernels accumulate with atomics in no fixed order, and two
+// copies so trained drift apart over an epoch until the comparison says
+// nothing. --check-eager therefore runs both copies with deterministic
+// kernels, as torch.use_deterministic_algorithms(True, warn_only=True) does;
+// cuBLAS reads its workspace setting when its first handle is made.
+// They also run without TF32, as torch.compile's accuracy runs do: TF32
+// keeps 10 bits of each operand's mantissa, and a compiled step's other
+// kernels (channels-last convolutions: Note [Channels-last convolutions])
+// round other operands, 1e-4 apart where float32 agrees to 1e-7.
+void use_deterministic_kernels() {
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  at::globalContext().setBenchmarkCuDNN(false);
+  at::globalContext().setAllowTF32CuDNN(false);
+  at::globalContext().setFloat32MatmulPrecision("highest");
+}
 
-  torch::manual_seed(o.seed);
-  const models::Model model = models::make_model(o.model, o.size);
-  model.module->to(device);
-  // "cuda" names the current GPU; report the one the model is on.
-  const at::Device placed = model.module->parameters().front().device();
-  model.module->train();
-  // With N ranks each step reads a global batch of N * --batch examples, and
-  // each rank trains on its slice of it (the seed's DataParallel).
-  TrainCommandOptions global = o;
-  global.batch = o.batch * world;
-  Data data = dataset == "synthetic" ? synthetic_data(global, model) : fashion_mnist_data(global);
-  auto shard = [&](const data::Batch& b) {
-    return world == 1
-               ? b
-               : data::Batch{b.inputs.narrow(0, rank * o.batch, o.batch), b.targets.narrow(0, rank * o.batch, o.batch)};
-  };
-  for (data::Batch& b : data.test_batches) b = on(b, device);
-  const int64_t steps =
-      o.steps ? *o.steps : (data.steps_per_epoch ? o.epochs.value_or(1) * data.steps_per_epoch : kSyntheticSteps);
-  std::unique_ptr<torch::optim::Optimizer> optimizer = o.optimizer.make(model.module->parameters());
-
-  std::optional<models::Model> eager;
-  std::unique_ptr<torch::optim::Optimizer> eager_optimizer;
+// A run, set up: where it trains, the model and its optimizer, the data,
+// and the copies --check-eager trains beside it.
+struct Run {
+  Ranks ranks;
+  std::string dataset;
+  bool gpt = false;
+  bool compiled = false;       // a backend, not --backend eager
+  bool deterministic = false;  // use_deterministic_kernels
   // A fused backend's check (Note [Agreement with eager for a fused
   // backend]): a float64 copy for the first step, the backend's gradients
   // from identical state, both copies' losses at every step.
-  const bool fused_check = o.check_eager && compiled && o.backend != "interpreter";
+  bool fused_check = false;
+  at::Device device = at::kCPU;
+  at::Device placed = at::kCPU;  // the GPU "cuda" named, or the CPU
+  models::Model model;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  Data data;
+  int64_t steps = 0;
+  int64_t batch = 0;  // per rank
+  std::optional<models::Model> eager;
+  std::unique_ptr<torch::optim::Optimizer> eager_optimizer;
   std::optional<Float64Reference> reference;
-  std::vector<at::Tensor> first_grads;
-  std::vector<double> losses, eager_losses;
-  if (o.check_eager) {
-    eager.emplace(copy_of(o.model, o.size, model, device, at::kFloat));
-    eager_optimizer = o.optimizer.make(eager->module->parameters());
-  }
-  if (fused_check) {
-    reference.emplace(Float64Reference{copy_of(o.model, o.size, model, device, at::kDouble), nullptr});
-    reference->optimizer = o.optimizer.make(reference->model.module->parameters());
-  }
 
-  int64_t num_params = 0;
-  for (const auto& p : model.module->parameters()) num_params += p.numel();
-  std::cout << "model " << o.model << " (" << num_params << " parameters) on " << data.description << "\n"
-            << "optimizer " << o.optimizer.kind << " lr " << lr << ", batch " << o.batch;
-  if (world > 1) std::cout << " per rank x " << world << " ranks (" << group->backend() << ")";
-  std::cout << ", " << steps << " steps";
-  if (data.steps_per_epoch) std::cout << " (" << data.steps_per_epoch << " per epoch)";
-  std::cout << ", backend " << o.backend << " on " << placed << (deterministic ? " (deterministic kernels)" : "")
-            << "\n";
-
-  // Compile before the loop, so that throughput counts steps only.
-  pipeline::Builder builder;
-  if (compiled) {
-    builder.backend(o.backend);
-    o.compile.apply(builder);
+  // With N ranks each step reads a global batch of N * --batch examples,
+  // and each rank trains on its slice of it (the seed's DataParallel).
+  data::Batch shard(const data::Batch& b) const {
+    return ranks.world == 1 ? b
+                            : data::Batch{b.inputs.narrow(0, ranks.rank * batch, batch),
+                                          b.targets.narrow(0, ranks.rank * batch, batch)};
   }
-  if (fused_check) first_grads = compiled_gradients(builder, o.model, o.size, model, on(data.train_batch(0), device));
-  runtime::PhaseTimer timer;
-  runtime::Counters counters;
-  std::function<at::Tensor(const std::vector<at::Tensor>&)> step;
-  if (compiled) {
-    // The step's builder counts and times its own compilations (and a
-    // recompile, should a batch need one); the test forward's are not counted.
-    pipeline::Builder timed = builder;
-    timed.instrument(std::make_shared<runtime::CounterRecorder>(counters))
-        .instrument(std::make_shared<runtime::StageTimer>(timer));
-    const data::Batch first = shard(on(data.train_batch(0), device));
-    if (group) {
-      spmd::SpmdOptions so;
-      so.builder = timed;
-      so.parallel_mode.group = group->name();
-      spmd::SpmdStep dp = spmd::compile(model.module, *optimizer, models::loss_of(model), so);
-      dp.compile({first.inputs, first.targets});
-      step = dp;
-    } else {
-      pipeline::TrainStep single = timed.compile_train_step(model.module, *optimizer, models::loss_of(model));
-      single.compile({first.inputs, first.targets});
-      step = single;
-    }
-    std::cout << "compile (" << o.backend << "): " << describe_stages(timer) << "\n";
-  }
-  std::cout.flush();
 
   // The global batch's loss from a rank's: the mean of the ranks' (equal
   // shards, mean loss).
-  auto global_loss = [&](double rank_loss) {
-    if (!group || world == 1) return rank_loss;
-    std::vector<at::Tensor> l{
-        at::full({1}, rank_loss,
-                 at::TensorOptions(at::kDouble).device(group->backend() == "nccl" ? device : at::Device(at::kCPU)))};
-    group->all_reduce_sum(l);
-    return l[0].item<double>() / world;
-  };
-  using clock = std::chrono::steady_clock;
-  double train_s = 0, eager_s = 0, loss = 0, eager_loss = 0;
+  double global_loss(double rank_loss) const {
+    if (!ranks.group || ranks.world == 1) return rank_loss;
+    std::vector<at::Tensor> l{at::full(
+        {1}, rank_loss,
+        at::TensorOptions(at::kDouble).device(ranks.group->backend() == "nccl" ? device : at::Device(at::kCPU)))};
+    ranks.group->all_reduce_sum(l);
+    return l[0].item<double>() / ranks.world;
+  }
+};
+
+// The run's dataset and device checked, then its model, data, optimizer
+// and eager copies made, in the order that keeps the seed's draws.
+Run set_up(const TrainCommandOptions& o, Ranks ranks) {
+  Run run;
+  run.ranks = std::move(ranks);
+  run.gpt = o.model == "gpt";
+  run.dataset = o.dataset.empty() ? (run.gpt ? "synthetic" : "fashion-mnist") : o.dataset;
+  if (run.gpt && run.dataset == "fashion-mnist")
+    throw pipeline::PipelineError("the gpt model trains on token sequences: use --dataset synthetic");
+  if (run.dataset == "synthetic" && o.epochs)
+    throw pipeline::PipelineError("synthetic data is a stream without epochs: use --steps");
+  run.compiled = o.backend != "eager";
+  run.device = o.device == "cuda" && run.ranks.group
+                   ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(run.ranks.rank))
+                   : at::Device(o.device);
+  if (run.device.is_cuda() && !at::hasCUDA())
+    throw pipeline::PipelineError(
+        "--device cuda: no CUDA device is usable here (no GPU, or a LibTorch without "
+        "CUDA); train with --device cpu");
+  run.deterministic = o.check_eager && run.device.is_cuda();
+  if (run.deterministic) use_deterministic_kernels();
+
+  torch::manual_seed(o.seed);
+  run.model = models::make_model(o.model, o.size);
+  run.model.module->to(run.device);
+  // "cuda" names the current GPU; report the one the model is on.
+  run.placed = run.model.module->parameters().front().device();
+  run.model.module->train();
+  TrainCommandOptions global = o;
+  global.batch = o.batch * run.ranks.world;
+  run.batch = o.batch;
+  run.data = run.dataset == "synthetic" ? synthetic_data(global, run.model) : fashion_mnist_data(global);
+  for (data::Batch& b : run.data.test_batches) b = on(b, run.device);
+  run.steps = o.steps ? *o.steps
+                      : (run.data.steps_per_epoch ? o.epochs.value_or(1) * run.data.steps_per_epoch : kSyntheticSteps);
+  run.optimizer = o.optimizer.make(run.model.module->parameters());
+  run.fused_check = o.check_eager && run.compiled && o.backend != "interpreter";
+  if (o.check_eager) {
+    run.eager.emplace(copy_of(o.model, o.size, run.model, run.device, at::kFloat));
+    run.eager_optimizer = o.optimizer.make(run.eager->module->parameters());
+  }
+  if (run.fused_check) {
+    run.reference.emplace(Float64Reference{copy_of(o.model, o.size, run.model, run.device, at::kDouble), nullptr});
+    run.reference->optimizer = o.optimizer.make(run.reference->model.module->parameters());
+  }
+  return run;
+}
+
+void print_header(const TrainCommandOptions& o, const Run& run) {
+  int64_t num_params = 0;
+  for (const auto& p : run.model.module->parameters()) num_params += p.numel();
+  std::cout << "model " << o.model << " (" << num_params << " parameters) on " << run.data.description << "\n"
+            << "optimizer " << o.optimizer.kind << " lr " << o.optimizer.effective_lr() << ", batch " << o.batch;
+  if (run.ranks.world > 1)
+    std::cout << " per rank x " << run.ranks.world << " ranks (" << run.ranks.group->backend() << ")";
+  std::cout << ", " << run.steps << " steps";
+  if (run.data.steps_per_epoch) std::cout << " (" << run.data.steps_per_epoch << " per epoch)";
+  std::cout << ", backend " << o.backend << " on " << run.placed
+            << (run.deterministic ? " (deterministic kernels)" : "") << "\n";
+}
+
+using StepFn = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
+
+// The compiled training step (data-parallel over the ranks' group, if
+// any), compiled for the first batch before the loop, so that throughput
+// counts steps only. The step's builder counts and times its own
+// compilations (and a recompile, should a batch need one) into `counters`
+// and `timer`; the test forward's are not counted.
+StepFn compile_step(const TrainCommandOptions& o, Run& run, const pipeline::Builder& builder,
+                    runtime::PhaseTimer& timer, runtime::Counters& counters) {
+  pipeline::Builder timed = builder;
+  timed.instrument(std::make_shared<runtime::CounterRecorder>(counters))
+      .instrument(std::make_shared<runtime::StageTimer>(timer));
+  const data::Batch first = run.shard(on(run.data.train_batch(0), run.device));
+  StepFn step;
+  if (run.ranks.group) {
+    spmd::SpmdOptions so;
+    so.builder = timed;
+    so.parallel_mode.group = run.ranks.group->name();
+    spmd::SpmdStep dp = spmd::compile(run.model.module, *run.optimizer, models::loss_of(run.model), so);
+    dp.compile({first.inputs, first.targets});
+    step = dp;
+  } else {
+    pipeline::TrainStep single = timed.compile_train_step(run.model.module, *run.optimizer, models::loss_of(run.model));
+    single.compile({first.inputs, first.targets});
+    step = single;
+  }
+  std::cout << "compile (" << o.backend << "): " << describe_stages(timer) << "\n";
+  return step;
+}
+
+// What the loop measured: the last losses (rank 0's, then the global
+// batch's), the seconds spent in steps, and for --check-eager the eager
+// copy's, both loss curves and the first step's agreement.
+struct Trained {
+  double loss = 0, eager_loss = 0;
+  double train_s = 0, eager_s = 0;
+  double samples_per_s = 0;
+  std::vector<double> losses, eager_losses;
   OneStepAgreement one_step;
-  ProgressBar bar("train", steps, rank == 0 ? std::cerr : quiet, rank == 0 && isatty(2));
-  const int64_t global_batch = o.batch * world;
-  for (int64_t i = 0; i < steps; ++i) {
-    const data::Batch b = on(data.train_batch(i), device), mine = shard(b);
+};
+
+// `run.steps` steps: the compiled `step` (eager steps with --backend eager),
+// the eager copy's beside it, a progress bar on rank 0.
+Trained train(Run& run, const StepFn& step, const std::vector<at::Tensor>& first_grads) {
+  using clock = std::chrono::steady_clock;
+  static std::ostream quiet(nullptr);
+  const int rank = run.ranks.rank;
+  Trained t;
+  ProgressBar bar("train", run.steps, rank == 0 ? std::cerr : quiet, rank == 0 && isatty(2));
+  const int64_t global_batch = run.batch * run.ranks.world;
+  for (int64_t i = 0; i < run.steps; ++i) {
+    const data::Batch b = on(run.data.train_batch(i), run.device), mine = run.shard(b);
     // Reading the loss (item()) waits for the step's kernels: the time is the step's on any device.
     auto start = clock::now();
-    loss = (compiled ? step({mine.inputs, mine.targets}) : models::eager_train_step(model, *optimizer, mine))
-               .item<double>();
-    train_s += std::chrono::duration<double>(clock::now() - start).count();
-    if (eager) {
+    t.loss =
+        (run.compiled ? step({mine.inputs, mine.targets}) : models::eager_train_step(run.model, *run.optimizer, mine))
+            .item<double>();
+    t.train_s += std::chrono::duration<double>(clock::now() - start).count();
+    if (run.eager) {
       start = clock::now();
-      eager_loss = models::eager_train_step(*eager, *eager_optimizer, b).item<double>();
-      eager_s += std::chrono::duration<double>(clock::now() - start).count();
+      t.eager_loss = models::eager_train_step(*run.eager, *run.eager_optimizer, b).item<double>();
+      t.eager_s += std::chrono::duration<double>(clock::now() - start).count();
     }
-    if (fused_check) {
+    if (run.fused_check) {
       // Against eager's loss on the global batch: the ranks' mean.
-      const double compiled_loss = global_loss(loss);
-      losses.push_back(compiled_loss);
-      eager_losses.push_back(eager_loss);
+      const double compiled_loss = run.global_loss(t.loss);
+      t.losses.push_back(compiled_loss);
+      t.eager_losses.push_back(t.eager_loss);
       if (i == 0) {
         const at::Tensor reference_loss =
-            models::eager_train_step(reference->model, *reference->optimizer, in_float64(b));
-        one_step = compare_one_step(at::scalar_tensor(compiled_loss, at::kDouble).to(at::kFloat),
-                                    at::scalar_tensor(eager_loss, at::kDouble).to(at::kFloat), reference_loss,
-                                    first_grads, *model.module, *eager->module, *reference->model.module);
-        reference.reset();
+            models::eager_train_step(run.reference->model, *run.reference->optimizer, in_float64(b));
+        t.one_step = compare_one_step(at::scalar_tensor(compiled_loss, at::kDouble).to(at::kFloat),
+                                      at::scalar_tensor(t.eager_loss, at::kDouble).to(at::kFloat), reference_loss,
+                                      first_grads, *run.model.module, *run.eager->module, *run.reference->model.module);
+        run.reference.reset();
       }
     }
-    bar.update(i + 1, "loss " + fixed(loss, 4) + "  " +
-                          fixed(static_cast<double>((i + 1) * global_batch) / train_s, 0) + " samples/s");
+    bar.update(i + 1, "loss " + fixed(t.loss, 4) + "  " +
+                          fixed(static_cast<double>((i + 1) * global_batch) / t.train_s, 0) + " samples/s");
   }
-  const double samples_per_s = static_cast<double>(steps * global_batch) / train_s;
-  bar.finish("loss " + fixed(loss, 4) + (world > 1 ? " (rank 0)" : "") + "  " + fixed(samples_per_s, 0) + " samples/s");
-  loss = global_loss(loss);
+  t.samples_per_s = static_cast<double>(run.steps * global_batch) / t.train_s;
+  bar.finish("loss " + fixed(t.loss, 4) + (run.ranks.world > 1 ? " (rank 0)" : "") + "  " + fixed(t.samples_per_s, 0) +
+             " samples/s");
+  t.loss = run.global_loss(t.loss);
+  return t;
+}
 
-  // The test split through the forward compiled by the same builder (its AOT
-  // inference path), or eagerly with --backend eager.
-  std::function<at::Tensor(const at::Tensor&)> forward = model.forward;
+// The test split's accuracy through the forward compiled by the same
+// builder (its AOT inference path), or eagerly with --backend eager; the
+// number of examples (or next tokens) counted in `counted`.
+double compiled_test_accuracy(Run& run, const pipeline::Builder& builder, int64_t* counted) {
+  std::function<at::Tensor(const at::Tensor&)> forward = run.model.forward;
   std::optional<autograd::AotModule> compiled_forward;
-  if (compiled) {
-    compiled_forward =
-        builder.compile(model.module, [f = model.forward](torch::nn::Module&, const std::vector<at::Tensor>& in) {
-          return std::vector<at::Tensor>{f(in.at(0))};
-        });
+  if (run.compiled) {
+    compiled_forward = builder.compile(run.model.module,
+                                       [f = run.model.forward](torch::nn::Module&, const std::vector<at::Tensor>& in) {
+                                         return std::vector<at::Tensor>{f(in.at(0))};
+                                       });
     forward = [&compiled_forward](const at::Tensor& x) { return (*compiled_forward)({x}).at(0); };
   }
+  return test_accuracy(*run.model.module, forward, run.data.test_batches, counted);
+}
+
+// --check-eager's verdict, printed and put in `j`: a fused backend's as
+// Note [Agreement with eager for a fused backend] says, the interpreter's
+// within --tolerance. Throws when they do not agree.
+void check_agreement(const TrainCommandOptions& o, Run& run, const Trained& t, double accuracy,
+                     nlohmann::ordered_json& j) {
+  const int64_t global_batch = run.batch * run.ranks.world;
+  const double diff = models::max_param_diff(*run.model.module, *run.eager->module);
+  int64_t eager_counted = 0;
+  const double eager_accuracy =
+      test_accuracy(*run.eager->module, run.eager->forward, run.data.test_batches, &eager_counted);
+  j["eager_final_loss"] = t.eager_loss;
+  j["max_param_diff"] = diff;
+  j["eager_test_accuracy"] = eager_accuracy;
+  j["eager_samples_per_s"] = static_cast<double>(run.steps * global_batch) / t.eager_s;
+  std::cout << "agreement with eager: max |param diff| " << sci(diff) << ", final loss " << fixed(t.loss, 6) << " vs "
+            << fixed(t.eager_loss, 6) << " (|diff| " << sci(std::abs(t.loss - t.eager_loss)) << "), test accuracy "
+            << fixed(100 * accuracy, 2) << "% vs " << fixed(100 * eager_accuracy, 2) << "%: ";
+  bool agree = true;
+  if (run.fused_check) {
+    // See Note [Agreement with eager for a fused backend].
+    const double curve = loss_curve_difference(t.losses, t.eager_losses);
+    const double points = 100 * std::abs(accuracy - eager_accuracy);
+    agree = t.one_step.ok() && curve <= kLossCurveRtol && points <= kAccuracyPoints;
+    j["one_step"] = {
+        {"loss", t.one_step.loss.ok}, {"gradients", t.one_step.gradients.ok}, {"parameters", t.one_step.parameters.ok}};
+    j["loss_curve_max_rel_diff"] = curve;
+    j["accuracy_diff_points"] = points;
+    auto verdict = [](const runtime::SameResult& r) { return r.ok ? std::string("ok") : "DIFFER (" + r.reason + ")"; };
+    std::cout << (agree ? "agree" : "DIFFER") << " as a fused backend should: one step from the same state: loss "
+              << verdict(t.one_step.loss) << ", gradients " << verdict(t.one_step.gradients) << ", parameters "
+              << verdict(t.one_step.parameters) << " (same(), float64 reference); loss curves within "
+              << fixed(100 * curve, 2) << "% (at most 2%); test accuracy " << fixed(points, 2)
+              << " points apart (at most 1)\n";
+  } else {
+    agree = diff <= o.tolerance;
+    std::cout << (agree ? "agree" : "DIFFER") << " within " << sci(o.tolerance) << "\n";
+  }
+  if (o.json) std::cout << j.dump() << "\n";
+  std::cout.flush();
+  if (!agree)
+    throw pipeline::PipelineError(run.fused_check
+                                      ? "the compiled training does not agree with the eager copy (see above)"
+                                      : "the compiled training ended more than --tolerance " + sci(o.tolerance) +
+                                            " away from the eager copy");
+}
+
+// The results: final loss, throughput, test accuracy, counters, as text
+// and (--json) as one JSON object, with --check-eager's verdict.
+void report(const TrainCommandOptions& o, Run& run, const pipeline::Builder& builder, const Trained& t,
+            const runtime::PhaseTimer& timer, const runtime::Counters& counters) {
   int64_t counted = 0;
-  const double accuracy = test_accuracy(*model.module, forward, data.test_batches, &counted);
-  std::cout << "train: final loss " << fixed(loss, 4) << ", " << fixed(samples_per_s, 0) << " samples/s";
-  if (eager) {
-    const double eager_rate = static_cast<double>(steps * global_batch) / eager_s;
+  const double accuracy = compiled_test_accuracy(run, builder, &counted);
+  std::cout << "train: final loss " << fixed(t.loss, 4) << ", " << fixed(t.samples_per_s, 0) << " samples/s";
+  if (run.eager) {
+    const double eager_rate = static_cast<double>(run.steps * run.batch * run.ranks.world) / t.eager_s;
     std::cout << " (eager copy: " << fixed(eager_rate, 0) << " samples/s; compiled/eager "
-              << fixed(samples_per_s / eager_rate, 2) << "x)";
+              << fixed(t.samples_per_s / eager_rate, 2) << "x)";
   }
   std::cout << "\ntest accuracy: " << fixed(100 * accuracy, 2) << "% of " << counted
-            << (gpt ? " next tokens" : " examples")
-            << (compiled ? " (the forward compiled by the " + o.backend + " backend)" : std::string()) << "\n";
-  if (compiled) std::cout << "counters: " << describe_counters(counters) << "\n";
+            << (run.gpt ? " next tokens" : " examples")
+            << (run.compiled ? " (the forward compiled by the " + o.backend + " backend)" : std::string()) << "\n";
+  if (run.compiled) std::cout << "counters: " << describe_counters(counters) << "\n";
 
   nlohmann::ordered_json j;
   j["model"] = o.model;
   j["backend"] = o.backend;
-  j["device"] = placed.str();
-  j["deterministic"] = deterministic;
-  j["dataset"] = dataset;
+  j["device"] = run.placed.str();
+  j["deterministic"] = run.deterministic;
+  j["dataset"] = run.dataset;
   j["optimizer"] = o.optimizer.kind;
   j["batch"] = o.batch;
-  j["ranks"] = world;
-  j["steps"] = steps;
-  j["final_loss"] = loss;
+  j["ranks"] = run.ranks.world;
+  j["steps"] = run.steps;
+  j["final_loss"] = t.loss;
   j["test_accuracy"] = accuracy;
-  j["samples_per_s"] = samples_per_s;
+  j["samples_per_s"] = t.samples_per_s;
   j["compile_s"] = nlohmann::ordered_json::object();
   for (const auto& [stage, s] : ordered_stages(timer)) j["compile_s"][stage] = s;
-  if (compiled) j["compile_s"]["total"] = total_stage_s(timer);
+  if (run.compiled) j["compile_s"]["total"] = total_stage_s(timer);
   j["counters"] = counters.snapshot();
   // Inductor and AOTAutograd count their disk caches' outcomes
   // process-wide, as torch's counters["inductor"] and
@@ -386,52 +496,39 @@ void run_train_command(const TrainCommandOptions& o) {
     if (all.contains(group)) j["counters"][group] = all[group];
   // The process's peaks so far: compiles, CUDA-graph captures, the steps,
   // the evaluation and an eager copy's training alike (runtime/memory.h).
-  const runtime::MemoryPeaks peaks = runtime::memory_peaks(placed);
+  const runtime::MemoryPeaks peaks = runtime::memory_peaks(run.placed);
   j["memory"] = {{"peak_rss_bytes", peaks.rss_bytes}};
   if (peaks.device_allocated_bytes) {
     j["memory"]["peak_device_allocated_bytes"] = *peaks.device_allocated_bytes;
     j["memory"]["peak_device_reserved_bytes"] = peaks.device_reserved_bytes.value_or(0);
   }
-  bool agree = true;
-  if (eager) {
-    const double diff = models::max_param_diff(*model.module, *eager->module);
-    int64_t eager_counted = 0;
-    const double eager_accuracy = test_accuracy(*eager->module, eager->forward, data.test_batches, &eager_counted);
-    j["eager_final_loss"] = eager_loss;
-    j["max_param_diff"] = diff;
-    j["eager_test_accuracy"] = eager_accuracy;
-    j["eager_samples_per_s"] = static_cast<double>(steps * global_batch) / eager_s;
-    std::cout << "agreement with eager: max |param diff| " << sci(diff) << ", final loss " << fixed(loss, 6) << " vs "
-              << fixed(eager_loss, 6) << " (|diff| " << sci(std::abs(loss - eager_loss)) << "), test accuracy "
-              << fixed(100 * accuracy, 2) << "% vs " << fixed(100 * eager_accuracy, 2) << "%: ";
-    if (fused_check) {
-      // See Note [Agreement with eager for a fused backend].
-      const double curve = loss_curve_difference(losses, eager_losses);
-      const double points = 100 * std::abs(accuracy - eager_accuracy);
-      agree = one_step.ok() && curve <= kLossCurveRtol && points <= kAccuracyPoints;
-      j["one_step"] = {
-          {"loss", one_step.loss.ok}, {"gradients", one_step.gradients.ok}, {"parameters", one_step.parameters.ok}};
-      j["loss_curve_max_rel_diff"] = curve;
-      j["accuracy_diff_points"] = points;
-      auto verdict = [](const runtime::SameResult& r) {
-        return r.ok ? std::string("ok") : "DIFFER (" + r.reason + ")";
-      };
-      std::cout << (agree ? "agree" : "DIFFER") << " as a fused backend should: one step from the same state: loss "
-                << verdict(one_step.loss) << ", gradients " << verdict(one_step.gradients) << ", parameters "
-                << verdict(one_step.parameters) << " (same(), float64 reference); loss curves within "
-                << fixed(100 * curve, 2) << "% (at most 2%); test accuracy " << fixed(points, 2)
-                << " points apart (at most 1)\n";
-    } else {
-      agree = diff <= o.tolerance;
-      std::cout << (agree ? "agree" : "DIFFER") << " within " << sci(o.tolerance) << "\n";
-    }
-  }
+  if (run.eager) return check_agreement(o, run, t, accuracy, j);
   if (o.json) std::cout << j.dump() << "\n";
   std::cout.flush();
-  if (!agree)
-    throw pipeline::PipelineError(fused_check ? "the compiled training does not agree with the eager copy (see above)"
-                                              : "the compiled training ended more than --tolerance " +
-                                                    sci(o.tolerance) + " away from the eager copy");
+}
+
+void run_train_command(const TrainCommandOptions& o) {
+  if (o.nproc > 1 && std::getenv("WORLD_SIZE") == nullptr) return launch_ranks(o);
+  Ranks ranks = join_ranks(o);
+  // Only rank 0 reports; the others print their errors only.
+  if (ranks.rank != 0) std::cout.setstate(std::ios::failbit);
+  Run run = set_up(o, std::move(ranks));
+  print_header(o, run);
+  pipeline::Builder builder;
+  if (run.compiled) {
+    builder.backend(o.backend);
+    o.compile.apply(builder);
+  }
+  std::vector<at::Tensor> first_grads;
+  if (run.fused_check)
+    first_grads = compiled_gradients(builder, o.model, o.size, run.model, on(run.data.train_batch(0), run.device));
+  runtime::PhaseTimer timer;
+  runtime::Counters counters;
+  StepFn step;
+  if (run.compiled) step = compile_step(o, run, builder, timer, counters);
+  std::cout.flush();
+  const Trained trained = train(run, step, first_grads);
+  report(o, run, builder, trained, timer, counters);
 }
 
 }  // namespace

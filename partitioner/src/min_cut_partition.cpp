@@ -3,6 +3,7 @@
 #include <crucible/partitioner/min_cut_partition.h>
 
 #include <crucible/ir/effects.h>
+#include <crucible/ir/op_classes.h>
 
 #include "split.h"
 
@@ -30,23 +31,6 @@ namespace {
 
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
-bool compute_intensive(std::string_view op) {
-  static const std::unordered_set<std::string_view> ops = {"aten::mm",
-                                                           "aten::addmm",
-                                                           "aten::bmm",
-                                                           "aten::baddbmm",
-                                                           "aten::matmul",
-                                                           "aten::convolution",
-                                                           "aten::convolution_backward",
-                                                           "aten::_convolution",
-                                                           "aten::cudnn_convolution",
-                                                           "aten::_scaled_dot_product_flash_attention",
-                                                           "aten::_scaled_dot_product_efficient_attention",
-                                                           "aten::_scaled_dot_product_cudnn_attention",
-                                                           "aten::_scaled_dot_product_attention_math"};
-  return ops.count(op) > 0;
-}
-
 bool is_view(const ir::Node& n) {
   if (!n.is_call()) return false;
   const auto& returns = n.schema().returns();
@@ -54,23 +38,15 @@ bool is_view(const ir::Node& n) {
 }
 
 bool cheap(const ir::Node& n) {
-  static const std::unordered_set<std::string_view> ops = {
-      "aten::sum", "aten::mean", "aten::amax", "aten::amin", "aten::cat", "aten::expand", "aten::clone",
-      "aten::_to_copy", "aten::where", "aten::full", "aten::full_like", "aten::zeros", "aten::zeros_like", "aten::ones",
-      "aten::ones_like", "aten::scalar_tensor", "aten::arange", "aten::empty", "aten::empty_like",
-      "aten::lift_fresh_copy", "aten::alias",
-      // Functionalized RNG's draws: a pure function of the seed and offset
-      // inputs, so the backward draws the forward's numbers again.
-      "crucible::philox_rand"};
   if (n.op().hasTag(at::Tag::pointwise) || is_view(n)) return true;
-  return ops.count(n.schema().name()) > 0;
+  return ir::is_op_class(n.target(), ir::OpClass::CheapToRecompute);
 }
 
 // Whether the backward may recompute `n`; see Note [Min-cut partition].
 bool recomputable(const ir::Node& n, const MinCutOptions& options) {
   if (!n.is_call()) return true;  // constants
   if (ir::has_side_effects(n)) return false;
-  if (options.ban_compute_intensive && compute_intensive(n.schema().name())) return false;
+  if (options.ban_compute_intensive && ir::is_op_class(n.target(), ir::OpClass::ComputeIntensive)) return false;
   return !options.only_recompute_cheap_ops || cheap(n);
 }
 
@@ -82,7 +58,7 @@ double recompute_cost(const ir::Node& n) {
   double bytes = 0;
   for (const auto& r : n.results())
     if (r->is_tensor() && r->has_meta()) bytes += static_cast<double>(r->meta().nbytes());
-  if (compute_intensive(n.schema().name())) return 64 * bytes;
+  if (ir::is_op_class(n.target(), ir::OpClass::ComputeIntensive)) return 64 * bytes;
   return cheap(n) ? bytes : 4 * bytes;
 }
 
@@ -156,7 +132,8 @@ bool materialized_backwards(const ir::Value* value, const std::vector<bool>& bac
     stack.pop_back();
     for (const ir::Node* user : cur->users()) {
       if (!user->is_call() || user->num_results() == 0) continue;
-      if (backward[v.index.at(user->result(0))] && compute_intensive(user->schema().name())) return true;
+      if (backward[v.index.at(user->result(0))] && ir::is_op_class(user->target(), ir::OpClass::ComputeIntensive))
+        return true;
       if (is_view(*user)) stack.push_back(user->result(0));
     }
   }
@@ -180,7 +157,8 @@ std::string ban_reason(const ir::Node& n, bool reads_mutated, bool far, bool mat
   if (!n.is_call()) return "";
   const std::string op(n.schema().name());
   if (ir::has_side_effects(n)) return op + " has side effects (random draws, writes or collectives)";
-  if (options.ban_compute_intensive && compute_intensive(op)) return op + " is compute-intensive";
+  if (options.ban_compute_intensive && ir::is_op_class(op, ir::OpClass::ComputeIntensive))
+    return op + " is compute-intensive";
   if (options.only_recompute_cheap_ops && !cheap(n)) return op + " is not a cheap op";
   if (far) return "more than max_recompute_distance uses from the backward";
   if (materialized) return "a compute-intensive backward op reads it (ban_materialized_backwards)";

@@ -358,7 +358,8 @@ TEST_CASE("a cache directory others can write is refused", "[inductor]") {
                       CRUCIBLE_HAS_SUBSTR("writable by group or others"));
 }
 
-// Note [In-place write-backs] and [Trailing write-backs] in src/lowering.cpp:
+// Note [In-place write-backs] and [Trailing write-backs] in
+// src/lowering/write_backs.cpp:
 // an SGD-with-momentum step's write-backs, in the order a traced step has
 // them (momentum first, whose old value the parameter's update reads).
 TEST_CASE("trailing write-backs: new values written in place into the inputs, in an order that keeps old values",
@@ -467,6 +468,14 @@ TEST_CASE("cuda_graph_blocker: what keeps a graph from being captured, read from
     h.add_call("crucible::assert_equal", {h.placeholders()[0], h.placeholders()[1], false});
     crucible::testing::relabel_device(h, c10::Device(c10::kCUDA, 0));
     CHECK_THAT(inductor::cuda_graph_blocker(h), CRUCIBLE_HAS_SUBSTR("crucible::assert_equal"));
+  }
+  SECTION("a collective of any kind (ir::is_collective), which c10d tracks on the host") {
+    ir::Graph h = state_step(w, m, x);
+    crucible::testing::relabel_device(h, c10::Device(c10::kCUDA, 0));
+    h.add_call("_c10d_functional_autograd::all_gather_into_tensor", {h.placeholders()[2], int64_t{2}, "0"});
+    CHECK_THAT(inductor::cuda_graph_blocker(h),
+               CRUCIBLE_HAS_SUBSTR("_c10d_functional_autograd::all_gather_into_tensor") &&
+                   CRUCIBLE_HAS_SUBSTR("is a collective"));
   }
 }
 

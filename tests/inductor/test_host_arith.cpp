@@ -1,9 +1,10 @@
-// Host arithmetic (Note [Host arithmetic] in inductor/src/host_arith.cpp):
-// the run-time plan computes ops on 0-dim float64 CPU tensors itself. Each
-// op is compared with ATen's own kernel, called through the dispatcher on
-// the same values, bit for bit: the optimizer's step counts and bias
-// corrections must stay what eager computes.
-#include "host_arith.h"
+// Host arithmetic (Note [Host arithmetic] in
+// inductor/src/runtime/host_arith.cpp): the run-time plan computes ops on
+// 0-dim float64 CPU tensors itself. Each op is compared with ATen's own
+// kernel, called through the dispatcher on the same values, bit for bit:
+// the optimizer's step counts and bias corrections must stay what eager
+// computes.
+#include "runtime/host_arith.h"
 
 #include <crucible/ir/graph.h>
 #include <crucible/ir/tensor_meta.h>

@@ -256,7 +256,7 @@ void check(Builder& b, const std::vector<Expect>& expects, const inductor::Induc
 
 /// On a GPU, `b`'s graph (which check compiled and ran) compiled again in
 /// each launch configuration its kernels have (Note [Autotuning] in
-/// cuda_codegen.cpp: 4 for row kernels), run, and every output checked as
+/// codegen/cuda.cpp: 4 for row kernels), run, and every output checked as
 /// check does: the configurations autotuning picks from are each right.
 void check_each_config(Builder& b, const std::vector<Expect>& expects) {
   if (compile_only() || !test_device().is_cuda()) return;

@@ -124,7 +124,7 @@ inline Trained train_and_compare(const MakeModule& make, const MakeOptimizer& ma
 
 // The builders every program runs with. On a GPU the inductor builder
 // rewrites convolutions to channels-last (Note [Channels-last convolutions]
-// in inductor/src/layout_opt.cpp); on the CPU a builder of its own forces
+// in inductor/src/fx_passes/layout_opt.cpp); on the CPU a builder of its own forces
 // that rewrite, so that what it computes, and the layouts of what the
 // caller gets, are checked there too.
 inline std::vector<std::pair<std::string, Builder>> builders() {

@@ -57,7 +57,7 @@ double atol_for(const at::Tensor& t) { return t.scalar_type() == at::kDouble ? k
 
 // Every output close to eager's, and laid out as eager's (sizes, strides,
 // storage offset: Note [Eager's strides at the outputs] in
-// inductor/src/layout_opt.cpp).
+// inductor/src/fx_passes/layout_opt.cpp).
 void require_outputs_like_eager(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& expected) {
   REQUIRE(got.size() == expected.size());
   for (size_t i = 0; i < got.size(); ++i) {

@@ -7,7 +7,7 @@
 // compile_train_step. Inductor's channels-last rewrite of convolutions is
 // on (forced on a CPU, as it runs on a GPU): inside the graph values live
 // channels-last, at its outputs they do not (Note [Eager's strides at the
-// outputs] in inductor/src/layout_opt.cpp). CRUCIBLE_TEST_DEVICE=cuda runs
+// outputs] in inductor/src/fx_passes/layout_opt.cpp). CRUCIBLE_TEST_DEVICE=cuda runs
 // the same on the GPU.
 #include <crucible/autograd/aot_module.h>
 #include <crucible/inductor/compile_fx.h>

@@ -1,6 +1,7 @@
 #include "trace_session.h"
 
 #include <crucible/ir/meta_call.h>
+#include <crucible/ir/op_classes.h>
 #include <crucible/tracer/error.h>
 
 #include <ATen/ATen.h>
@@ -20,7 +21,6 @@
 #include <optional>
 #include <sstream>
 #include <string>
-#include <unordered_set>
 #include <utility>
 
 namespace crucible::tracer::detail {
@@ -656,11 +656,7 @@ namespace {
 bool overwrites(const c10::OperatorHandle& op, size_t a) {
   const c10::FunctionSchema& schema = op.schema();
   if (schema.arguments()[a].is_out()) return true;
-  static const std::unordered_set<std::string> fills = {"aten::fill_",       "aten::zero_",        "aten::copy_",
-                                                        "aten::normal_",     "aten::uniform_",     "aten::random_",
-                                                        "aten::bernoulli_",  "aten::exponential_", "aten::geometric_",
-                                                        "aten::log_normal_", "aten::cauchy_"};
-  return a == 0 && fills.count(schema.name());
+  return a == 0 && ir::is_op_class(schema.name(), ir::OpClass::OverwritesSelf);
 }
 
 }  // namespace

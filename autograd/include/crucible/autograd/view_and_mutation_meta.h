@@ -162,7 +162,7 @@ struct ViewAndMutationMeta {
 // so the gradient the graph returns is laid out as its layout contract lays
 // out .grad (a weight stored transposed gets a transposed .grad), and a
 // backend keeps that layout (Note [Eager's strides at the outputs] in
-// inductor/src/layout_opt.cpp). A gradient accumulated into a
+// inductor/src/fx_passes/layout_opt.cpp). A gradient accumulated into a
 // tensor passed as an argument is refused (AotError): the caller would have
 // to find it on a copy. On the autograd path a function that runs its own
 // backward is refused too: its gradients would not reach the caller's graph.

@@ -22,16 +22,16 @@ namespace crucible::inductor {
 /// Value) to a CompiledFn taking its placeholders in order.
 ///
 /// Tensors of f32/f64 (and i64/i32/bool where an op allows) on one device
-/// are lowered to the loop-level IR (Note [Lowering] in src/lowering.cpp):
-/// the graph's CUDA device if it has a tensor on one, else the CPU.
-/// Pointwise ops with broadcasting and any strides, views folded into index
-/// expressions, and the reductions sum, mean, amax, amin and var_mean; the
-/// scheduler fuses them into kernels (Note [Fusion] in src/codegen.cpp:
-/// pointwise chains, reductions with their prologues and epilogues, softmax
-/// and layer-norm rows in one pass per row), rendered as C++/OpenMP on the
-/// CPU, or as CUDA C++ compiled by NVRTC for the device's architecture and
-/// launched on the current CUDA stream (Note [CUDA rendering] in
-/// src/cuda_codegen.cpp). Everything else (mm, convolution, random and
+/// are lowered to the loop-level IR (Note [Lowering] in
+/// src/lowering/lowering.cpp): the graph's CUDA device if it has a tensor
+/// on one, else the CPU. Pointwise ops with broadcasting and any strides,
+/// views folded into index expressions, and the reductions sum, mean, amax,
+/// amin and var_mean; the scheduler fuses them into kernels (Note [Fusion]
+/// in src/scheduler.cpp: pointwise chains, reductions with their prologues
+/// and epilogues, softmax and layer-norm rows in one pass per row),
+/// rendered as C++/OpenMP on the CPU, or as CUDA C++ compiled by NVRTC for
+/// the device's architecture and launched on the current CUDA stream (Note
+/// [CUDA rendering] in src/codegen/cuda.cpp). Everything else (mm, convolution, random and
 /// mutating ops, tensors on another device, anything unknown) runs as an
 /// extern kernel through the dispatcher, in graph order around the kernels
 /// that do not depend on it. A graph the plan cannot express (or a
@@ -42,8 +42,8 @@ namespace crucible::inductor {
 /// strides and storage offsets of the graph's metadata (eager's), whatever
 /// layouts the graph computes in (saved values, OutputKind::SavedValue, may
 /// come back in another: Note [Eager's strides at the outputs] in
-/// src/layout_opt.cpp). `example_inputs` is unused
-/// (metadata come from the graph) and may be empty.
+/// src/fx_passes/layout_opt.cpp). `example_inputs` is unused (metadata
+/// come from the graph) and may be empty.
 ///
 /// Throws InductorError when the cache directory is unusable, or when the
 /// C++ compiler or NVRTC fails (naming the generated source file and
@@ -55,10 +55,10 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
 
 /// Why compile_fx_inner with InductorOptions::cuda_graphs would run `graph`
 /// without capturing it as a CUDA graph (Note [CUDA graphs] in
-/// src/cuda_graphs.cpp), as PyTorch's "skipping cudagraphs due to ..."
-/// says: the graph runs on the CPU, an input or result is not a tensor on
-/// the graph's GPU (e.g. a learning rate on the host), an op reads a value
-/// back to the host (item, nonzero), or a collective (whose work c10d
+/// src/runtime/cuda_graphs.cpp), as PyTorch's "skipping cudagraphs due to
+/// ..." says: the graph runs on the CPU, an input or result is not a tensor
+/// on the graph's GPU (e.g. a learning rate on the host), an op reads a
+/// value back to the host (item, nonzero), or a collective (whose work c10d
 /// tracks on the host) is in it. Empty when it can be captured.
 /// Reads only the graph's metadata: needs no GPU. Throws nothing.
 std::string cuda_graph_blocker(const ir::Graph& graph);
@@ -77,7 +77,7 @@ GeneratedCode generate_code(const ir::Graph& graph);
 /// The cubins NVRTC makes of `graph`'s CUDA code for `arch` (e.g.
 /// "sm_90"), one per translation unit (a large graph's kernels are split
 /// into units compiled side by side: Note [Parallel NVRTC] in
-/// src/cuda_builder.cpp), through the cache of `options`; empty when
+/// src/codecache/cuda_builder.cpp), through the cache of `options`; empty when
 /// `graph` generates no CUDA code. Runs without a GPU: the check that
 /// every generated kernel compiles. Throws InductorError as
 /// compile_fx_inner does for NVRTC.

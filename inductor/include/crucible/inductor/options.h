@@ -47,22 +47,22 @@ struct InductorOptions {
   /// events on a GPU) and print to stderr, when the compiled function is
   /// destroyed, the steps that took longest, in ms per call, the first call
   /// (the warm-up) left out when later ones ran (Note [Per-step profile] in
-  /// src/compile_fx.cpp). Slows the calls down. Also prints,
-  /// once compiled, the compile's phases in ms (passes and cache lookup;
+  /// src/runtime/profile.cpp). Slows the calls down. Also prints, once
+  /// compiled, the compile's phases in ms (passes and cache lookup;
   /// lowering, fusion and rendering; NVRTC or the C++ compiler; loading;
   /// the run-time plan).
   bool profile = false;
   /// Capture each compiled CUDA graph's calls as a CUDA graph and replay it
   /// (torch.compile's mode="reduce-overhead"; Note [CUDA graphs] in
-  /// src/cuda_graphs.cpp): one launch a call instead of one per kernel.
-  /// The first call runs as usual (warm-up), the second captures; inputs
-  /// that are module or optimizer state stay where they are, the others are
-  /// copied into buffers of the graph's. A graph that cannot be captured
+  /// src/runtime/cuda_graphs.cpp): one launch a call instead of one per
+  /// kernel. The first call runs as usual (warm-up), the second captures;
+  /// inputs that are module or optimizer state stay where they are, the
+  /// others are copied into buffers of the graph's. A graph that cannot be captured
   /// (it computes on the CPU, reads a CPU tensor, syncs with the host) runs
   /// without, with a warning saying why. Graphs on the CPU ignore it.
   bool cuda_graphs = false;
   /// Which launch configuration CUDA kernels rendered in several run
-  /// (Note [Autotuning] in src/cuda_codegen.cpp; torch/_inductor's
+  /// (Note [Autotuning] in src/codegen/cuda.cpp; torch/_inductor's
   /// autotuning of a reduction's Triton configs). -1: each is timed in every
   /// configuration at its first run, on that run's inputs, and the fastest
   /// kept; the choice is stored in the cache directory under the kernel's
@@ -74,12 +74,12 @@ struct InductorOptions {
   /// comparing them by hand.
   int kernel_config = -1;
   /// Rewrite graphs with 2-D convolutions to channels-last (Note
-  /// [Channels-last convolutions] in src/layout_opt.cpp) when their loops
-  /// run on the CPU too; on a GPU the rewrite always runs. What the rewrite
-  /// changes is where values live, never a value or the strides of an
-  /// output the caller sees (Note [Eager's strides at the outputs]), so
-  /// with it a CPU run shows what a GPU run computes: torch/_inductor's
-  /// force_layout_optimization, for tests without a GPU.
+  /// [Channels-last convolutions] in src/fx_passes/layout_opt.cpp) when
+  /// their loops run on the CPU too; on a GPU the rewrite always runs.
+  /// What the rewrite changes is where values live, never a value or the
+  /// strides of an output the caller sees (Note [Eager's strides at the
+  /// outputs]), so with it a CPU run shows what a GPU run computes:
+  /// torch/_inductor's force_layout_optimization, for tests without a GPU.
   bool force_layout_optimization = false;
 
   /// The defaults, with the debugging switches taken from the environment

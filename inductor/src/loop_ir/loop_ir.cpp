@@ -1,0 +1,194 @@
+#include "loop_ir/loop_ir.h"
+
+#include <crucible/ir/tensor_meta.h>
+
+namespace crucible::inductor::detail {
+
+int64_t Buffer::numel() const {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+int64_t Loop::numel() const {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+int64_t Loop::rnumel() const {
+  int64_t n = 1;
+  for (int64_t s : rsizes) n *= s;
+  return n;
+}
+
+// Note [Reduced-precision loops]
+// bf16 and f16 tensors are read and written by the loops as 16-bit
+// patterns, converted to float on load and rounded to nearest even on
+// store; everything between is float, as ATen's kernels compute them (its
+// opmath type) and as TorchInductor's generated kernels do. A fused chain
+// therefore rounds once, where eager rounds after every op: its result is
+// as close to the exact one or closer, and differs from eager's by the
+// roundings eager makes. An explicit conversion to bf16 or f16 (to,
+// _to_copy, a fill of that dtype) rounds where it stands, also inlined,
+// since the program asked for the rounding (an autocast's cast to bf16
+// then back to float gives eager's values). Sums accumulate as float sums
+// do (double on the CPU, float on a GPU).
+bool reduced_precision(c10::ScalarType t) { return t == c10::kBFloat16 || t == c10::kHalf; }
+
+std::string storage_ctype_of(c10::ScalarType t) { return reduced_precision(t) ? "uint16_t" : ctype_of(t); }
+
+std::string from_storage(c10::ScalarType t, const std::string& stored) {
+  if (t == c10::kBFloat16) return "crucible_bf16_to_float(" + stored + ")";
+  if (t == c10::kHalf) return "crucible_f16_to_float(" + stored + ")";
+  return stored;
+}
+
+std::string to_storage(c10::ScalarType t, const std::string& value) {
+  if (t == c10::kBFloat16) return "crucible_float_to_bf16(" + value + ")";
+  if (t == c10::kHalf) return "crucible_float_to_f16(" + value + ")";
+  return value;
+}
+
+std::string round_to(c10::ScalarType t, const std::string& value) {
+  return reduced_precision(t) ? from_storage(t, to_storage(t, value)) : value;
+}
+
+std::string ctype_of(c10::ScalarType t) {
+  switch (t) {
+    case c10::kBFloat16:
+    case c10::kHalf:
+    case c10::kFloat:
+      return "float";
+    case c10::kDouble:
+      return "double";
+    case c10::kLong:
+      return "int64_t";
+    case c10::kInt:
+      return "int32_t";
+    case c10::kBool:
+      return "bool";
+    default:
+      return {};
+  }
+}
+
+int level_of(const Expr& e) {
+  if (e.uses("r") || e.uses("rh") || e.uses("rl") || e.uses("ol")) return 2;
+  return e.uses("o") || e.uses("oh") ? 1 : 0;
+}
+
+namespace {
+
+// A body that only records the loads (for dependency analysis) and names
+// values by their text (for printing the IR).
+class RecordingBody : public Body {
+ public:
+  explicit RecordingBody(const Program& p) : p_(p) {}
+  Val load(int b, const std::vector<Expr>& index) override {
+    const Buffer& buf = p_.buffers[b];
+    Expr flat = iteration_position(p_, b, index);
+    reads.push_back({b, flat});
+    std::string text = "load(" + buf.name + ", " + flat.str() + ")";
+    return compute(text, level_of(flat), ctype_of(buf.dtype));
+  }
+  Val compute(const std::string& expr, int level, const std::string&) override {
+    auto [it, fresh] = names_.emplace(expr, "t" + std::to_string(names_.size()));
+    if (fresh) lines.push_back(it->second + " = " + expr);
+    return {it->second, level};
+  }
+  std::vector<Read> reads;
+  std::vector<std::string> lines;
+
+ private:
+  const Program& p_;
+  std::unordered_map<std::string, std::string> names_;
+};
+
+}  // namespace
+
+LoopVars loop_vars(int64_t outer, int64_t inner, int64_t osplit, int64_t rsplit) {
+  auto var = [](const std::string& name, int64_t extent, int64_t split) {
+    if (split <= 0) return Expr::var(name, extent);
+    return Expr::var(name + "h", extent / split) * split + Expr::var(name + "l", split);
+  };
+  return {outer, inner, var("o", outer, osplit), var("r", inner, rsplit)};
+}
+
+Val body_value(Body& b, const Loop& loop, const LoopVars& v) {
+  if (loop.reduction) return loop.rfn(b, unravel(v.o, loop.sizes), unravel(v.r, loop.rsizes));
+  Expr flat = loop.numel() == v.outer ? v.o : v.o * v.inner + v.r;
+  return loop.fn(b, loop_index(loop, flat));
+}
+
+Val body_value(Body& b, const Loop& loop, int64_t outer, int64_t inner) {
+  return body_value(b, loop, loop_vars(outer, inner));
+}
+
+Expr iteration_position(const Program& p, int b, const std::vector<Expr>& index) {
+  const Buffer& buf = p.buffers[static_cast<size_t>(b)];
+  const bool in_memory_order = buf.loop >= 0 && !p.loops[static_cast<size_t>(buf.loop)].order.empty();
+  return dot(index, in_memory_order ? buf.strides : contiguous_strides(buf.sizes));
+}
+
+std::vector<Expr> loop_index(const Loop& loop, const Expr& flat) {
+  if (loop.order.empty()) return unravel(flat, loop.sizes);
+  std::vector<int64_t> sizes;
+  for (int d : loop.order) sizes.push_back(loop.sizes[static_cast<size_t>(d)]);
+  const std::vector<Expr> in_order = unravel(flat, sizes);
+  std::vector<Expr> index(loop.sizes.size());
+  for (size_t k = 0; k < loop.order.size(); ++k) index[static_cast<size_t>(loop.order[k])] = in_order[k];
+  return index;
+}
+
+Expr store_offset(const Program& p, const Loop& loop, const Expr& flat) {
+  return dot(loop_index(loop, flat), p.buffers[static_cast<size_t>(loop.buffer)].strides);
+}
+
+std::vector<Read> reads_of(const Program& p, const Loop& loop, int64_t outer, int64_t inner) {
+  RecordingBody b(p);
+  body_value(b, loop, outer, inner);
+  return std::move(b.reads);
+}
+
+std::string to_text(const Program& p) {
+  auto dims = [](const std::vector<int64_t>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    return s + "]";
+  };
+  std::string out;
+  for (const Item& it : p.items) {
+    if (it.extern_node) {
+      const ir::Node* n = it.extern_node;
+      out += "extern " + (n->num_results() ? "%" + n->result(0)->name() + " = " : std::string()) + n->target() + "\n";
+      continue;
+    }
+    const Loop& l = p.loops[it.loop];
+    const Buffer& buf = p.buffers[l.buffer];
+    RecordingBody b(p);
+    Val v = l.reduction ? body_value(b, l, l.numel(), l.rnumel()) : body_value(b, l, l.numel(), 1);
+    out += buf.name + " : " + c10::toString(buf.dtype) + dims(buf.sizes) + " stride=" + dims(buf.strides) + " = ";
+    if (l.reduction) {
+      const char* kind = l.rtype == ReductionType::Sum ? "sum" : l.rtype == ReductionType::Max ? "max" : "min";
+      out += std::string("reduction(") + kind + ", o < " + std::to_string(l.numel()) + ", r < " +
+             std::to_string(l.rnumel()) + ") {\n";
+    } else {
+      out += "pointwise(o < " + std::to_string(l.numel()) + ") {\n";
+    }
+    for (const std::string& line : b.lines) out += "  " + line + "\n";
+    out += "  " + std::string(l.reduction ? "combine " : "store ") + v.name;
+    if (!l.finalize.empty()) out += ", then " + l.finalize;
+    out += "\n}\n";
+  }
+  return out;
+}
+
+c10::Device loop_device(const ir::Graph& graph) {
+  for (const ir::Node* n : graph.nodes())
+    for (const auto& r : n->results())
+      if (r->is_tensor() && r->has_meta() && r->meta().device.is_cuda()) return r->meta().device;
+  return c10::kCPU;
+}
+
+}  // namespace crucible::inductor::detail

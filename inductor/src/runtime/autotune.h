@@ -1,0 +1,18 @@
+// Private: the choice among a CUDA kernel's configurations, timed at its
+// first run (torch/_inductor/runtime/triton_heuristics.py's
+// CachingAutotuner; Note [Autotuning] in runtime/autotune.cpp).
+#pragma once
+
+#include "runtime/plan.h"
+
+namespace crucible::inductor::detail {
+
+/// The index in `st.configs` of the configuration to launch `st` with on
+/// `stream` (its arguments `args`, as CudaLibrary::launch takes them):
+/// chosen already, remembered in the plan or the cache directory, or timed
+/// now on these arguments (every configuration launched; the chosen one
+/// last). 0 while `stream` captures a CUDA graph. Throws InductorError when
+/// the driver refuses the first configuration.
+int choose_configuration(const Plan& plan, const Step& st, void* stream, void** args);
+
+}  // namespace crucible::inductor::detail

@@ -1,0 +1,22 @@
+// Private: the run-time plan made from a compiled schedule: a slot for
+// every tensor, steps in schedule order, each slot cleared after its last
+// reader, and the memory of dead buffers reused (Note [Run-time plan] in
+// runtime/plan.h, Note [Buffer reuse] in runtime/memory_plan.cpp).
+#pragma once
+
+#include "codecache/graph_cache.h"
+#include "runtime/plan.h"
+
+namespace crucible::inductor::detail {
+
+/// Fills `plan` (its graph, device and loaded kernels set) with the slots,
+/// steps and outputs of schedule `s`: each slot cleared after its last
+/// reader, a generated kernel's output given the memory of a dead buffer of
+/// the same span (Note [Buffer reuse]). `kernel_config` >= 0 fixes every
+/// autotuned kernel's configuration (InductorOptions::kernel_config).
+/// Throws InductorError for a graph the plan cannot express (one that
+/// returns a non-tensor, reads a value before defining it, or passes a list
+/// argument of another kind than tensors).
+void make_plan(Plan& plan, const CompiledSchedule& s, int kernel_config);
+
+}  // namespace crucible::inductor::detail
