@@ -15,6 +15,7 @@
 #include <ATen/cuda/CUDAGraph.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -45,7 +46,9 @@ namespace crucible::inductor {
 //  - the first call runs as compiled (a warm-up: modules load, cuBLAS makes
 //    its handles and workspaces outside any capture); the second captures,
 //    on a side stream and into a private pool of the caching allocator, then
-//    replays; later calls replay;
+//    replays; later calls replay. The warm-up runs on that stream and
+//    allocates into that pool too (Note [One pool for the warm-up and the
+//    capture]);
 //  - inputs that are module or optimizer state (InputKind Parameter, Buffer,
 //    State) are read and written where they are, as PyTorch's static inputs;
 //    when one of them is at another address at a later call (state loaded
@@ -64,6 +67,19 @@ namespace crucible::inductor {
 //    on, with a warning.
 // Random ops draw new numbers at every replay: the CUDA generator registers
 // with the capture and advances its offset at each replay.
+
+// Note [One pool for the warm-up and the capture]
+// A capture allocates from a private pool, which only its graph's replays
+// use. Had the warm-up allocated from the caching allocator's shared pool,
+// its activations, freed when it returned, would stay reserved there beside
+// the pool the capture then filled with the same activations again: a
+// GPT-2 step reserved about 15 GiB more than it needed. So the warm-up runs
+// on the capture's stream with that stream's allocations routed into the
+// capture's pool (beginAllocateToPool), as torch's cudagraph_trees warm up
+// inside the tree's pool, and the capture reuses the blocks the warm-up
+// freed. The runner holds the pool from the warm-up on (a pool whose users
+// all left may be handed back to the device) and lets it go when it is
+// destroyed or when its capture failed.
 
 namespace {
 
@@ -119,6 +135,38 @@ struct Captured {
   std::vector<bool> output_is_state_view;  // per output: a view of a state input (returned as is)
 };
 
+// A hold on a private pool of the caching allocator: see Note [One pool for
+// the warm-up and the capture].
+class PoolHold {
+ public:
+  explicit PoolHold(c10::DeviceIndex device) : device_(device), id_(at::cuda::graph_pool_handle()) {}
+  PoolHold(const PoolHold&) = delete;
+  PoolHold& operator=(const PoolHold&) = delete;
+  ~PoolHold() {
+    if (held_) c10::cuda::CUDACachingAllocator::releasePool(device_, id_);
+  }
+  c10::MempoolId_t id() const { return id_; }
+  // Runs `body` with the allocations of `stream` routed into the pool; the
+  // first call creates the pool and takes the hold.
+  template <typename F>
+  auto allocate_into(const c10::cuda::CUDAStream& stream, F&& body) {
+    c10::cuda::CUDACachingAllocator::beginAllocateToPool(
+        device_, id_, [s = stream.stream()](cudaStream_t t) { return t == s; });
+    held_ = true;
+    struct End {
+      c10::DeviceIndex device;
+      c10::MempoolId_t id;
+      ~End() { c10::cuda::CUDACachingAllocator::endAllocateToPool(device, id); }
+    } end{device_, id_};
+    return body();
+  }
+
+ private:
+  c10::DeviceIndex device_;
+  c10::MempoolId_t id_;
+  bool held_ = false;
+};
+
 struct CudaGraphRunner {
   ir::CompiledFn fn;
   c10::Device device = c10::kCUDA;
@@ -127,11 +175,15 @@ struct CudaGraphRunner {
   std::mutex mu;               // one call at a time: replays share the buffers
   int64_t calls = 0;
   bool disabled = false;
+  // The stream the warm-up and the captures run on, and their pool.
+  std::optional<c10::cuda::CUDAStream> stream;
+  std::unique_ptr<PoolHold> pool;
   std::unique_ptr<Captured> captured;
 
   std::vector<at::Tensor> operator()(std::vector<at::Tensor>& inputs) {
     std::lock_guard lock(mu);
-    if (disabled || calls++ == 0) return fn(inputs);  // the first call warms up
+    if (disabled) return fn(inputs);
+    if (calls++ == 0) return warm_up(inputs);
     if (inputs.size() != is_state.size())
       throw InductorError("inductor: the compiled graph takes " + std::to_string(is_state.size()) + " inputs, got " +
                           std::to_string(inputs.size()));
@@ -139,6 +191,7 @@ struct CudaGraphRunner {
       captured.reset();
       if (!capture(inputs)) {
         disabled = true;
+        pool.reset();
         return fn(inputs);
       }
     } else {
@@ -188,6 +241,28 @@ struct CudaGraphRunner {
     return true;
   }
 
+  // The first call, run as compiled on the capture's stream and into its
+  // pool (Note [One pool for the warm-up and the capture]); the caller's
+  // stream waits for it.
+  std::vector<at::Tensor> warm_up(std::vector<at::Tensor>& inputs) {
+    c10::cuda::CUDAGuard guard(device);
+    const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device.index());
+    stream = c10::cuda::getStreamFromPool(false, device.index());
+    pool = std::make_unique<PoolHold>(device.index());
+    at::cuda::CUDAEvent ready;
+    ready.record(caller);
+    ready.block(*stream);
+    std::vector<at::Tensor> out;
+    {
+      c10::cuda::CUDAStreamGuard on_side(*stream);
+      out = pool->allocate_into(*stream, [&] { return fn(inputs); });
+    }
+    at::cuda::CUDAEvent done;
+    done.record(*stream);
+    done.block(caller);
+    return out;
+  }
+
   // Captures one call on the state in `inputs` and the values of the others;
   // false when the capture failed (then nothing ran: a capture only records).
   bool capture(const std::vector<at::Tensor>& inputs) {
@@ -209,7 +284,7 @@ struct CudaGraphRunner {
     }
     c10::cuda::CUDAGuard guard(device);
     const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device.index());
-    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device.index());
+    const c10::cuda::CUDAStream side = *stream;
     at::cuda::CUDAEvent ready;
     ready.record(caller);  // the copies above
     ready.block(side);
@@ -217,7 +292,7 @@ struct CudaGraphRunner {
     {
       c10::cuda::CUDAStreamGuard on_side(side);
       try {
-        c->graph.capture_begin();
+        c->graph.capture_begin(pool->id());
         std::vector<at::Tensor> in = c->inputs;
         outputs = fn(in);
         c->graph.capture_end();
