@@ -25,7 +25,9 @@ wall time is printed as "first step") and times --steps steps. On a GPU each
 row also prints its memory peaks, compile and CUDA-graph capture included
 (torch.cuda.max_memory_allocated and max_memory_reserved, reset before the
 row, after the previous row's memory went back: crucible_spmd_bench's
-process_alloc_MiB and process_reserved_MiB).
+process_alloc_MiB and process_reserved_MiB). A row that fails (out of memory,
+say) prints "failed: <error>" and the others still run; the exit status is 1
+when any row failed.
 """
 import argparse
 import contextlib
@@ -340,6 +342,7 @@ def main():
           f"batch {' '.join(f'{m}={batch[m]}' for m in models)}, {args.steps} steps, {args.memory_format}, "
           f"autocast {args.autocast}", flush=True)
 
+    failed = False
     for name in models:
         eager_ms = None
         for mode in modes:
@@ -350,7 +353,10 @@ def main():
                 ms, first = time_row(name, args.size, batch[name], mode, args.steps, device, memory_format, autocast,
                                      args.profile)
             except Exception as e:  # a failing mode is a row too
-                msg = (str(e).strip().splitlines() or [""])[0]
+                failed = True
+                # One line, not the first alone: a compile error wraps its cause
+                # ("backend='inductor' raised:" / "OutOfMemoryError: ...").
+                msg = " ".join(str(e).split())[:500]
                 print(f"{mode:28s} {name:10s} failed: {type(e).__name__}: {msg}", flush=True)
             else:
                 eager_ms = ms if mode == "eager" else eager_ms
@@ -365,7 +371,8 @@ def main():
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+    return 1 if failed else 0  # bench/max_batch.py reads an out-of-memory row from this and the row's line
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -19,7 +19,7 @@
 # channels-last; default contiguous), STEPS (timed steps a row, default 20),
 # DEVICE (default cuda; cpu for a smoke run of the script).
 # Batches are the zoo's defaults on both sides: MLP 256, ConvNet 64,
-# ResNet-18 64, GPT 8.
+# ResNet-18 64, GPT 8. The largest batch each side trains: bench/max_batch.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$1
