@@ -79,7 +79,8 @@ namespace crucible::inductor {
 // inside the tree's pool, and the capture reuses the blocks the warm-up
 // freed. The runner holds the pool from the warm-up on (a pool whose users
 // all left may be handed back to the device) and lets it go when it is
-// destroyed or when its capture failed.
+// destroyed or when its capture failed; a capture again, after state was
+// loaded anew, has no warm-up to share with and takes a new pool.
 
 namespace {
 
@@ -146,12 +147,12 @@ class PoolHold {
     if (held_) c10::cuda::CUDACachingAllocator::releasePool(device_, id_);
   }
   c10::MempoolId_t id() const { return id_; }
-  // Runs `body` with the allocations of `stream` routed into the pool; the
-  // first call creates the pool and takes the hold.
+  // Runs `body` with the allocations of `stream` routed into the pool, which
+  // creates it; it is held from then on. Called once.
   template <typename F>
   auto allocate_into(const c10::cuda::CUDAStream& stream, F&& body) {
-    c10::cuda::CUDACachingAllocator::beginAllocateToPool(
-        device_, id_, [s = stream.stream()](cudaStream_t t) { return t == s; });
+    c10::cuda::CUDACachingAllocator::beginAllocateToPool(device_, id_,
+                                                         [s = stream.stream()](cudaStream_t t) { return t == s; });
     held_ = true;
     struct End {
       c10::DeviceIndex device;
@@ -188,7 +189,13 @@ struct CudaGraphRunner {
       throw InductorError("inductor: the compiled graph takes " + std::to_string(is_state.size()) + " inputs, got " +
                           std::to_string(inputs.size()));
     if (!captured || !same_state(inputs)) {
-      captured.reset();
+      if (captured) {
+        // A capture again (state loaded anew) takes a pool of its own: the
+        // pinned-host side of a graph's pool may not be reused once the
+        // graph that made it is gone (CachingHostAllocator refuses it).
+        captured.reset();
+        pool = std::make_unique<PoolHold>(device.index());
+      }
       if (!capture(inputs)) {
         disabled = true;
         pool.reset();
