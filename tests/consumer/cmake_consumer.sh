@@ -6,7 +6,7 @@
 #   cmake_consumer.sh BUILD_DIR SOURCE_ROOT WORK_DIR
 set -euo pipefail
 build=$1 src=$2 work=$3
-# 77: meson's "skipped" (./x installs cmake; the GPU machine has none).
+# 77: meson's "skipped", where cmake is not installed (./x installs it).
 command -v cmake >/dev/null || { echo "skipped: cmake is not installed"; exit 77; }
 rm -rf "$work"
 mkdir -p "$work"
@@ -27,6 +27,9 @@ c++ -std=c++20 "$work/pkg_config.cpp" -o "$work/pkg_config" \
   $(PKG_CONFIG_PATH=$libdir/pkgconfig pkg-config --cflags --libs crucible-pipeline)
 LD_LIBRARY_PATH=$libdir "$work/pkg_config"
 
-cmake -S "$src/examples/cmake_consumer" -B "$work/build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release
+# --as-needed, Ubuntu's default and not Debian's: the inductor must stay
+# linked where the program names none of its symbols.
+cmake -S "$src/examples/cmake_consumer" -B "$work/build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_EXE_LINKER_FLAGS=-Wl,--as-needed
 cmake --build "$work/build" -j 2
 "$work/build/cmake_consumer"
