@@ -268,7 +268,7 @@ std::vector<int> Lowerer::memory_order(const Buffer& b) {
   std::stable_sort(order.begin(), order.end(),
                    [&](int x, int y) { return b.strides[static_cast<size_t>(x)] > b.strides[static_cast<size_t>(y)]; });
   if (std::is_sorted(order.begin(), order.end())) return {};
-  order.insert(order.end(), ones.begin(), ones.end());
+  for (const int d : ones) order.push_back(d);  // (a range insert trips GCC 13's -Wstringop-overflow)
   return order;
 }
 
