@@ -82,6 +82,23 @@ TEST_CASE("CUDA: a fake-mode trace of dropout warns that its draws are not eager
   CHECK_FALSE(warned(crucible::tracer::TraceMode::Real));
 }
 
+TEST_CASE("CUDA: by default (TraceMode::Auto) dropout on a GPU is traced in real mode, with eager's draws",
+          "[tracer][cuda]") {
+  CRUCIBLE_REQUIRE_CUDA();
+  auto fn = [](const Tensors& in) { return Tensors{at::dropout(in[0] * 3.0, 0.5, /*train=*/true)}; };
+  const Tensors inputs = {at::randn({64, 64}, at::kCUDA)};
+  crucible::testing::CollectWarnings warnings;
+  at::manual_seed(7);
+  const auto r = crucible::tracer::make_fx(fn, inputs);
+  CHECK(r.mode == crucible::tracer::TraceMode::Real);
+  CHECK_THAT(r.fake_mode_abandoned, CRUCIBLE_HAS_SUBSTR("random numbers on a GPU"));
+  CHECK(warnings.messages.empty());  // the fake attempt's warning went with it
+  at::manual_seed(7);
+  const auto expected = fn(inputs);
+  at::manual_seed(7);
+  REQUIRE_EQUAL_TENSORS(run_traced(r, inputs)[0], expected[0]);
+}
+
 TEST_CASE("CUDA: functionalized in-place updates of a GPU input come back as a mutated-input output",
           "[tracer][cuda]") {
   CRUCIBLE_REQUIRE_CUDA();

@@ -8,9 +8,11 @@
 #include <crucible/tracer/make_fx.h>
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/types.h>
 
+#include <algorithm>
 #include <cmath>
 
 using crucible::testing::clones;
@@ -395,4 +397,79 @@ TEST_CASE("make_fx: tensors the function makes itself, real or fake, functionali
                                                   : "at a Storage, which a graph cannot hold"));
     }
   }
+}
+
+// Note [Auto trace mode]: the default traces on meta tensors where it can.
+TEST_CASE("make_fx: by default (TraceMode::Auto) the function runs once, on meta tensors, and the graph is eager's",
+          "[tracer]") {
+  int calls = 0, on_meta = 0;
+  auto fn = [&](const Tensors& in) {
+    ++calls;
+    on_meta += in[0].is_meta() ? 1 : 0;
+    return Tensors{at::relu(in[0].matmul(in[1])) * 2.0 + 1.0};
+  };
+  const Tensors inputs = {at::randn({4, 5}), at::randn({5, 3})};
+  const auto r = make_fx(fn, inputs);
+  CHECK(r.mode == crucible::tracer::TraceMode::Fake);
+  CHECK(r.fake_mode_abandoned.empty());
+  CHECK(calls == 1);
+  CHECK(on_meta == 1);
+  REQUIRE_EQUAL_TENSORS(run_traced(r, clones(inputs))[0], fn(inputs)[0]);
+}
+
+TEST_CASE("make_fx: TraceMode::Auto traces at::equal in real mode, guarded, and keeps only the real run's warnings",
+          "[tracer]") {
+  int calls = 0;
+  auto fn = [&](const Tensors& in) {
+    ++calls;
+    TORCH_WARN("a warning of the traced function");
+    return Tensors{at::equal(in[0], in[1]) ? in[0] * 2.0 : in[0] * 3.0};
+  };
+  const Tensors same = {at::ones({3}), at::ones({3})};
+  crucible::testing::CollectWarnings warnings;
+  const auto r = make_fx(fn, same);
+  CHECK(r.mode == crucible::tracer::TraceMode::Real);
+  CHECK_THAT(r.fake_mode_abandoned, CRUCIBLE_HAS_SUBSTR("aten::equal"));
+  CHECK(calls == 2);  // the fake attempt, then the real trace
+  CHECK(std::count(warnings.messages.begin(), warnings.messages.end(), "a warning of the traced function") == 1);
+  REQUIRE_EQUAL_TENSORS(run_traced(r, clones(same))[0], fn(same)[0]);
+  // The real trace's guard: other values than the trace's answer are refused.
+  CHECK_THROWS(run_traced(r, {at::ones({3}), at::zeros({3})}));
+}
+
+TEST_CASE("make_fx: TraceMode::Auto keeps a fake trace's warnings when it keeps the trace", "[tracer]") {
+  auto fn = [](const Tensors& in) {
+    TORCH_WARN("a warning of the traced function");
+    return Tensors{in[0] + 1.0};
+  };
+  crucible::testing::CollectWarnings warnings;
+  const auto r = make_fx(fn, {at::ones({3})});
+  CHECK(r.mode == crucible::tracer::TraceMode::Fake);
+  CHECK(std::count(warnings.messages.begin(), warnings.messages.end(), "a warning of the traced function") == 1);
+}
+
+TEST_CASE("make_fx: TraceMode::Auto under autocast traces in real mode, with eager's casts", "[tracer]") {
+  struct CpuAutocast {  // bf16 autocast on the CPU for the scope
+    CpuAutocast() {
+      at::autocast::set_autocast_enabled(at::kCPU, true);
+      at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    }
+    ~CpuAutocast() {
+      at::autocast::set_autocast_enabled(at::kCPU, false);
+      at::autocast::clear_cache();
+    }
+  };
+  auto fn = [](const Tensors& in) { return Tensors{at::mm(in[0], in[1]).relu()}; };
+  const Tensors inputs = {at::randn({8, 16}), at::randn({16, 4})};
+  crucible::tracer::TraceResult r;
+  Tensors expected;
+  {
+    CpuAutocast autocast;
+    r = make_fx(fn, inputs);
+    expected = fn(inputs);
+  }
+  CHECK(r.mode == crucible::tracer::TraceMode::Real);
+  CHECK_THAT(r.fake_mode_abandoned, CRUCIBLE_HAS_SUBSTR("autocast"));
+  REQUIRE(expected[0].scalar_type() == at::kBFloat16);
+  REQUIRE_EQUAL_TENSORS(run_traced(r, clones(inputs))[0], expected[0]);
 }

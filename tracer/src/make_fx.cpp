@@ -11,8 +11,10 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace crucible::tracer {
 namespace detail {
@@ -39,6 +41,8 @@ namespace {
 std::mutex g_trace_mutex;
 std::atomic<TraceSession*> g_active{nullptr};
 thread_local bool t_tracing = false;
+// The fake-mode attempt of a TraceMode::Auto trace is running on this thread.
+thread_local bool t_auto_attempt = false;
 
 void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   if (TraceSession* s = g_active.load(std::memory_order_acquire)) {
@@ -92,6 +96,23 @@ bool batch_norm_into_functional_statistics(const c10::OperatorHandle& op, torch:
   stack.emplace_back(save_mean);
   stack.emplace_back(save_invstd);
   return true;
+}
+
+// Note [Attention in an Auto trace]
+// aten::scaled_dot_product_attention is a composite whose kernel (flash,
+// memory-efficient, cuDNN, math) is chosen by a DispatchStub on its tensors'
+// device type, not by an op the tracer sees: on meta tensors it is math, so
+// a fake-mode graph would compute attention as matmuls and a softmax where
+// eager runs a fused kernel, with its memory. In the fake-mode attempt of a
+// TraceMode::Auto trace this kernel, on DeferredInit (above the composite's
+// autograd kernel), stops the attempt, and Auto traces in real mode (Note
+// [Auto trace mode]); otherwise it steps aside.
+void attention_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  if (t_auto_attempt)
+    throw TraceError(
+        "aten::scaled_dot_product_attention picks its kernel by its tensors' device, which a meta tensor does not "
+        "have");
+  op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::DeferredInit), stack);
 }
 
 void write_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
@@ -271,8 +292,6 @@ void functionalize_state_writes(ir::Graph& graph, const std::vector<bool>& reach
   graph.signature().outputs = specs;
 }
 
-}  // namespace
-
 // Note [Functionalization]
 // With TraceOptions::functionalize the traced function runs on
 // FunctionalTensorWrappers (at::functionalization::impl::to_functional_tensor)
@@ -287,7 +306,7 @@ void functionalize_state_writes(ir::Graph& graph, const std::vector<bool>& reach
 // its sizes/strides changed), in input order, after the function's outputs.
 // Module state (functional_call) is swapped into the module's own tensors,
 // which cannot be wrappers; see Note [Functionalizing module state].
-TraceResult trace(const std::vector<TraceInput>& inputs, const TraceHooks& hooks, const TraceOptions& options) {
+TraceResult trace_once(const std::vector<TraceInput>& inputs, const TraceHooks& hooks, const TraceOptions& options) {
   if (t_tracing)
     throw TraceError("make_fx called while this thread is already tracing; nested traces are not supported");
   std::lock_guard<std::mutex> lock(g_trace_mutex);
@@ -330,9 +349,10 @@ TraceResult trace(const std::vector<TraceInput>& inputs, const TraceHooks& hooks
       if (options.functionalize) {
         functionalize_on.emplace(c10::DispatchKey::Functionalize);
         reapply_views.emplace(true);
-        writes_on.emplace(
-            c10::DispatchKey::DeferredInit);  // Note [Writes into reached tensors under functionalization]
       }
+      // Note [Writes into reached tensors under functionalization], Note
+      // [Attention in an Auto trace].
+      if (options.functionalize || t_auto_attempt) writes_on.emplace(c10::DispatchKey::DeferredInit);
 
       try {
         outputs = hooks.body(traced);
@@ -397,11 +417,96 @@ TraceResult trace(const std::vector<TraceInput>& inputs, const TraceHooks& hooks
     result.lifted = session.settle_lifted(result.input_mutations);
     result.stand_in_ops = session.stand_in_ops();
   }
+  result.mode = options.mode;
+  return result;
+}
+
+// Holds the warnings of a fake-mode attempt: they reach the handler that was
+// in place only if the attempt is kept.
+class HeldWarnings final : public c10::WarningHandler {
+ public:
+  HeldWarnings() : outer_(c10::WarningUtils::get_warning_handler()) {}
+  void process(const c10::Warning& warning) override { held_.push_back(warning); }
+  void release() {
+    for (const c10::Warning& w : held_) outer_->process(w);
+  }
+
+ private:
+  c10::WarningHandler* outer_;
+  std::vector<c10::Warning> held_;
+};
+
+// A random op on a GPU in a fake-mode graph: its draws may not be eager's
+// (Note [Devices in fake mode]).
+const ir::Node* random_op_on_gpu(const ir::Graph& graph) {
+  for (const ir::Node* n : graph.nodes())
+    if (n->is_call() && n->is_nondeterministic())
+      for (const auto& r : n->results())
+        if (r->has_meta() && r->meta().device.type() != c10::kCPU) return n;
+  return nullptr;
+}
+
+}  // namespace
+
+// Note [Auto trace mode]
+// A real-mode trace runs the function on copies of everything it reads:
+// the module's parameters and buffers, the optimizer's state, and every
+// activation of a training step, so compiling needed more memory than the
+// step itself (GPT-2 small on a CPU: 8.7 GiB of peak RSS against eager's
+// 3.6). A fake-mode trace computes nothing (3.3 GiB). TraceMode::Auto, the
+// default, traces in fake mode and keeps the result unless the fake trace
+// cannot stand for a real one:
+//  * it threw: a data-dependent op (at::equal, which real mode guards),
+//    autocast (which casts no meta tensor), an op without a Meta kernel that
+//    CPU stand-ins cannot run either, scaled_dot_product_attention (Note
+//    [Attention in an Auto trace]). Real mode then says whatever it has to
+//    say: a function that fails in both fails with real mode's error;
+//  * it recorded an op drawing random numbers on a GPU, where ATen may route
+//    the real tensor to another kernel (dropout's fused CUDA kernel) than the
+//    meta tensor took, so the numbers would not be eager's.
+// Then the function runs again on real copies; it runs twice, as any
+// function traced twice (the metadata analysis and the graph trace) does.
+TraceResult trace(const std::vector<TraceInput>& inputs, const TraceHooks& hooks, const TraceOptions& options) {
+  if (options.mode != TraceMode::Auto) return trace_once(inputs, hooks, options);
+  TraceOptions attempt = options;
+  attempt.mode = TraceMode::Fake;
+  std::string abandoned;
+  {
+    HeldWarnings held;
+    std::optional<TraceResult> fake;
+    {
+      c10::WarningUtils::WarningHandlerGuard guard(&held);
+      t_auto_attempt = true;
+      struct ResetAttempt {
+        ~ResetAttempt() { t_auto_attempt = false; }
+      } reset_attempt;
+      try {
+        fake = trace_once(inputs, hooks, attempt);
+      } catch (const std::exception& e) {
+        const std::string what = e.what();
+        abandoned = what.substr(0, what.find('\n'));
+      }
+    }
+    if (fake) {
+      if (const ir::Node* random = random_op_on_gpu(fake->graph)) {
+        abandoned = random->target() + " draws random numbers on a GPU";
+      } else {
+        held.release();
+        return std::move(*fake);
+      }
+    }
+  }
+  attempt.mode = TraceMode::Real;
+  TraceResult result = trace_once(inputs, hooks, attempt);
+  result.fake_mode_abandoned = std::move(abandoned);
   return result;
 }
 
 TORCH_LIBRARY_IMPL(_, Fake, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&trace_fallback>()); }
 TORCH_LIBRARY_IMPL(_, DeferredInit, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&write_fallback>()); }
+TORCH_LIBRARY_IMPL(aten, DeferredInit, m) {
+  m.impl("scaled_dot_product_attention", torch::CppFunction::makeFromBoxedFunction<&attention_kernel>());
+}
 
 }  // namespace detail
 

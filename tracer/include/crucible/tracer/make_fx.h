@@ -28,6 +28,17 @@ enum class TraceMode : uint8_t {
   /// the devices the values will live on (Note [Devices in fake mode]).
   /// Code that branches on a tensor's device (is_cuda()) sees the meta device.
   Fake,
+  /// Fake where a fake-mode trace can follow the function, else real (the
+  /// default; AOTAutograd always traces on FakeTensors): the trace runs in
+  /// fake mode, and runs again in real mode when that one throws (a
+  /// data-dependent op such as at::equal, autocast, scaled_dot_product_
+  /// attention, whose kernel is picked by device, an op neither a Meta
+  /// kernel nor CPU stand-ins can run) or recorded an op drawing random
+  /// numbers on a GPU (whose device-routed path a meta tensor does not take:
+  /// Note [Devices in fake mode]). The fake attempt's warnings are dropped
+  /// when it is abandoned. TraceResult::mode says which ran. See Note [Auto
+  /// trace mode] in src/make_fx.cpp.
+  Auto,
 };
 
 /// A tensor with the name its placeholder gets when the traced function
@@ -69,7 +80,7 @@ struct NamedTensor {
 // made outside the dispatcher, or a frozen weight over the limit.
 
 struct TraceOptions {
-  TraceMode mode = TraceMode::Real;
+  TraceMode mode = TraceMode::Auto;
   /// Remove mutation and aliasing through LibTorch's functionalization: the
   /// graph has no in-place ops; inputs the function mutates come back as
   /// extra outputs (OutputKind::MutatedInput / MutatedInputMetadata) and are
@@ -132,6 +143,11 @@ struct TraceResult {
   /// zero-filled CPU stand-ins (Note [Fake mode]), each named once, in the
   /// order first met.
   std::vector<std::string> stand_in_ops;
+  /// The mode the trace ran in (Real or Fake; TraceMode::Auto resolved).
+  TraceMode mode = TraceMode::Real;
+  /// TraceMode::Auto that ran in real mode: why the fake-mode trace was
+  /// abandoned (its error's first line, or the random op it met on a GPU).
+  std::string fake_mode_abandoned;
 };
 
 /// A function over tensors, as make_fx traces it.
@@ -155,9 +171,11 @@ using TensorFn = std::function<std::vector<at::Tensor>(const std::vector<at::Ten
 /// tensors of the same sizes is the exception in real mode: the trace takes
 /// the answer it gives and records crucible::assert_equal, which throws at a
 /// later call whose tensors answer otherwise (Note [Guarded equal] in
-/// src/trace_session.cpp); in fake mode it throws TraceError. Any exception
-/// `fn` throws propagates; the tensors it reads from outside are restored
-/// to their own data and gradients also then.
+/// src/trace_session.cpp); in fake mode it throws TraceError, and
+/// TraceMode::Auto (the default) traces such a function in real mode. Any
+/// exception `fn` throws propagates (in Auto, the real-mode run's; `fn` may
+/// then have run twice); the tensors it reads from outside are restored to
+/// their own data and gradients also then.
 /// One trace runs at a time in a process (others wait).
 TraceResult make_fx(const TensorFn& fn, const std::vector<at::Tensor>& example_inputs,
                     const TraceOptions& options = {});
