@@ -52,8 +52,10 @@ void CompileFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--pre-grad-passes", pre_grad_passes, "passes on the forward graph before differentiation")
       ->delimiter(',');
   cmd.add_option("--joint-passes", joint_passes, "passes on the joint (forward + backward) graph")->delimiter(',');
-  cmd.add_option("--trace-mode", trace_mode, "trace on copies of the tensors (real) or on meta tensors (fake)")
-      ->check(CLI::IsMember({"real", "fake"}))
+  cmd.add_option("--trace-mode", trace_mode,
+                 "trace on meta tensors (fake), on copies of the tensors (real), or fake where a fake trace can "
+                 "follow the step and real where not (auto)")
+      ->check(CLI::IsMember({"auto", "real", "fake"}))
       ->capture_default_str();
   cmd.add_option("--decompositions", decompositions,
                  "core: trace softmax, gelu, layer norm and nll_loss as the math they compute (for a fusing "
@@ -77,7 +79,9 @@ void CompileFlags::apply(pipeline::Builder& builder,
                          std::function<void(const partitioner::MinCutReport&)> on_partition) const {
   builder.passes(passes).pre_grad_passes(pre_grad_passes).joint_passes(joint_passes);
   tracer::TraceOptions options = builder.trace_options();  // auto: the backend's decompositions
-  options.mode = trace_mode == "fake" ? tracer::TraceMode::Fake : tracer::TraceMode::Real;
+  options.mode = trace_mode == "fake"   ? tracer::TraceMode::Fake
+                 : trace_mode == "real" ? tracer::TraceMode::Real
+                                        : tracer::TraceMode::Auto;
   if (partitioner == "min-cut") {
     partitioner::MinCutOptions min_cut;
     min_cut.memory_budget = memory_budget;

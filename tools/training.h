@@ -51,7 +51,7 @@ struct CompileFlags {
   std::vector<std::string> passes;  ///< post-grad; default: the builder's
   std::vector<std::string> pre_grad_passes;
   std::vector<std::string> joint_passes;
-  std::string trace_mode = "real";  ///< real or fake
+  std::string trace_mode = "auto";  ///< auto, real or fake
   /// auto (core for the inductor backends, none for others), none or core
   /// (tracer::core_aten_decompositions)
   std::string decompositions = "auto";

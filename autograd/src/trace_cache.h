@@ -57,7 +57,8 @@ ir::Graph traced_graph(const AotRequest& request, std::string_view kind, std::st
                        std::string_view graph_name, size_t num_inputs, const std::function<ir::Graph()>& trace);
 
 // Note [Fake fingerprints]
-// In real mode (the default) the analysis that keys the trace cache runs the
+// In real mode (TraceMode::Real; Auto runs in fake mode where it can and
+// needs no fingerprint) the analysis that keys the trace cache runs the
 // function on copies of its arguments: on a GPU, a whole training step with
 // the process's first cuBLAS calls and allocations, most of a warm compile.
 // Where the trace cache is on, the analysis first runs in fake mode, on meta

@@ -51,9 +51,12 @@ struct Counted {
 };
 
 // A process's worth of compilation state: no graph shared in memory, the
-// disk cache in `dir`.
-autograd::AotConfig config(const std::string& dir, std::string key = "interpreter;trace-cache-test") {
+// disk cache in `dir`. Real-mode traces, which Note [Fake fingerprints]
+// serves (TraceMode::Auto needs no fingerprint: its own test below).
+autograd::AotConfig config(const std::string& dir, std::string key = "interpreter;trace-cache-test",
+                           tracer::TraceMode mode = tracer::TraceMode::Real) {
   autograd::AotConfig c;
+  c.trace_mode = mode;
   c.cache = nullptr;
   c.compiler_key = std::move(key);
   c.disk_cache_dir = dir;
@@ -128,6 +131,35 @@ TEST_CASE("trace cache: the joint graph of a hit gives eager's values and gradie
     out[0].sum().backward();
     for (size_t i = 0; i < in.size(); ++i) REQUIRE_CLOSE(in[i].grad(), e_in[i].grad(), kGradRtol, kGradAtol);
   }
+}
+
+TEST_CASE("trace cache: in TraceMode::Auto (the default) a compilation traces twice on meta tensors, a hit once",
+          "[autograd][cache]") {
+  at::manual_seed(1);
+  const std::string dir = testing::temp_dir("trace-cache");
+  const Tensors data = layer_data();
+  Tensors e_in = clones(data, true);
+  const Tensors e_out = layer(e_in);
+  e_out[0].sum().backward();
+  const int64_t hits = counted("trace_cache_hit"), fingerprints = counted("fingerprint_miss");
+  for (int process = 0; process < 2; ++process) {
+    auto on_meta = std::make_shared<std::atomic<int>>(0);
+    const Counted f{.fn = [on_meta](const Tensors& in) {
+      *on_meta += in[0].is_meta() ? 1 : 0;
+      return layer(in);
+    }};
+    const autograd::AotFunction compiled =
+        autograd::aot_function(f, config(dir, "interpreter;trace-cache-test", tracer::TraceMode::Auto));
+    Tensors in = clones(data, true);
+    const Tensors out = compiled(in);
+    CHECK(*f.calls == (process == 0 ? 2 : 1));  // the analysis and the joint trace; the analysis and a hit
+    CHECK(*on_meta == *f.calls);
+    REQUIRE_CLOSE(out[0].detach(), e_out[0].detach(), kGradRtol, kGradAtol);
+    out[0].sum().backward();
+    for (size_t i = 0; i < in.size(); ++i) REQUIRE_CLOSE(in[i].grad(), e_in[i].grad(), kGradRtol, kGradAtol);
+  }
+  CHECK(counted("trace_cache_hit") == hits + 1);
+  CHECK(counted("fingerprint_miss") == fingerprints);
 }
 
 TEST_CASE("trace cache: another function over the same inputs, or other input metadata, misses", "[autograd][cache]") {

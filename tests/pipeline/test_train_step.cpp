@@ -16,6 +16,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -859,4 +860,43 @@ TEST_CASE("train step: a step that fails to compile leaves the module, its gradi
       REQUIRE_EQUAL_TENSORS(eager_train_step(t.compiled, compiled_opt, b), eager_train_step(t.eager, eager_opt, b));
     require_same_state(t.compiled, t.eager, 0.0, 0.0);
   }
+}
+
+// Note [Auto trace mode]: compiling costs no copy of the state or of the
+// activations; the loss function is only ever run on meta tensors.
+TEST_CASE("train step: compiled by default on meta tensors (TraceMode::Auto), the steps equal eager's",
+          "[pipeline][train_step]") {
+  torch::manual_seed(0);
+  torch::nn::Linear compiled(6, 3), eager(6, 3);
+  {
+    torch::NoGradGuard no_grad;
+    eager->weight.copy_(compiled->weight);
+    eager->bias.copy_(compiled->bias);
+  }
+  torch::optim::SGD compiled_opt(compiled->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD eager_opt(eager->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  int real_calls = 0, meta_calls = 0;
+  auto loss = [](torch::nn::Linear& m, const std::vector<at::Tensor>& b) {
+    return at::cross_entropy_loss(m->forward(b[0]), b[1]);
+  };
+  TrainStep step =
+      Builder()
+          .backend("interpreter")
+          .compile_train_step(compiled.ptr(), compiled_opt, [&](torch::nn::Module&, const std::vector<at::Tensor>& b) {
+            (b[0].is_meta() ? meta_calls : real_calls) += 1;
+            return loss(compiled, b);
+          });
+  for (int64_t i = 0; i < 3; ++i) {
+    const std::vector<at::Tensor> b = {at::randn({5, 6}), at::randint(0, 3, {5})};
+    const at::Tensor l = step(b);
+    eager_opt.zero_grad();
+    const at::Tensor e = loss(eager, b);
+    e.backward();
+    eager_opt.step();
+    REQUIRE_EQUAL_TENSORS(l, e.detach());
+  }
+  CHECK(real_calls == 0);
+  CHECK(meta_calls >= 1);
+  REQUIRE_EQUAL_TENSORS(compiled->weight.detach(), eager->weight.detach());
+  REQUIRE_EQUAL_TENSORS(compiled->bias.detach(), eager->bias.detach());
 }

@@ -183,9 +183,10 @@ TEST_CASE("crucible train: a second process finds the traced graph and the kerne
   CHECK(cold.value("trace_cache_hit", 0) == 0);
   CHECK(warm.value("trace_cache_hit", 0) == cold.value("trace_cache_miss", 0));
   CHECK(warm.value("trace_cache_miss", 0) == 0);
-  CHECK(cold.value("fingerprint_miss", 0) >= 1);
-  CHECK(warm.value("fingerprint_hit", 0) == cold.value("fingerprint_miss", 0));
-  CHECK(warm.value("fingerprint_miss", 0) == 0);
+  // The analysis runs on meta tensors (--trace-mode auto): no fake
+  // fingerprint is taken in front of it (Note [Fake fingerprints]).
+  CHECK(cold.value("fingerprint_miss", 0) == 0);
+  CHECK(warm.value("fingerprint_hit", 0) == 0);
   CHECK(runs[1]["counters"]["inductor"].value("fxgraph_cache_miss", 0) == 0);
   // The same graph and kernels on the same batches: the same arithmetic, up
   // to the matmuls' (MKL may pick its kernels by the buffers' alignment).

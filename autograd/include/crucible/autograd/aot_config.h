@@ -48,11 +48,13 @@ struct AotConfig {
   partitioner::PartitionFn partition_fn = partitioner::default_partition;
   /// What the metadata analysis and the graph traces run on: meta tensors
   /// (Fake: no data is computed, so compiling takes little memory and time;
-  /// ops without a Meta kernel run on CPU stand-ins, Note [Fake mode] in tracer/src/trace_session.cpp) or
-  /// copies of the arguments (Real). The graphs are the same either way,
-  /// unless the function branches on its tensors' device (fake tensors are on
-  /// the meta device).
-  tracer::TraceMode trace_mode = tracer::TraceMode::Real;
+  /// ops without a Meta kernel run on CPU stand-ins, Note [Fake mode] in tracer/src/trace_session.cpp),
+  /// copies of the arguments (Real), or meta tensors where a fake trace can
+  /// follow the function and copies where not (Auto, the default: Note [Auto
+  /// trace mode] in tracer/src/make_fx.cpp). The graphs are the same either
+  /// way, unless the function branches on its tensors' device (fake tensors
+  /// are on the meta device).
+  tracer::TraceMode trace_mode = tracer::TraceMode::Auto;
   /// Ops rewritten while tracing.
   tracer::DecompositionTable decompositions;
   /// Other modules the function may read from outside, by name: a lifted

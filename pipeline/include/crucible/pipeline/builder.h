@@ -67,7 +67,9 @@ namespace crucible::pipeline {
 
 class Builder {
  public:
-  /// The defaults: real-mode tracing, the passes "dce" and "cse", the
+  /// The defaults: TraceMode::Auto (fake-mode tracing where a fake trace
+  /// can follow the function, Note [Auto trace mode] in tracer/src/make_fx.cpp),
+  /// the passes "dce" and "cse", the
   /// default partition, the best backend of runtime::BackendRegistry::
   /// builtin() with the decompositions it lowers from (the inductor with the
   /// core ATen decompositions where a program links crucible-inductor, as
