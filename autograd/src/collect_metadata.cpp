@@ -89,15 +89,18 @@ ViewAndMutationMeta analyze(const AotRequest& request, bool is_train, std::vecto
   const std::vector<bool> reached = detail::reached_inputs(request);
   ViewAndMutationMeta meta;
   meta.is_train = is_train;
-  meta.input_info.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    meta.input_info[i].requires_grad = flat_args[i].requires_grad();
-    meta.input_info[i].is_leaf = flat_args[i].is_leaf();
-  }
   std::optional<at::NoGradGuard> no_grad;
   if (!is_train) no_grad.emplace();
 
+  // It may run twice (Note [Auto trace mode]): each run starts afresh.
   auto body = [&](const std::vector<at::Tensor>& ins) {
+    meta.input_info.assign(n, InputAliasInfo{});
+    for (size_t i = 0; i < n; ++i) {
+      meta.input_info[i].requires_grad = flat_args[i].requires_grad();
+      meta.input_info[i].is_leaf = flat_args[i].is_leaf();
+    }
+    meta.output_info.clear();
+    meta.intermediate_bases.clear();
     std::vector<at::Tensor> args = ins;
     std::vector<std::shared_ptr<torch::autograd::Node>> grad_fn_before(n);
     for (size_t i = 0; i < n; ++i) {

@@ -436,17 +436,9 @@ class HeldWarnings final : public c10::WarningHandler {
   std::vector<c10::Warning> held_;
 };
 
-// A random op on a GPU in a fake-mode graph: its draws may not be eager's
-// (Note [Devices in fake mode]).
-const ir::Node* random_op_on_gpu(const ir::Graph& graph) {
-  for (const ir::Node* n : graph.nodes())
-    if (n->is_call() && n->is_nondeterministic())
-      for (const auto& r : n->results())
-        if (r->has_meta() && r->meta().device.type() != c10::kCPU) return n;
-  return nullptr;
-}
-
 }  // namespace
+
+bool in_auto_attempt() { return t_auto_attempt; }
 
 // Note [Auto trace mode]
 // A real-mode trace runs the function on copies of everything it reads:
@@ -461,11 +453,15 @@ const ir::Node* random_op_on_gpu(const ir::Graph& graph) {
 //    CPU stand-ins cannot run either, scaled_dot_product_attention (Note
 //    [Attention in an Auto trace]). Real mode then says whatever it has to
 //    say: a function that fails in both fails with real mode's error;
-//  * it recorded an op drawing random numbers on a GPU, where ATen may route
-//    the real tensor to another kernel (dropout's fused CUDA kernel) than the
-//    meta tensor took, so the numbers would not be eager's.
-// Then the function runs again on real copies; it runs twice, as any
-// function traced twice (the metadata analysis and the graph trace) does.
+//  * it met an op drawing random numbers on a GPU, where ATen may route the
+//    real tensor to another kernel (dropout's fused CUDA kernel) than the
+//    meta tensor took, so the numbers would not be eager's: the attempt
+//    stops there (in_auto_attempt()).
+// The attempt stops where it fails, so the function's own work after that
+// point does not run twice. Then the function runs again on real copies; it
+// runs twice, as any function traced twice (the metadata analysis and the
+// graph trace) does, and code that keeps what it computes across runs must
+// start afresh at each (collect_metadata's does).
 TraceResult trace(const std::vector<TraceInput>& inputs, const TraceHooks& hooks, const TraceOptions& options) {
   if (options.mode != TraceMode::Auto) return trace_once(inputs, hooks, options);
   TraceOptions attempt = options;
@@ -488,12 +484,8 @@ TraceResult trace(const std::vector<TraceInput>& inputs, const TraceHooks& hooks
       }
     }
     if (fake) {
-      if (const ir::Node* random = random_op_on_gpu(fake->graph)) {
-        abandoned = random->target() + " draws random numbers on a GPU";
-      } else {
-        held.release();
-        return std::move(*fake);
-      }
+      held.release();
+      return std::move(*fake);
     }
   }
   attempt.mode = TraceMode::Real;

@@ -884,8 +884,10 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
   // device took its generic path (dropout draws through bernoulli_, not
   // the fused CUDA kernel eager runs), and such a path draws other random
   // numbers than eager does on the GPU (Note [Devices in fake mode]).
-  if (options_.mode == TraceMode::Fake && !warned_random_ && node->is_nondeterministic() && result_device_ &&
-      result_device_->type() != c10::kCPU) {
+  if (options_.mode == TraceMode::Fake && node->is_nondeterministic() && result_device_ &&
+      result_device_->type() != c10::kCPU && !warned_random_) {
+    // See Note [Auto trace mode] in make_fx.cpp.
+    if (in_auto_attempt()) throw TraceError(i.name + " draws random numbers on a GPU");
     warned_random_ = true;
     TORCH_WARN("fake-mode trace: ", i.name, " draws random numbers on ", result_device_->str(),
                ". The trace ran on meta tensors, so an op that ATen routes by device (dropout, whose fused kernel runs "

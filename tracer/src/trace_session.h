@@ -76,6 +76,11 @@ void mark_lifted_inputs(std::vector<TraceInput>& inputs, size_t offset, const Tr
 /// Runs a trace. See make_fx for the behaviour and errors.
 TraceResult trace(const std::vector<TraceInput>& inputs, const TraceHooks& hooks, const TraceOptions& options);
 
+/// Whether this thread runs the fake-mode attempt of a TraceMode::Auto
+/// trace, which stops at what would make it stand badly for a real trace
+/// (Note [Auto trace mode] in make_fx.cpp).
+bool in_auto_attempt();
+
 /// Maps the tensors of a running trace to graph Values and records ops.
 /// See Note [Value tracking].
 class TraceSession {

@@ -33,7 +33,7 @@ enum class TraceMode : uint8_t {
   /// fake mode, and runs again in real mode when that one throws (a
   /// data-dependent op such as at::equal, autocast, scaled_dot_product_
   /// attention, whose kernel is picked by device, an op neither a Meta
-  /// kernel nor CPU stand-ins can run) or recorded an op drawing random
+  /// kernel nor CPU stand-ins can run) or meets an op drawing random
   /// numbers on a GPU (whose device-routed path a meta tensor does not take:
   /// Note [Devices in fake mode]). The fake attempt's warnings are dropped
   /// when it is abandoned. TraceResult::mode says which ran. See Note [Auto
