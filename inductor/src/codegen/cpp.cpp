@@ -88,18 +88,7 @@ std::string render_column_group(const Program& p, const Group& g, const GroupInf
   }
   std::string value = result.empty() ? "static_cast<" + T + ">(acc[o - ob])" : result;
   if (!red.finalize.empty()) value = substitute(red.finalize, value);
-  std::string epilogue = "const " + T + " red_" + rbuf.name + " = " + value + ";\n";
-  Expr o = Expr::var("o", g.outer);
-  if (info.external.contains(red.buffer))
-    epilogue += body.store(red.buffer, store_offset(p, red, o), "red_" + rbuf.name);
-  body.set_local(red.buffer, "red_" + rbuf.name);
-  for (size_t k = 1; k < g.loops.size(); ++k) {
-    const Loop& l = p.loops[g.loops[k]];
-    Val e = body_value(body, l, g.outer, g.inner);
-    epilogue += body.take_inner();
-    if (info.external.contains(l.buffer)) epilogue += body.store(l.buffer, store_offset(p, l, o), e.name);
-    body.set_local(l.buffer, e.name);
-  }
+  const std::string epilogue = column_epilogue(body, p, g, info, T, value);
   const std::string B = std::to_string(kBlock), O = std::to_string(g.outer);
   std::string out =
       "extern \"C\" void " + name + "(void* const* b) {\n" + indent(signature(p, body, info, sig) + body.take(0), 2);

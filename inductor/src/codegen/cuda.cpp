@@ -274,18 +274,7 @@ std::string render_column(const Program& p, const Group& g, const GroupInfo& inf
   per_tile += "partial[threadIdx.x / " + W + "][threadIdx.x % " + W + "] = acc;\n__syncthreads();\n";
   std::string value = "static_cast<" + T + ">(acc)";
   if (!red.finalize.empty()) value = substitute(red.finalize, value);
-  const std::string red_name = "red_" + rbuf.name;
-  std::string epilogue = "const " + T + " " + red_name + " = " + value + ";\n";
-  Expr o = Expr::var("o", g.outer);
-  if (info.external.contains(red.buffer)) epilogue += body.store(red.buffer, store_offset(p, red, o), red_name);
-  body.set_local(red.buffer, red_name);
-  for (size_t k = 1; k < g.loops.size(); ++k) {
-    const Loop& l = p.loops[g.loops[k]];
-    Val e = body_value(body, l, g.outer, g.inner);
-    epilogue += body.take_inner();
-    if (info.external.contains(l.buffer)) epilogue += body.store(l.buffer, store_offset(p, l, o), e.name);
-    body.set_local(l.buffer, e.name);
-  }
+  const std::string epilogue = column_epilogue(body, p, g, info, T, value);
   const std::string rows = "for (int y = 1; y < " + R + "; ++y) acc = " + f + "()(acc, partial[y][threadIdx.x]);\n";
   if (splits == 1) {
     per_tile +=

@@ -148,6 +148,24 @@ std::string substitute(const std::string& finalize, const std::string& acc) {
   return out;
 }
 
+std::string column_epilogue(CBody& body, const Program& p, const Group& g, const GroupInfo& info, const std::string& T,
+                            const std::string& value) {
+  const Loop& red = p.loops[g.loops.front()];
+  const std::string red_name = "red_" + p.buffers[red.buffer].name;
+  std::string epilogue = "const " + T + " " + red_name + " = " + value + ";\n";
+  const Expr o = Expr::var("o", g.outer);
+  if (info.external.contains(red.buffer)) epilogue += body.store(red.buffer, store_offset(p, red, o), red_name);
+  body.set_local(red.buffer, red_name);
+  for (size_t k = 1; k < g.loops.size(); ++k) {
+    const Loop& l = p.loops[g.loops[k]];
+    Val e = body_value(body, l, g.outer, g.inner);
+    epilogue += body.take_inner();
+    if (info.external.contains(l.buffer)) epilogue += body.store(l.buffer, store_offset(p, l, o), e.name);
+    body.set_local(l.buffer, e.name);
+  }
+  return epilogue;
+}
+
 namespace {
 // Whether `text` names `name` as a whole identifier.
 bool mentions(const std::string& text, const std::string& name) {

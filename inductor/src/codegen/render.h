@@ -186,4 +186,11 @@ std::string indent(const std::string& text, int spaces);
 /// A reduction's finalization with `$` replaced by the accumulator `acc`.
 std::string substitute(const std::string& finalize, const std::string& acc);
 
+/// A column reduction's epilogue at outer index `o` (a variable the lines
+/// read): the reduced value `value`, of C type `T`, named red_<buffer> and
+/// stored where it leaves the group, then the group's other loops computed
+/// from it and stored likewise. The C++ and CUDA column kernels share it.
+std::string column_epilogue(CBody& body, const Program& p, const Group& g, const GroupInfo& info, const std::string& T,
+                            const std::string& value);
+
 }  // namespace crucible::inductor::detail
