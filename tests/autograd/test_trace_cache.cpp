@@ -114,52 +114,41 @@ TEST_CASE("trace cache: a new compilation skips the trace; input mutation and al
   CHECK(entries(dir).size() == 1);
 }
 
-TEST_CASE("trace cache: the joint graph of a hit gives eager's values and gradients", "[autograd][cache]") {
-  at::manual_seed(1);
-  const std::string dir = testing::temp_dir("trace-cache");
-  const Tensors data = layer_data();
-  Tensors e_in = clones(data, true);
-  const Tensors e_out = layer(e_in);
-  e_out[0].sum().backward();
-  for (int process = 0; process < 2; ++process) {
-    const Counted f{.fn = layer};
-    const autograd::AotFunction compiled = autograd::aot_function(f, config(dir));
-    Tensors in = clones(data, true);
-    const Tensors out = compiled(in);
-    CHECK(*f.calls == (process == 0 ? 3 : 1));
-    REQUIRE_CLOSE(out[0].detach(), e_out[0].detach(), kGradRtol, kGradAtol);
-    out[0].sum().backward();
-    for (size_t i = 0; i < in.size(); ++i) REQUIRE_CLOSE(in[i].grad(), e_in[i].grad(), kGradRtol, kGradAtol);
-  }
-}
-
-TEST_CASE("trace cache: in TraceMode::Auto (the default) a compilation traces twice on meta tensors, a hit once",
+// Real mode: 3 calls a compilation (the fingerprint, the analysis, the
+// trace), 1 on a hit (the fingerprint). TraceMode::Auto (the default): 2,
+// both on meta tensors (the analysis, the trace), and 1 on a hit (the
+// analysis), with no fingerprint taken.
+TEST_CASE("trace cache: the joint graph of a hit gives eager's values and gradients, in real and in Auto mode",
           "[autograd][cache]") {
   at::manual_seed(1);
-  const std::string dir = testing::temp_dir("trace-cache");
   const Tensors data = layer_data();
   Tensors e_in = clones(data, true);
   const Tensors e_out = layer(e_in);
   e_out[0].sum().backward();
-  const int64_t hits = counted("trace_cache_hit"), fingerprints = counted("fingerprint_miss");
-  for (int process = 0; process < 2; ++process) {
-    auto on_meta = std::make_shared<std::atomic<int>>(0);
-    const Counted f{.fn = [on_meta](const Tensors& in) {
-      *on_meta += in[0].is_meta() ? 1 : 0;
-      return layer(in);
-    }};
-    const autograd::AotFunction compiled =
-        autograd::aot_function(f, config(dir, "interpreter;trace-cache-test", tracer::TraceMode::Auto));
-    Tensors in = clones(data, true);
-    const Tensors out = compiled(in);
-    CHECK(*f.calls == (process == 0 ? 2 : 1));  // the analysis and the joint trace; the analysis and a hit
-    CHECK(*on_meta == *f.calls);
-    REQUIRE_CLOSE(out[0].detach(), e_out[0].detach(), kGradRtol, kGradAtol);
-    out[0].sum().backward();
-    for (size_t i = 0; i < in.size(); ++i) REQUIRE_CLOSE(in[i].grad(), e_in[i].grad(), kGradRtol, kGradAtol);
+  for (const tracer::TraceMode mode : {tracer::TraceMode::Real, tracer::TraceMode::Auto}) {
+    const bool real = mode == tracer::TraceMode::Real;
+    INFO((real ? "real mode" : "auto mode"));
+    const std::string dir = testing::temp_dir("trace-cache");
+    const int64_t hits = counted("trace_cache_hit"), fingerprints = counted("fingerprint_miss");
+    for (int process = 0; process < 2; ++process) {
+      auto on_meta = std::make_shared<std::atomic<int>>(0);
+      const Counted f{.fn = [on_meta](const Tensors& in) {
+        *on_meta += in[0].is_meta() ? 1 : 0;
+        return layer(in);
+      }};
+      const autograd::AotFunction compiled =
+          autograd::aot_function(f, config(dir, "interpreter;trace-cache-test", mode));
+      Tensors in = clones(data, true);
+      const Tensors out = compiled(in);
+      CHECK(*f.calls == (process == 0 ? (real ? 3 : 2) : 1));
+      if (!real) CHECK(*on_meta == *f.calls);
+      REQUIRE_CLOSE(out[0].detach(), e_out[0].detach(), kGradRtol, kGradAtol);
+      out[0].sum().backward();
+      for (size_t i = 0; i < in.size(); ++i) REQUIRE_CLOSE(in[i].grad(), e_in[i].grad(), kGradRtol, kGradAtol);
+    }
+    CHECK(counted("trace_cache_hit") == hits + 1);
+    CHECK(counted("fingerprint_miss") == fingerprints + (real ? 1 : 0));
   }
-  CHECK(counted("trace_cache_hit") == hits + 1);
-  CHECK(counted("fingerprint_miss") == fingerprints);
 }
 
 TEST_CASE("trace cache: another function over the same inputs, or other input metadata, misses", "[autograd][cache]") {
