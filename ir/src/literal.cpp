@@ -119,7 +119,9 @@ bool is_tensor_slot(const c10::TypePtr& type) {
 
 Literal literal_of(const c10::IValue& v, const c10::TypePtr& type) {
   const auto t = strip_optional(type);
-  if (v.isNone()) return Literal::none();
+  // An undefined tensor is how ATen passes None for a Tensor argument that
+  // is not optional (flash attention's backward takes cum_seq_q so).
+  if (v.isNone() || (v.isTensor() && !v.toTensor().defined())) return Literal::none();
   if (v.isBool()) return Literal::of_bool(v.toBool());
   if (v.isInt()) {
     const int64_t i = v.toInt();
@@ -277,6 +279,7 @@ Argument argument_of(const Literal& l, const c10::Argument& formal, const Graph&
     const bool optional = type->kind() == c10::TypeKind::OptionalType;
     if (l.kind == Literal::Kind::None && optional) return c10::IValue();
     const auto list = strip_optional(type)->cast<c10::ListType>();
+    if (!list && l.kind == Literal::Kind::None) return c10::IValue(at::Tensor());  // see literal_of
     if (!list) {
       if (l.kind != Literal::Kind::Value)
         mismatch(l, std::string("a tensor value (%name)") + (optional ? " or None" : ""));

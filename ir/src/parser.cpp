@@ -129,7 +129,8 @@ class Parser {
     }
     if (peek().is('[') && !peek(1).is(']'))
       fail(type, "unknown dtype '" + std::string(type.text) +
-                     "'; dtypes are f32, f64, f16, bf16, i64, i32, i16, i8, u8, b8, c64, c128, f8e4m3fn, f8e5m2");
+                     "'; dtypes are f32, f64, f16, bf16, i64, i32, i16, i8, u8, u16, u32, u64, b8, c64, c128, "
+                     "f8e4m3fn, f8e5m2");
     r.type = type.text;
     while (true) {  // suffixes: int[], Tensor?
       if (peek().is('[') && peek(1).is(']')) {

@@ -71,7 +71,7 @@ std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {
 }
 
 namespace {
-constexpr std::array<std::pair<c10::ScalarType, std::string_view>, 14> kDtypeNames{{
+constexpr std::array<std::pair<c10::ScalarType, std::string_view>, 17> kDtypeNames{{
     {c10::ScalarType::Float, "f32"},
     {c10::ScalarType::Double, "f64"},
     {c10::ScalarType::Half, "f16"},
@@ -81,6 +81,9 @@ constexpr std::array<std::pair<c10::ScalarType, std::string_view>, 14> kDtypeNam
     {c10::ScalarType::Short, "i16"},
     {c10::ScalarType::Char, "i8"},
     {c10::ScalarType::Byte, "u8"},
+    {c10::ScalarType::UInt16, "u16"},
+    {c10::ScalarType::UInt32, "u32"},
+    {c10::ScalarType::UInt64, "u64"},  // flash attention's RNG state
     {c10::ScalarType::Bool, "b8"},
     {c10::ScalarType::ComplexFloat, "c64"},
     {c10::ScalarType::ComplexDouble, "c128"},

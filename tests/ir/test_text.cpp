@@ -110,6 +110,7 @@ TEST_CASE("golden: a graph in the text form reads back in canonical form", "[ir]
 %x : f32[2, 3] = placeholder()
 
 %w : f32[3, 3] grad = placeholder(target="fc.weight", kind=parameter)
+%seed : u64[2] = placeholder()
 %mm : f32[2, 3] = aten::mm(%x, mat2=%w)   # the matmul
 %add : f32[2, 3] = aten::add.Tensor(%mm, other=%x) {tags=[backward], source="fc"}
 %t : f32[3, 2] grad stride=[1, 3] = aten::t(%add)
@@ -121,6 +122,7 @@ return (%s : loss, %p, %mm : gradient(%w))
 )";
   const char* expected = R"(%x : f32[2, 3] = placeholder()
 %w : f32[3, 3] grad = placeholder(kind=parameter, target="fc.weight")
+%seed : u64[2] = placeholder()
 %mm : f32[2, 3] = aten::mm(%x, %w)
 %add : f32[2, 3] = aten::add.Tensor(%mm, %x, alpha=1) {source="fc", tags=[backward]}
 %t : f32[3, 2] stride=[1, 3] grad = aten::t(%add)
@@ -134,6 +136,7 @@ return (%s : loss, %p, %mm : gradient(%w))
   REQUIRE(to_text(g) == expected);
   REQUIRE(g.signature().inputs[1].kind == InputKind::Parameter);
   REQUIRE(g.signature().outputs[2].input_index == std::optional<size_t>(1));
+  REQUIRE(g.find_value("seed")->meta().dtype == at::kUInt64);
   REQUIRE(g.find_value("add")->node()->args().size() == 3);  // alpha filled from the schema
   REQUIRE(g.find_value("p")->node()->arg(1).value() == g.find_value("n"));
   REQUIRE(g.find_value("c")->node()->constant_value().toTensor().scalar_type() == at::kDouble);
@@ -252,4 +255,24 @@ return (%clamp : loss, %half, %mpi, %s2, %rstd)
     INFO("output " << i << ": " << to_string(TensorMeta::of(out[i])) << " vs " << to_string(g.outputs()[i]->meta()));
     REQUIRE(TensorMeta::of(out[i]) == g.outputs()[i]->meta());
   }
+}
+
+TEST_CASE("None for a Tensor argument that is not optional reads back as an undefined tensor", "[ir][text]") {
+  // ATen passes an undefined tensor there: the memory-efficient attention's
+  // backward without a bias, flash attention's backward its cum_seq_q.
+  const char* in = R"(%go : f32[1, 1, 4, 8] = placeholder()
+%q : f32[1, 1, 4, 8] = placeholder()
+%lse : f32[1, 1, 32] = placeholder()
+%seed : i64[] = placeholder()
+%e : f32[1, 1, 4, 8], %e_1 : f32[1, 1, 4, 8], %e_2 : f32[1, 1, 4, 8], %e_3 : Tensor = aten::_scaled_dot_product_efficient_attention_backward(%go, %q, %q, %q, None, %go, %lse, %seed, %seed, 0.0, [True, True, True, False], False)
+return (%e)
+)";
+  const Graph g = parse(in);
+  const std::string text = to_text(g);
+  CHECK_THAT(text, CRUCIBLE_HAS_SUBSTR("(%go, %q, %q, %q, None, %go,"));
+  REQUIRE(to_text(parse(text)) == text);
+  const crucible::ir::Argument& bias = g.find_value("e")->node()->arg(4);
+  REQUIRE(bias.is_constant());
+  REQUIRE(bias.constant().isTensor());
+  REQUIRE_FALSE(bias.constant().toTensor().defined());
 }
