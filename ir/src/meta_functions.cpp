@@ -3,6 +3,7 @@
 #include <ATen/TensorIterator.h>
 #include <ATen/native/ConvUtils.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/result_type.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <c10/util/irange.h>
@@ -373,6 +374,137 @@ bool where_self(torch::jit::Stack& stack, size_t base) { return where_of(stack, 
 bool where_scalar_other(torch::jit::Stack& stack, size_t base) { return where_of(stack, base, false, true); }
 bool where_scalar_self(torch::jit::Stack& stack, size_t base) { return where_of(stack, base, true, false); }
 
+// Note [Attention kernels' metadata]
+// scaled_dot_product_attention on CUDA tensors runs one of three fused
+// kernels (flash, memory-efficient, cuDNN), CUDA-only ops without Meta
+// kernels in C++ or CPU kernels to stand in. Their results' metadata, as
+// the H200's kernels return them for query [B, H, L, E], key [B, H, S, E]
+// and value [B, H, S, Ev] in float16 and bfloat16, with the heads-major
+// (contiguous) and the sequence-major ([B, L, H, E] transposed) layouts,
+// dropout or not (bench/probe_attention.py; bench/results/fake_mode.md):
+//  * flash and cuDNN: the output, and the backward's gradients, have their
+//    input's layout (empty_like); flash's logsumexp is [B, H, L] float32,
+//    its RNG state a [2] and a [] uint64 tensor on the device, its debug
+//    mask empty; cuDNN's logsumexp is [B, H, L, 1] float32, its seed and
+//    offset int64 scalars on the device;
+//  * memory-efficient: the output and the gradients are sequence-major
+//    whatever the inputs' layout; logsumexp is [B, H, L] float32 when asked
+//    for, else [B, H, 0]; the seed and offset are int64 scalars on the CPU;
+//    a bias's gradient is contiguous.
+// Only what the probe covered is computed: inputs dense in one of the two
+// layouts, not sharing memory where the memory-efficient backward may pack
+// their gradients into one buffer, lengths that are multiples of the
+// kernels' tiles (L of 32 for the memory-efficient logsumexp, S of 16 for a
+// bias gradient), no debug mask. Elsewhere the functions decline, and a
+// TraceMode::Auto trace runs in real mode.
+bool dense_heads(const at::Tensor& t) {
+  return t.dim() == 4 && t.stride(3) == 1 && t.unsafeGetTensorImpl()->is_non_overlapping_and_dense();
+}
+
+// [B, H, n, e] laid out as [B, n, H, e] transposed.
+at::Tensor sequence_major(const at::Tensor& like, int64_t n, int64_t e) {
+  return empty_meta({like.size(0), n, like.size(1), e}, like).transpose(1, 2);
+}
+
+at::Tensor empty_on_meta(at::IntArrayRef sizes, at::ScalarType dtype) {
+  return at::empty(sizes, at::TensorOptions().dtype(dtype).device(c10::kMeta));
+}
+
+bool attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return dense_heads(q) && dense_heads(k) && dense_heads(v);
+}
+
+// _scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal,
+// return_debug_mask, *, scale).
+bool flash_attention(torch::jit::Stack& stack, size_t base) {
+  const at::Tensor q = stack[base].toTensor(), k = stack[base + 1].toTensor(), v = stack[base + 2].toTensor();
+  if (!attention_inputs(q, k, v) || stack[base + 5].toBool() || v.size(3) != q.size(3)) return false;
+  stack.resize(base);
+  stack.emplace_back(at::empty_like(q));
+  stack.emplace_back(empty_on_meta({q.size(0), q.size(1), q.size(2)}, at::kFloat));
+  stack.emplace_back(at::Tensor());
+  stack.emplace_back(at::Tensor());
+  stack.emplace_back(q.size(2));
+  stack.emplace_back(k.size(2));
+  stack.emplace_back(empty_on_meta({2}, at::kUInt64));
+  stack.emplace_back(empty_on_meta({}, at::kUInt64));
+  stack.emplace_back(empty_on_meta({0}, q.scalar_type()));
+  return true;
+}
+
+// _scaled_dot_product_flash_attention_backward(grad_out, q, k, v, ...).
+bool flash_attention_backward(torch::jit::Stack& stack, size_t base) {
+  const at::Tensor q = stack[base + 1].toTensor(), k = stack[base + 2].toTensor(), v = stack[base + 3].toTensor();
+  if (!attention_inputs(q, k, v)) return false;
+  stack.resize(base);
+  for (const at::Tensor* t : {&q, &k, &v}) stack.emplace_back(at::empty_like(*t));
+  return true;
+}
+
+// _scaled_dot_product_efficient_attention(q, k, v, attn_bias,
+// compute_log_sumexp, dropout_p, is_causal, *, scale).
+bool efficient_attention(torch::jit::Stack& stack, size_t base) {
+  const at::Tensor q = stack[base].toTensor(), k = stack[base + 1].toTensor(), v = stack[base + 2].toTensor();
+  if (!attention_inputs(q, k, v) || (stack[base + 4].toBool() && q.size(2) % 32 != 0)) return false;
+  const int64_t lse = stack[base + 4].toBool() ? q.size(2) : 0;
+  stack.resize(base);
+  stack.emplace_back(sequence_major(q, q.size(2), v.size(3)));
+  stack.emplace_back(empty_on_meta({q.size(0), q.size(1), lse}, at::kFloat));
+  stack.emplace_back(at::empty({}, at::kLong));  // on the CPU, as the kernel returns them
+  stack.emplace_back(at::empty({}, at::kLong));
+  return true;
+}
+
+// _scaled_dot_product_efficient_attention_backward(grad_out, q, k, v,
+// attn_bias, out, logsumexp, seed, offset, dropout_p, grad_input_mask, ...).
+bool efficient_attention_backward(torch::jit::Stack& stack, size_t base) {
+  const at::Tensor q = stack[base + 1].toTensor(), k = stack[base + 2].toTensor(), v = stack[base + 3].toTensor();
+  const at::Tensor bias = stack[base + 4].toTensor();
+  // Inputs sharing memory (thirds of one projection) may get gradients
+  // packed into one buffer, a layout the probe did not cover.
+  if (!attention_inputs(q, k, v) || q.storage().is_alias_of(k.storage()) || q.storage().is_alias_of(v.storage()) ||
+      k.storage().is_alias_of(v.storage()))
+    return false;
+  const std::vector<bool> mask = stack[base + 10].toBoolList().vec();
+  at::Tensor grad_bias;
+  if (bias.defined() && mask.at(3)) {
+    if (bias.size(-1) % 16 != 0) return false;
+    grad_bias = empty_meta(bias.sizes(), bias);
+  }
+  stack.resize(base);
+  for (const at::Tensor* t : {&q, &k, &v}) stack.emplace_back(sequence_major(*t, t->size(2), t->size(3)));
+  stack.emplace_back(grad_bias);
+  return true;
+}
+
+// _scaled_dot_product_cudnn_attention(q, k, v, attn_bias,
+// compute_log_sumexp, dropout_p, is_causal, return_debug_mask, *, scale).
+bool cudnn_attention(torch::jit::Stack& stack, size_t base) {
+  const at::Tensor q = stack[base].toTensor(), k = stack[base + 1].toTensor(), v = stack[base + 2].toTensor();
+  if (!attention_inputs(q, k, v) || v.size(3) != q.size(3) || !stack[base + 4].toBool() || stack[base + 7].toBool())
+    return false;
+  stack.resize(base);
+  stack.emplace_back(at::empty_like(q));
+  stack.emplace_back(empty_on_meta({q.size(0), q.size(1), q.size(2), 1}, at::kFloat));
+  stack.emplace_back(at::Tensor());
+  stack.emplace_back(at::Tensor());
+  stack.emplace_back(q.size(2));
+  stack.emplace_back(k.size(2));
+  stack.emplace_back(empty_on_meta({}, at::kLong));
+  stack.emplace_back(empty_on_meta({}, at::kLong));
+  stack.emplace_back(at::Tensor());
+  return true;
+}
+
+// _scaled_dot_product_cudnn_attention_backward(grad_out, q, k, v, ...).
+bool cudnn_attention_backward(torch::jit::Stack& stack, size_t base) {
+  const at::Tensor q = stack[base + 1].toTensor(), k = stack[base + 2].toTensor(), v = stack[base + 3].toTensor();
+  if (!attention_inputs(q, k, v)) return false;
+  stack.resize(base);
+  for (const at::Tensor* t : {&q, &k, &v}) stack.emplace_back(at::empty_like(*t));
+  return true;
+}
+
 using MetaFunction = bool (*)(torch::jit::Stack&, size_t);
 
 const std::unordered_map<std::string_view, MetaFunction>& table() {
@@ -393,6 +525,12 @@ const std::unordered_map<std::string_view, MetaFunction>& table() {
       {"aten::where.self", where_self},
       {"aten::where.ScalarOther", where_scalar_other},
       {"aten::where.ScalarSelf", where_scalar_self},
+      {"aten::_scaled_dot_product_flash_attention", flash_attention},
+      {"aten::_scaled_dot_product_flash_attention_backward", flash_attention_backward},
+      {"aten::_scaled_dot_product_efficient_attention", efficient_attention},
+      {"aten::_scaled_dot_product_efficient_attention_backward", efficient_attention_backward},
+      {"aten::_scaled_dot_product_cudnn_attention", cudnn_attention},
+      {"aten::_scaled_dot_product_cudnn_attention_backward", cudnn_attention_backward},
   };
   return t;
 }
