@@ -70,7 +70,7 @@ void add_trace_command(CLI::App& app) {
   add_size_option(*cmd, opts->size);
   cmd->add_flag("--joint", opts->joint, "trace one training step: forward, loss.backward(), gradients as outputs");
   cmd->add_flag("--functionalize", opts->functionalize, "remove in-place ops and view mutation");
-  cmd->add_option("--mode", opts->mode, "real: run on example data; fake: meta tensors")
+  cmd->add_option("--mode", opts->mode, "real: run on example data; fake: fake tensors (metadata, no data)")
       ->check(CLI::IsMember({"real", "fake"}));
   cmd->add_option("--format", opts->format, "output format")->check(CLI::IsMember({"text", "dot", "json"}));
   cmd->add_option("--batch", opts->batch, "batch size of the example inputs")->check(at_least_one());

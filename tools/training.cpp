@@ -52,9 +52,10 @@ void CompileFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--pre-grad-passes", pre_grad_passes, "passes on the forward graph before differentiation")
       ->delimiter(',');
   cmd.add_option("--joint-passes", joint_passes, "passes on the joint (forward + backward) graph")->delimiter(',');
-  cmd.add_option("--trace-mode", trace_mode,
-                 "trace on meta tensors (fake), on copies of the tensors (real), or fake where a fake trace can "
-                 "follow the step and real where not (auto)")
+  cmd.add_option(
+         "--trace-mode", trace_mode,
+         "trace on fake tensors (metadata, no data), on copies of the tensors (real), or fake where a fake trace can "
+         "follow the step and real where not (auto)")
       ->check(CLI::IsMember({"auto", "real", "fake"}))
       ->capture_default_str();
   cmd.add_option("--decompositions", decompositions,

@@ -160,17 +160,6 @@ ViewAndMutationMeta analyze(const AotRequest& request, bool is_train, std::vecto
     // A parameter is a leaf that requires grad: eager allows writing it only under no_grad.
     info.mutations_under_no_grad = m.data && info.requires_grad;
   }
-  // Fake mode: the outputs ran on the meta device; the graph knows where
-  // they will live (Note [Devices in fake mode]), and a view's base lives
-  // where the view does.
-  const std::vector<ir::Value*> graph_outputs = traced.graph.outputs();
-  for (size_t k = 0; k < meta.output_info.size() && k < graph_outputs.size(); ++k) {
-    OutputAliasInfo& info = meta.output_info[k];
-    if (info.meta.device.type() != c10::kMeta || !graph_outputs[k]->has_meta()) continue;
-    info.meta.device = graph_outputs[k]->meta().device;
-    if (info.output_type == OutputType::alias_of_intermediate)
-      meta.intermediate_bases.at(*info.base_idx).device = info.meta.device;
-  }
   // See Note [Gradients a function accumulates].
   for (const ir::OutputSpec& spec : traced.graph.signature().outputs)
     if (spec.kind == ir::OutputKind::Gradient && *spec.input_index < n)

@@ -215,7 +215,7 @@ ViewAndMutationMeta fingerprinted_analysis(const AotRequest& request, std::vecto
     c10::WarningUtils::WarningHandlerGuard quiet(&drop);
     fake_meta = analyze(fake, lifted ? &fake_lifted : nullptr, &fake_hash);
   } catch (const std::exception&) {
-    // Data-dependent code (item() on a meta tensor), an op fake mode cannot
+    // Data-dependent code (item() on a fake tensor), an op fake mode cannot
     // run: the function has no fingerprint, and the real analysis says
     // whatever it has to say about it.
     fake_hash.reset();

@@ -40,7 +40,7 @@ namespace crucible::autograd::detail {
 // call records other ops than its first for reasons outside its tensors and
 // the code (a clock, the environment, a file) must not share a cache
 // directory; nor may one that counts its own calls, since a hit calls it
-// fewer times (once, on meta tensors, where Note [Fake fingerprints] hits
+// fewer times (once, on fake tensors, where Note [Fake fingerprints] hits
 // too; three times without the caches).
 // Counted as torch counts its own (counters["aot_autograd"]):
 // trace_cache_hit, trace_cache_miss, and trace_cache_bypass when an entry
@@ -78,7 +78,7 @@ ir::Graph traced_graph(const AotRequest& request, std::string_view kind, std::st
 // algorithms; in the key too). A cache directory shared by GPUs of other
 // architectures may then give a graph that names a kernel the other GPU
 // lacks, which fails when run; the backend's own entries are per device.
-// A function fake mode cannot run (item() on a meta tensor) has no
+// A function fake mode cannot run (item() on a fake tensor) has no
 // fingerprint and is analysed for real. Counted as fingerprint_hit,
 // fingerprint_miss, fingerprint_differs (the two analyses disagreed: not
 // stored) and fingerprint_bypass (no fingerprint or no usable directory).

@@ -270,12 +270,12 @@ autograd::AotConfig Builder::aot_config() const {
 //
 // Note [Pre-grad traces that read values]
 // Some of ATen's composite ops choose their kernel by whether an argument is
-// "subclass-like" (a functional wrapper or a meta tensor, which have no
+// "subclass-like" (a functional wrapper, a meta or fake tensor, which have no
 // values to read): cross_entropy with label smoothing and class weights
 // divides by the weights of the targets that are not ignored, gathered
 // through masked_select (a data-dependent shape) for a plain tensor and with
 // masked_fill for a subclass-like one. AOTAutograd's trace is functionalized
-// (or on meta tensors), so it takes the second kernel; the pre-grad trace,
+// (or on fake tensors), so it takes the second kernel; the pre-grad trace,
 // not functionalized, gets real tensors and the first, which no graph can
 // hold. The passes are rewrites that keep the function's values, so where
 // the pre-grad trace meets a data-dependent op the compilation goes on

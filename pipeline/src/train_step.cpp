@@ -464,7 +464,7 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
   s->binding.emplace(optimizer, std::move(bound));
   s->clips_norm = step_options.clip_grad_norm.has_value();
   s->keep_gradients = step_options.keep_gradients;
-  // The update rounds as on the parameters' device, also when traced on meta tensors.
+  // The update rounds as on the parameters' device, also when traced on fake tensors.
   detail::StepSpec spec;
   spec.groups = s->groups;
   for (detail::StepGroup& g : spec.groups) {

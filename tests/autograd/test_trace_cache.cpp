@@ -11,6 +11,7 @@
 #include <crucible/ir/instrument.h>
 #include <crucible/ir/interpreter.h>
 #include <crucible/runtime/instruments.h>
+#include <crucible/tracer/make_fx.h>
 
 #include <ATen/ATen.h>
 #include <torch/nn/modules/activation.h>
@@ -38,7 +39,7 @@ namespace {
 int64_t counted(std::string_view key) { return runtime::default_counters().get("aot_autograd", key); }
 
 // A function that counts its calls: 3 per compilation (the fingerprint on
-// meta tensors, the metadata analysis, the trace), 1 when the fingerprint
+// fake tensors, the metadata analysis, the trace), 1 when the fingerprint
 // stands for the analysis and the trace comes from the cache (Note [Fake
 // fingerprints]), 2 when only the trace does.
 struct Counted {
@@ -116,7 +117,7 @@ TEST_CASE("trace cache: a new compilation skips the trace; input mutation and al
 
 // Real mode: 3 calls a compilation (the fingerprint, the analysis, the
 // trace), 1 on a hit (the fingerprint). TraceMode::Auto (the default): 2,
-// both on meta tensors (the analysis, the trace), and 1 on a hit (the
+// both on fake tensors (the analysis, the trace), and 1 on a hit (the
 // analysis), with no fingerprint taken.
 TEST_CASE("trace cache: the joint graph of a hit gives eager's values and gradients, in real and in Auto mode",
           "[autograd][cache]") {
@@ -133,7 +134,7 @@ TEST_CASE("trace cache: the joint graph of a hit gives eager's values and gradie
     for (int process = 0; process < 2; ++process) {
       auto on_meta = std::make_shared<std::atomic<int>>(0);
       const Counted f{.fn = [on_meta](const Tensors& in) {
-        *on_meta += in[0].is_meta() ? 1 : 0;
+        *on_meta += crucible::tracer::is_fake(in[0]) ? 1 : 0;
         return layer(in);
       }};
       const autograd::AotFunction compiled =
@@ -342,11 +343,11 @@ TEST_CASE("trace cache: tensors read from outside the function are read afresh o
 
 TEST_CASE("trace cache: a fake-mode fingerprint stands for the real analysis, and the real trace is served",
           "[autograd][cache]") {
-  // The function takes another path on meta tensors: the fingerprint is of
+  // The function takes another path on fake tensors: the fingerprint is of
   // the tanh path, the graph a hit serves is the real trace's (sigmoid),
   // with eager's values and gradients.
   auto two_paths = [](const Tensors& in) {
-    return Tensors{(in[0].is_meta() ? at::tanh(in[0]) : at::sigmoid(in[0])).sum(0)};
+    return Tensors{(crucible::tracer::is_fake(in[0]) ? at::tanh(in[0]) : at::sigmoid(in[0])).sum(0)};
   };
   at::manual_seed(8);
   const std::string dir = testing::temp_dir("trace-cache");
@@ -374,14 +375,14 @@ TEST_CASE("trace cache: no fingerprint where fake and real analyses disagree, fa
   at::manual_seed(9);
   const std::string dir = testing::temp_dir("trace-cache");
   const at::Tensor x = at::randn({4, 3});
-  // On meta tensors the output aliases the input; on real ones it does not:
+  // On fake tensors the output aliases the input; on real ones it does not:
   // a hit would return the wrong metadata, so nothing is stored.
   auto aliasing_on_meta = [](const Tensors& in) {
-    return Tensors{in[0].is_meta() ? in[0].view({-1}) : (in[0] * 2).view({-1})};
+    return Tensors{crucible::tracer::is_fake(in[0]) ? in[0].view({-1}) : (in[0] * 2).view({-1})};
   };
-  // Fails on meta tensors: analysed for real every time.
+  // Fails on fake tensors: analysed for real every time.
   auto refusing_meta = [](const Tensors& in) {
-    if (in[0].is_meta()) throw std::runtime_error("no meta tensors here");
+    if (crucible::tracer::is_fake(in[0])) throw std::runtime_error("no fake tensors here");
     return Tensors{at::tanh(in[0])};
   };
   const int64_t differs = counted("fingerprint_differs"), bypasses = counted("fingerprint_bypass");

@@ -153,14 +153,12 @@ inline std::vector<std::pair<std::string, Builder>> builders() {
 
 // What a program does that some builders cannot follow on a GPU.
 struct GpuLimits {
-  // It draws random numbers (dropout): a fake-mode trace takes dropout's
-  // generic path, whose draws are not eager's (the trace warns; Note
-  // [Devices in fake mode]). The fake builder is left out.
-  bool draws_random = false;
-  // It runs cuDNN's RNN: the pre-grad builder's forward trace, not
-  // functionalized, records ATen pointing an empty tensor at the flattened
-  // weights' Storage (set_), which a graph cannot hold; the tracer refuses
-  // it by name. Not fixed yet; the case says so as a skip.
+  // It runs cuDNN's RNN, which points a tensor at its flattened weights'
+  // Storage (set_): the pre-grad builder's forward trace, not
+  // functionalized, records that, which a graph cannot hold, and the tracer
+  // refuses it by name (not fixed yet; the case says so as a skip). A fake
+  // tensor's Storage holds no data, so the fake builder refuses it too, with
+  // an error that says to trace in real mode (TraceMode::Auto does).
   bool cudnn_rnn = false;
   // It branches on at::equal of two tensors' values (Note [Guarded equal]):
   // a fake-mode trace has no values, and refuses it with a clear error.
@@ -171,13 +169,11 @@ inline void for_each_backend(const std::function<void(const Builder&)>& body, Gp
   const bool gpu = crucible::testing::test_device().is_cuda();
   for (const auto& [name, builder] : builders()) {
     SECTION(name) {
-      if (gpu && limits.draws_random && name == "fake")
-        CRUCIBLE_SKIP(
-            "the fake-mode builder on a GPU: dropout's draws in fake mode are not eager's (Note [Devices "
-            "in fake mode])");
       if (gpu && limits.cudnn_rnn && name == "pre-grad")
         CRUCIBLE_SKIP("pre-grad passes over cuDNN's RNN on a GPU: its weight flattening is refused by the tracer");
-      if (limits.reads_values && name == "fake")
+      if (gpu && limits.cudnn_rnn && name == "fake")
+        REQUIRE_THROWS_WITH(body(builder), CRUCIBLE_HAS_SUBSTR("aten::set") && CRUCIBLE_HAS_SUBSTR("real mode"));
+      else if (limits.reads_values && name == "fake")
         REQUIRE_THROWS_WITH(body(builder), CRUCIBLE_HAS_SUBSTR("aten::equal") && CRUCIBLE_HAS_SUBSTR("data-dependent"));
       else
         body(builder);

@@ -124,42 +124,40 @@ TEST_CASE(
   const std::vector<Batch> train = mnist_batches(0, 24, 8);
   const Batch test = mnist_batches(100, 116, 16).at(0);
   REQUIRE(train.size() == 3);
-  for_each_backend(
-      [&](const Builder& b) {
-        LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
-          return torch::nn::functional::nll_loss(dynamic_cast<MnistNetImpl&>(m).forward(batch[0]), batch[1]);
-        };
-        Trained t = train_and_compare([] { return MnistNet().ptr(); }, sgd(0.01, 0.5), loss,
-                                      [&](int64_t i) { return train.at(i); }, 3, b);
-        if (!t.compiled) return;
-        // The example's test(): eval mode, no grad; the summed loss and the
-        // count of right answers, compiled with the builder (aot_module) and
-        // with inductor's compile_fx.
-        crucible::tracer::ModuleFn evaluate = [](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
-          const at::Tensor out = dynamic_cast<MnistNetImpl&>(m).forward(in[0]);
-          return std::vector<at::Tensor>{
-              out,
-              torch::nn::functional::nll_loss(out, in[1],
-                                              torch::nn::functional::NLLLossFuncOptions().reduction(torch::kSum)),
-              out.argmax(1).eq(in[1]).sum()};
-        };
-        t.compiled->eval();
-        t.eager->eval();
-        torch::NoGradGuard no_grad;
-        const at::Device device = crucible::testing::test_device();
-        const std::vector<at::Tensor> in{test[0].to(device), test[1].to(device)};
-        const std::vector<at::Tensor> expected = evaluate(*t.eager, in);
-        std::vector<std::vector<at::Tensor>> got{b.compile(t.compiled, evaluate)(in)};
-        if (b.backend_name() == "inductor") got.push_back(crucible::inductor::compile_fx(t.compiled, evaluate, in)(in));
-        for (const std::vector<at::Tensor>& out : got) {
-          REQUIRE(out.size() == 3);
-          REQUIRE_LIKE_EAGER(out[0], expected[0], kRtol, kAtol);
-          REQUIRE_LIKE_EAGER(out[1], expected[1], kRtol, kAtol);
-          REQUIRE_LIKE_EAGER(out[2], expected[2], 0.0, 0.0);
-        }
-        require_same_state(*t.compiled, *t.eager);  // evaluation changed nothing
-      },
-      {.draws_random = true});
+  for_each_backend([&](const Builder& b) {
+    LossFn loss = [](torch::nn::Module& m, const Batch& batch) {
+      return torch::nn::functional::nll_loss(dynamic_cast<MnistNetImpl&>(m).forward(batch[0]), batch[1]);
+    };
+    Trained t = train_and_compare([] { return MnistNet().ptr(); }, sgd(0.01, 0.5), loss,
+                                  [&](int64_t i) { return train.at(i); }, 3, b);
+    if (!t.compiled) return;
+    // The example's test(): eval mode, no grad; the summed loss and the
+    // count of right answers, compiled with the builder (aot_module) and
+    // with inductor's compile_fx.
+    crucible::tracer::ModuleFn evaluate = [](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+      const at::Tensor out = dynamic_cast<MnistNetImpl&>(m).forward(in[0]);
+      return std::vector<at::Tensor>{
+          out,
+          torch::nn::functional::nll_loss(out, in[1],
+                                          torch::nn::functional::NLLLossFuncOptions().reduction(torch::kSum)),
+          out.argmax(1).eq(in[1]).sum()};
+    };
+    t.compiled->eval();
+    t.eager->eval();
+    torch::NoGradGuard no_grad;
+    const at::Device device = crucible::testing::test_device();
+    const std::vector<at::Tensor> in{test[0].to(device), test[1].to(device)};
+    const std::vector<at::Tensor> expected = evaluate(*t.eager, in);
+    std::vector<std::vector<at::Tensor>> got{b.compile(t.compiled, evaluate)(in)};
+    if (b.backend_name() == "inductor") got.push_back(crucible::inductor::compile_fx(t.compiled, evaluate, in)(in));
+    for (const std::vector<at::Tensor>& out : got) {
+      REQUIRE(out.size() == 3);
+      REQUIRE_LIKE_EAGER(out[0], expected[0], kRtol, kAtol);
+      REQUIRE_LIKE_EAGER(out[1], expected[1], kRtol, kAtol);
+      REQUIRE_LIKE_EAGER(out[2], expected[2], 0.0, 0.0);
+    }
+    require_same_state(*t.compiled, *t.eager);  // evaluation changed nothing
+  });
 }
 
 namespace {
@@ -543,48 +541,46 @@ TEST_CASE(
         torch::nn::functional::cross_entropy(dynamic_cast<torch::nn::SequentialImpl&>(m).forward(in[0]), in[1])};
   };
   constexpr int64_t kAccumulate = 2;
-  for_each_backend(
-      [&](const Builder& b) {
-        if (crucible::testing::compile_only()) CRUCIBLE_SKIP("CUDA asked for and no GPU here");
-        const at::Device device = crucible::testing::test_device();
-        torch::manual_seed(0);
-        auto compiled = make(), eager = make();
-        compiled->to(device, at::kDouble);
-        eager->to(device, at::kDouble);
-        copy_all(*compiled, *eager);
-        const std::vector<at::Tensor> initial = clones(*compiled);
-        torch::optim::SGD opt_c(compiled->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-        torch::optim::SGD opt_e(eager->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-        crucible::autograd::AotModule compiled_loss = b.compile(compiled, loss_fn);
-        for (int64_t step = 0; step < 3; ++step) {
-          opt_c.zero_grad();
-          opt_e.zero_grad();
-          for (int64_t micro = 0; micro < kAccumulate; ++micro) {
-            INFO("step " << step << ", micro-batch " << micro);
-            at::manual_seed(400 + 2 * step + micro);
-            const std::vector<at::Tensor> in{at::randn({5, 6}, at::kDouble).to(device),
-                                             at::randint(0, 3, {5}, at::kLong).to(device)};
-            torch::manual_seed(500 + 2 * step + micro);  // the same dropout masks
-            const at::Tensor lc = compiled_loss(in).at(0) / kAccumulate;
-            lc.backward();
-            torch::manual_seed(500 + 2 * step + micro);
-            const at::Tensor le = loss_fn(*eager, in).at(0) / kAccumulate;
-            le.backward();
-            REQUIRE_LIKE_EAGER(lc.detach(), le.detach(), kRtol, kAtol);
-          }
-          auto pe = eager->named_parameters();
-          for (const auto& p : compiled->named_parameters()) {
-            INFO("accumulated gradient of " << p.key());
-            REQUIRE_LIKE_EAGER(p.value().grad(), pe[p.key()].grad(), kRtol, kAtol);
-          }
-          opt_c.step();
-          opt_e.step();
-        }
-        CHECK(compiled_loss.num_compilations() == 1);
-        require_same_state(*compiled, *eager);
-        REQUIRE(max_change(initial, *compiled) > 1e-4);
-      },
-      {.draws_random = true});
+  for_each_backend([&](const Builder& b) {
+    if (crucible::testing::compile_only()) CRUCIBLE_SKIP("CUDA asked for and no GPU here");
+    const at::Device device = crucible::testing::test_device();
+    torch::manual_seed(0);
+    auto compiled = make(), eager = make();
+    compiled->to(device, at::kDouble);
+    eager->to(device, at::kDouble);
+    copy_all(*compiled, *eager);
+    const std::vector<at::Tensor> initial = clones(*compiled);
+    torch::optim::SGD opt_c(compiled->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    torch::optim::SGD opt_e(eager->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    crucible::autograd::AotModule compiled_loss = b.compile(compiled, loss_fn);
+    for (int64_t step = 0; step < 3; ++step) {
+      opt_c.zero_grad();
+      opt_e.zero_grad();
+      for (int64_t micro = 0; micro < kAccumulate; ++micro) {
+        INFO("step " << step << ", micro-batch " << micro);
+        at::manual_seed(400 + 2 * step + micro);
+        const std::vector<at::Tensor> in{at::randn({5, 6}, at::kDouble).to(device),
+                                         at::randint(0, 3, {5}, at::kLong).to(device)};
+        torch::manual_seed(500 + 2 * step + micro);  // the same dropout masks
+        const at::Tensor lc = compiled_loss(in).at(0) / kAccumulate;
+        lc.backward();
+        torch::manual_seed(500 + 2 * step + micro);
+        const at::Tensor le = loss_fn(*eager, in).at(0) / kAccumulate;
+        le.backward();
+        REQUIRE_LIKE_EAGER(lc.detach(), le.detach(), kRtol, kAtol);
+      }
+      auto pe = eager->named_parameters();
+      for (const auto& p : compiled->named_parameters()) {
+        INFO("accumulated gradient of " << p.key());
+        REQUIRE_LIKE_EAGER(p.value().grad(), pe[p.key()].grad(), kRtol, kAtol);
+      }
+      opt_c.step();
+      opt_e.step();
+    }
+    CHECK(compiled_loss.num_compilations() == 1);
+    require_same_state(*compiled, *eager);
+    REQUIRE(max_change(initial, *compiled) > 1e-4);
+  });
 }
 
 namespace {

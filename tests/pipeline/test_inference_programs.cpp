@@ -761,50 +761,48 @@ TEST_CASE(
     "Monte Carlo dropout under InferenceMode",
     "[pipeline][programs]") {
   if (crucible::testing::compile_only()) CRUCIBLE_SKIP("CUDA asked for and no GPU here");
-  for_each_backend(
-      [](const Builder& b) {
-        const at::ScalarType dtype = at::kDouble;
-        // Recalibration: the module in train() under a no-grad guard; batch
-        // statistics normalize, the running ones are updated in the module.
-        for (const bool inference_mode : {true, false}) {
-          INFO((inference_mode ? "InferenceMode" : "NoGradGuard"));
-          auto compiled = small_net(dtype), eager = small_net(dtype);
-          compiled->train();
-          eager->train();
-          const at::Tensor x = randn_on_device({3, 3, 5, 5}, dtype, 15);
-          for (const Compiled& c : compile_all(b, compiled, small_net_fn, {x})) {
-            INFO(c.name);
-            std::optional<c10::InferenceMode> inference;
-            std::optional<torch::NoGradGuard> no_grad;
-            if (inference_mode)
-              inference.emplace();
-            else
-              no_grad.emplace();
-            const at::Tensor xi = x.clone();
-            require_outputs_like_eager(c.call({xi}), small_net_fn(*eager, {xi}));
-            require_same_state(*compiled, *eager);
-          }
-        }
-        // Monte Carlo dropout: dropout left on at inference, each call drawing
-        // from the generator as eager draws.
-        crucible::tracer::ModuleFn mc = [](nn::Module& m, const std::vector<at::Tensor>& in) {
-          const at::Tensor h = at::dropout(dynamic_cast<SmallNetImpl&>(m).forward(in[0]), 0.5, /*train=*/true);
-          return std::vector<at::Tensor>{h, at::softmax(h, 1)};
-        };
-        auto m = small_net(dtype);
-        const at::Tensor x = randn_on_device({4, 3, 5, 5}, dtype, 16);
-        for (const Compiled& c : compile_all(b, m, mc, {x})) {
-          INFO(c.name);
-          c10::InferenceMode guard;
-          for (int64_t i = 0; i < 2; ++i) {
-            torch::manual_seed(20 + i);
-            const std::vector<at::Tensor> expected = mc(*m, {x});
-            const at::Tensor next_expected = at::rand({4}, x.options());
-            torch::manual_seed(20 + i);
-            require_outputs_like_eager(c.call({x}), expected);
-            REQUIRE_EQUAL_TENSORS(at::rand({4}, x.options()), next_expected);  // the generator left as eager left it
-          }
-        }
-      },
-      {.draws_random = true});
+  for_each_backend([](const Builder& b) {
+    const at::ScalarType dtype = at::kDouble;
+    // Recalibration: the module in train() under a no-grad guard; batch
+    // statistics normalize, the running ones are updated in the module.
+    for (const bool inference_mode : {true, false}) {
+      INFO((inference_mode ? "InferenceMode" : "NoGradGuard"));
+      auto compiled = small_net(dtype), eager = small_net(dtype);
+      compiled->train();
+      eager->train();
+      const at::Tensor x = randn_on_device({3, 3, 5, 5}, dtype, 15);
+      for (const Compiled& c : compile_all(b, compiled, small_net_fn, {x})) {
+        INFO(c.name);
+        std::optional<c10::InferenceMode> inference;
+        std::optional<torch::NoGradGuard> no_grad;
+        if (inference_mode)
+          inference.emplace();
+        else
+          no_grad.emplace();
+        const at::Tensor xi = x.clone();
+        require_outputs_like_eager(c.call({xi}), small_net_fn(*eager, {xi}));
+        require_same_state(*compiled, *eager);
+      }
+    }
+    // Monte Carlo dropout: dropout left on at inference, each call drawing
+    // from the generator as eager draws.
+    crucible::tracer::ModuleFn mc = [](nn::Module& m, const std::vector<at::Tensor>& in) {
+      const at::Tensor h = at::dropout(dynamic_cast<SmallNetImpl&>(m).forward(in[0]), 0.5, /*train=*/true);
+      return std::vector<at::Tensor>{h, at::softmax(h, 1)};
+    };
+    auto m = small_net(dtype);
+    const at::Tensor x = randn_on_device({4, 3, 5, 5}, dtype, 16);
+    for (const Compiled& c : compile_all(b, m, mc, {x})) {
+      INFO(c.name);
+      c10::InferenceMode guard;
+      for (int64_t i = 0; i < 2; ++i) {
+        torch::manual_seed(20 + i);
+        const std::vector<at::Tensor> expected = mc(*m, {x});
+        const at::Tensor next_expected = at::rand({4}, x.options());
+        torch::manual_seed(20 + i);
+        require_outputs_like_eager(c.call({x}), expected);
+        REQUIRE_EQUAL_TENSORS(at::rand({4}, x.options()), next_expected);  // the generator left as eager left it
+      }
+    }
+  });
 }

@@ -10,9 +10,15 @@
 #include <crucible/tracer/functional_call.h>
 #include <crucible/tracer/make_fx.h>
 
+#include <crucible/ir/printer.h>
+#include <crucible/runtime/autocast.h>
+
+#include <ATen/Context.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/nn/module.h>
 #include <torch/utils.h>
 
+using crucible::testing::count_calls;
 using crucible::testing::module_graph_inputs;
 using crucible::testing::run_traced;
 using Tensors = std::vector<at::Tensor>;
@@ -49,40 +55,11 @@ TEST_CASE("CUDA: a joint trace of the ConvNet's loss.backward() replays eager's 
   }
 }
 
-TEST_CASE("CUDA: dropout replays eager's mask when the CUDA generator is re-seeded", "[tracer][cuda]") {
-  CRUCIBLE_REQUIRE_CUDA();
-  // As on the CPU (see the make_fx dropout test), the graph holds the RNG op,
-  // which draws from the default CUDA generator (Philox) when it runs.
-  auto fn = [](const Tensors& in) { return Tensors{at::dropout(in[0] * 3.0, 0.5, /*train=*/true)}; };
-  const Tensors inputs = {at::randn({64, 64}, at::kCUDA)};
-  auto r = crucible::tracer::make_fx(fn, inputs);
-  at::manual_seed(7);
-  auto expected = fn(inputs);
-  at::manual_seed(7);
-  auto actual = run_traced(r, inputs);
-  REQUIRE_EQUAL_TENSORS(actual[0], expected[0]);
-}
-
-TEST_CASE("CUDA: a fake-mode trace of dropout warns that its draws are not eager's; a real-mode trace does not",
-          "[tracer][cuda]") {
-  CRUCIBLE_REQUIRE_CUDA();
-  // Note [Devices in fake mode]: on meta tensors at::dropout takes its
-  // generic path (bernoulli_), not the fused CUDA kernel eager runs.
-  auto fn = [](const Tensors& in) { return Tensors{at::dropout(in[0] * 3.0, 0.5, /*train=*/true)}; };
-  const Tensors inputs = {at::randn({64, 64}, at::kCUDA)};
-  auto warned = [&](crucible::tracer::TraceMode mode) {
-    crucible::testing::CollectWarnings warnings;
-    crucible::tracer::TraceOptions options;
-    options.mode = mode;
-    crucible::tracer::make_fx(fn, inputs, options);
-    return std::any_of(warnings.messages.begin(), warnings.messages.end(),
-                       [](const std::string& w) { return w.find("not the numbers eager draws") != std::string::npos; });
-  };
-  CHECK(warned(crucible::tracer::TraceMode::Fake));
-  CHECK_FALSE(warned(crucible::tracer::TraceMode::Real));
-}
-
-TEST_CASE("CUDA: by default (TraceMode::Auto) dropout on a GPU is traced in real mode, with eager's draws",
+// Note [Fake tensors]: a fake CUDA tensor is_cuda(), so at::dropout takes
+// the fused kernel eager runs (native_dropout); as on the CPU, the graph
+// holds the RNG op, which draws from the default CUDA generator (Philox)
+// when it runs, so re-seeding it replays eager's mask.
+TEST_CASE("CUDA: by default (TraceMode::Auto) dropout on a GPU is traced on fake tensors, with eager's draws",
           "[tracer][cuda]") {
   CRUCIBLE_REQUIRE_CUDA();
   auto fn = [](const Tensors& in) { return Tensors{at::dropout(in[0] * 3.0, 0.5, /*train=*/true)}; };
@@ -90,9 +67,10 @@ TEST_CASE("CUDA: by default (TraceMode::Auto) dropout on a GPU is traced in real
   crucible::testing::CollectWarnings warnings;
   at::manual_seed(7);
   const auto r = crucible::tracer::make_fx(fn, inputs);
-  CHECK(r.mode == crucible::tracer::TraceMode::Real);
-  CHECK_THAT(r.fake_mode_abandoned, CRUCIBLE_HAS_SUBSTR("random numbers on a GPU"));
-  CHECK(warnings.messages.empty());  // the fake attempt's warning went with it
+  CHECK(r.mode == crucible::tracer::TraceMode::Fake);
+  CHECK(r.fake_mode_abandoned.empty());
+  CHECK(warnings.messages.empty());
+  CHECK(count_calls(r.graph, "aten::native_dropout") == 1);
   at::manual_seed(7);
   const auto expected = fn(inputs);
   at::manual_seed(7);
@@ -120,4 +98,76 @@ TEST_CASE("CUDA: functionalized in-place updates of a GPU input come back as a m
   const auto mutated = r.graph.signature().outputs_of(ir::OutputKind::MutatedInput);
   REQUIRE(mutated.size() == 1);
   REQUIRE_EQUAL_TENSORS(actual[mutated[0]], eager[0]);
+}
+
+// Note [Attention kernels' metadata] in ir/src/meta_functions.cpp: with each
+// fused kernel scaled_dot_product_attention can pick on the GPU, under bf16
+// autocast, with dropout, forward and backward, a fake-mode trace records
+// what a real-mode trace records (ops, casts, every value's metadata) and
+// replays eager's values. The kernels on thirds of one fused projection
+// (not dense) are left to a real-mode trace.
+TEST_CASE("CUDA: attention under bf16 autocast on fake tensors records the real trace's graph, for each fused kernel",
+          "[tracer][cuda]") {
+  CRUCIBLE_REQUIRE_CUDA();
+  at::Context& ctx = at::globalContext();
+  struct Kernels {  // the kernels scaled_dot_product_attention may pick, put back at the end
+    at::Context& ctx;
+    bool flash = ctx.userEnabledFlashSDP(), efficient = ctx.userEnabledMemEfficientSDP(),
+         cudnn = ctx.userEnabledCuDNNSDP();
+    ~Kernels() {
+      ctx.setSDPUseFlash(flash);
+      ctx.setSDPUseMemEfficient(efficient);
+      ctx.setSDPUseCuDNN(cudnn);
+    }
+  } restore{ctx};
+  constexpr int64_t B = 2, T = 64, H = 2, E = 64, C = H * E;
+  for (const std::string layout : {"heads-major", "sequence-major", "fused projection"}) {
+    // x [B, T, C], w [3C, C] -> loss, dL/dw.
+    auto fn = [layout](const Tensors& in) {
+      const at::Tensor w = in[1].detach().requires_grad_();
+      at::Tensor out;
+      {
+        crucible::runtime::AutocastGuard autocast(at::kCUDA, at::kBFloat16);
+        const std::vector<at::Tensor> qkv = at::linear(in[0], w).split(C, 2);
+        auto heads = [&](const at::Tensor& t) {
+          at::Tensor h = t.view({B, T, H, E}).transpose(1, 2);
+          if (layout == "heads-major") return h.contiguous();
+          if (layout == "sequence-major") return t.contiguous().view({B, T, H, E}).transpose(1, 2);
+          return h;  // a view of the fused projection's output: not dense
+        };
+        out = at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), {}, 0.1,
+                                               /*is_causal=*/true);
+      }
+      const at::Tensor loss = out.to(at::kFloat).square().sum();
+      return Tensors{loss.detach(), torch::autograd::grad({loss}, {w})[0]};
+    };
+    const Tensors inputs = {at::randn({B, T, C}, at::kCUDA), at::randn({3 * C, C}, at::kCUDA) * 0.1};
+    for (const std::string kernel : {"flash", "efficient", "cudnn"}) {
+      INFO(layout << ", " << kernel);
+      ctx.setSDPUseFlash(kernel == "flash");
+      ctx.setSDPUseMemEfficient(kernel == "efficient");
+      ctx.setSDPUseCuDNN(kernel == "cudnn");
+      crucible::tracer::TraceOptions real_mode;
+      real_mode.mode = crucible::tracer::TraceMode::Real;
+      const auto real = crucible::tracer::make_fx(fn, inputs, real_mode);
+      // A kernel may refuse the fused projection's strides (the math path runs then).
+      const bool ran = count_calls(real.graph, "aten::_scaled_dot_product_" + kernel + "_attention") == 1;
+      if (layout != "fused projection") REQUIRE(ran);
+      const auto r = crucible::tracer::make_fx(fn, inputs);
+      if (ran && layout == "fused projection") {
+        CHECK(r.mode == crucible::tracer::TraceMode::Real);
+        continue;
+      }
+      REQUIRE(r.mode == crucible::tracer::TraceMode::Fake);
+      REQUIRE(crucible::ir::to_text(r.graph) == crucible::ir::to_text(real.graph));
+      at::manual_seed(11);
+      const Tensors expected = fn(inputs);
+      at::manual_seed(11);
+      const Tensors actual = run_traced(r, inputs);
+      // The same kernels on the same inputs and draws; the backward kernels
+      // may accumulate with atomics in another order (bf16 gradients).
+      REQUIRE_CLOSE(actual[0], expected[0], 1e-5, 1e-5);
+      REQUIRE_CLOSE(actual[1], expected[1], 2e-2, 2e-2);
+    }
+  }
 }

@@ -4,11 +4,12 @@
 #include "testing.h"
 #include "tracer_testing.h"
 
+#include <crucible/ir/printer.h>
+#include <crucible/runtime/autocast.h>
 #include <crucible/tracer/error.h>
 #include <crucible/tracer/make_fx.h>
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/types.h>
 
@@ -393,19 +394,19 @@ TEST_CASE("make_fx: tensors the function makes itself, real or fake, functionali
       REQUIRE_THROWS_WITH(make_fx(set_storage, {x}, o),
                           CRUCIBLE_HAS_SUBSTR(functionalize ? "inside a functionalized trace, which holds no memory"
                                               : mode == crucible::tracer::TraceMode::Fake
-                                                  ? "at a meta tensor's Storage, which holds no data"
+                                                  ? "at the Storage of a fake or meta tensor, which holds no data"
                                                   : "at a Storage, which a graph cannot hold"));
     }
   }
 }
 
-// Note [Auto trace mode]: the default traces on meta tensors where it can.
-TEST_CASE("make_fx: by default (TraceMode::Auto) the function runs once, on meta tensors, and the graph is eager's",
+// Note [Auto trace mode]: the default traces on fake tensors where it can.
+TEST_CASE("make_fx: by default (TraceMode::Auto) the function runs once, on fake tensors, and the graph is eager's",
           "[tracer]") {
   int calls = 0, on_meta = 0;
   auto fn = [&](const Tensors& in) {
     ++calls;
-    on_meta += in[0].is_meta() ? 1 : 0;
+    on_meta += crucible::tracer::is_fake(in[0]) ? 1 : 0;
     return Tensors{at::relu(in[0].matmul(in[1])) * 2.0 + 1.0};
   };
   const Tensors inputs = {at::randn({4, 5}), at::randn({5, 3})};
@@ -448,28 +449,89 @@ TEST_CASE("make_fx: TraceMode::Auto keeps a fake trace's warnings when it keeps 
   CHECK(std::count(warnings.messages.begin(), warnings.messages.end(), "a warning of the traced function") == 1);
 }
 
-TEST_CASE("make_fx: TraceMode::Auto under autocast traces in real mode, with eager's casts", "[tracer]") {
-  struct CpuAutocast {  // bf16 autocast on the CPU for the scope
-    CpuAutocast() {
-      at::autocast::set_autocast_enabled(at::kCPU, true);
-      at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-    }
-    ~CpuAutocast() {
-      at::autocast::set_autocast_enabled(at::kCPU, false);
-      at::autocast::clear_cache();
-    }
-  };
-  auto fn = [](const Tensors& in) { return Tensors{at::mm(in[0], in[1]).relu()}; };
+// Note [Fake tensors]: a fake tensor reports its device and carries its
+// autocast key, so autocast casts it as it casts the real tensor.
+TEST_CASE("make_fx: under autocast a fake-mode trace records eager's casts, the graph a real trace records",
+          "[tracer]") {
+  // mm casts both operands to bf16.
+  auto fn = [](const Tensors& in) { return Tensors{at::softmax(at::mm(in[0], in[1]).relu(), 1)}; };
   const Tensors inputs = {at::randn({8, 16}), at::randn({16, 4})};
-  crucible::tracer::TraceResult r;
+  crucible::tracer::TraceResult fake, real;
   Tensors expected;
   {
-    CpuAutocast autocast;
-    r = make_fx(fn, inputs);
+    crucible::runtime::AutocastGuard autocast(at::kCPU, at::kBFloat16);
+    fake = make_fx(fn, inputs);
+    TraceOptions real_mode;
+    real_mode.mode = crucible::tracer::TraceMode::Real;
+    real = make_fx(fn, inputs, real_mode);
     expected = fn(inputs);
   }
-  CHECK(r.mode == crucible::tracer::TraceMode::Real);
-  CHECK_THAT(r.fake_mode_abandoned, CRUCIBLE_HAS_SUBSTR("autocast"));
-  REQUIRE(expected[0].scalar_type() == at::kBFloat16);
-  REQUIRE_EQUAL_TENSORS(run_traced(r, clones(inputs))[0], expected[0]);
+  CHECK(fake.mode == crucible::tracer::TraceMode::Fake);
+  CHECK(fake.fake_mode_abandoned.empty());
+  REQUIRE(count_calls(fake.graph, "aten::_to_copy") == 2);
+  REQUIRE(crucible::ir::to_text(fake.graph) == crucible::ir::to_text(real.graph));
+  REQUIRE_EQUAL_TENSORS(run_traced(fake, clones(inputs))[0], expected[0]);
+}
+
+// scaled_dot_product_attention picks its kernel by its tensors' device (a
+// DispatchStub, no op the tracer sees): a fake tensor reports the device,
+// so a fake-mode trace records the kernel eager runs (on the CPU, flash
+// attention for the CPU), forward and backward.
+TEST_CASE("make_fx: scaled_dot_product_attention on fake tensors records eager's kernel, forward and backward",
+          "[tracer]") {
+  at::manual_seed(3);
+  auto fn = [](const Tensors& in) {
+    const at::Tensor q = in[0].requires_grad() ? in[0] : in[0].detach().requires_grad_();
+    const at::Tensor out = at::scaled_dot_product_attention(q, in[1], in[2], {}, 0.0, /*is_causal=*/true);
+    const at::Tensor grad = torch::autograd::grad({out.square().sum()}, {q})[0];
+    return Tensors{out.detach(), grad};
+  };
+  const Tensors inputs = {at::randn({2, 3, 16, 8}), at::randn({2, 3, 16, 8}), at::randn({2, 16, 3, 8}).transpose(1, 2)};
+  TraceOptions fake_mode, real_mode;
+  fake_mode.mode = crucible::tracer::TraceMode::Fake;
+  real_mode.mode = crucible::tracer::TraceMode::Real;
+  const auto fake = make_fx(fn, inputs, fake_mode);
+  const auto real = make_fx(fn, inputs, real_mode);
+  CHECK(count_calls(fake.graph, "aten::_softmax") == 0);  // not the math path
+  REQUIRE(crucible::ir::to_text(fake.graph) == crucible::ir::to_text(real.graph));
+  const Tensors expected = fn(inputs);
+  const Tensors actual = run_traced(fake, clones(inputs));
+  for (size_t i = 0; i < expected.size(); ++i) REQUIRE_EQUAL_TENSORS(actual[i], expected[i]);
+}
+
+TEST_CASE("make_fx: fake tensors report the inputs' devices, alias as they do and take in-place metadata changes",
+          "[tracer]") {
+  bool fake_inside = false, real_inside = true;
+  auto fn = [](const Tensors& in) {
+    at::Tensor x = in[0] * 1.0;
+    at::Tensor flat = x.view({-1});  // a view: its write reaches x
+    flat.add_(1.0);
+    at::Tensor y = x.clone();
+    y.t_();  // an in-place change of sizes and strides
+    at::Tensor z = in[1].clone();
+    z.resize_({2, 3});
+    z.fill_(2.0);
+    return Tensors{x * 2.0, y.contiguous(), z};
+  };
+  const Tensors inputs = {at::randn({3, 4}), at::randn({6})};
+  TraceOptions fake_mode, real_mode;
+  fake_mode.mode = crucible::tracer::TraceMode::Fake;
+  real_mode.mode = crucible::tracer::TraceMode::Real;
+  auto probe = [&](bool& seen) {
+    return [&, fn](const Tensors& in) {
+      seen = crucible::tracer::is_fake(in[0]);
+      CHECK(in[0].device().is_cpu());
+      CHECK_FALSE(in[0].is_meta());
+      return fn(in);
+    };
+  };
+  const auto fake = make_fx(probe(fake_inside), inputs, fake_mode);
+  const auto real = make_fx(probe(real_inside), inputs, real_mode);
+  CHECK(fake_inside);
+  CHECK_FALSE(real_inside);
+  CHECK_FALSE(crucible::tracer::is_fake(inputs[0]));
+  REQUIRE(crucible::ir::to_text(fake.graph) == crucible::ir::to_text(real.graph));
+  const Tensors expected = fn(inputs);
+  const Tensors actual = run_traced(fake, clones(inputs));
+  for (size_t i = 0; i < expected.size(); ++i) REQUIRE_EQUAL_TENSORS(actual[i], expected[i]);
 }

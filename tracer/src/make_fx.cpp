@@ -41,8 +41,6 @@ namespace {
 std::mutex g_trace_mutex;
 std::atomic<TraceSession*> g_active{nullptr};
 thread_local bool t_tracing = false;
-// The fake-mode attempt of a TraceMode::Auto trace is running on this thread.
-thread_local bool t_auto_attempt = false;
 
 void trace_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   if (TraceSession* s = g_active.load(std::memory_order_acquire)) {
@@ -96,23 +94,6 @@ bool batch_norm_into_functional_statistics(const c10::OperatorHandle& op, torch:
   stack.emplace_back(save_mean);
   stack.emplace_back(save_invstd);
   return true;
-}
-
-// Note [Attention in an Auto trace]
-// aten::scaled_dot_product_attention is a composite whose kernel (flash,
-// memory-efficient, cuDNN, math) is chosen by a DispatchStub on its tensors'
-// device type, not by an op the tracer sees: on meta tensors it is math, so
-// a fake-mode graph would compute attention as matmuls and a softmax where
-// eager runs a fused kernel, with its memory. In the fake-mode attempt of a
-// TraceMode::Auto trace this kernel, on DeferredInit (above the composite's
-// autograd kernel), stops the attempt, and Auto traces in real mode (Note
-// [Auto trace mode]); otherwise it steps aside.
-void attention_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-  if (t_auto_attempt)
-    throw TraceError(
-        "aten::scaled_dot_product_attention picks its kernel by its tensors' device, which a meta tensor does not "
-        "have");
-  op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::DeferredInit), stack);
 }
 
 void write_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
@@ -350,9 +331,8 @@ TraceResult trace_once(const std::vector<TraceInput>& inputs, const TraceHooks& 
         functionalize_on.emplace(c10::DispatchKey::Functionalize);
         reapply_views.emplace(true);
       }
-      // Note [Writes into reached tensors under functionalization], Note
-      // [Attention in an Auto trace].
-      if (options.functionalize || t_auto_attempt) writes_on.emplace(c10::DispatchKey::DeferredInit);
+      // See Note [Writes into reached tensors under functionalization].
+      if (options.functionalize) writes_on.emplace(c10::DispatchKey::DeferredInit);
 
       try {
         outputs = hooks.body(traced);
@@ -438,25 +418,20 @@ class HeldWarnings final : public c10::WarningHandler {
 
 }  // namespace
 
-bool in_auto_attempt() { return t_auto_attempt; }
-
 // Note [Auto trace mode]
 // A real-mode trace runs the function on copies of everything it reads:
 // the module's parameters and buffers, the optimizer's state, and every
 // activation of a training step, so compiling needed more memory than the
 // step itself (GPT-2 small on a CPU: 8.7 GiB of peak RSS against eager's
 // 3.6). A fake-mode trace computes nothing (3.3 GiB). TraceMode::Auto, the
-// default, traces in fake mode and keeps the result unless the fake trace
-// cannot stand for a real one:
-//  * it threw: a data-dependent op (at::equal, which real mode guards),
-//    autocast (which casts no meta tensor), an op without a Meta kernel that
-//    CPU stand-ins cannot run either, scaled_dot_product_attention (Note
-//    [Attention in an Auto trace]). Real mode then says whatever it has to
-//    say: a function that fails in both fails with real mode's error;
-//  * it met an op drawing random numbers on a GPU, where ATen may route the
-//    real tensor to another kernel (dropout's fused CUDA kernel) than the
-//    meta tensor took, so the numbers would not be eager's: the attempt
-//    stops there (in_auto_attempt()).
+// default, traces in fake mode and keeps the result unless that trace
+// threw: a data-dependent op (at::equal, which real mode guards), an op
+// without a Meta kernel that CPU stand-ins cannot run either (a CUDA-only
+// kernel without a meta function). Real mode then says whatever it has to
+// say: a function that fails in both fails with real mode's error. Fake
+// tensors report their device (Note [Fake tensors] in trace_session.cpp),
+// so autocast, dropout's fused kernel and attention's device-chosen kernel
+// are traced as a real trace traces them.
 // The attempt stops where it fails, so the function's own work after that
 // point does not run twice. Then the function runs again on real copies; it
 // runs twice, as any function traced twice (the metadata analysis and the
@@ -472,10 +447,6 @@ TraceResult trace(const std::vector<TraceInput>& inputs, const TraceHooks& hooks
     std::optional<TraceResult> fake;
     {
       c10::WarningUtils::WarningHandlerGuard guard(&held);
-      t_auto_attempt = true;
-      struct ResetAttempt {
-        ~ResetAttempt() { t_auto_attempt = false; }
-      } reset_attempt;
       try {
         fake = trace_once(inputs, hooks, attempt);
       } catch (const std::exception& e) {
@@ -496,11 +467,15 @@ TraceResult trace(const std::vector<TraceInput>& inputs, const TraceHooks& hooks
 
 TORCH_LIBRARY_IMPL(_, Fake, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&trace_fallback>()); }
 TORCH_LIBRARY_IMPL(_, DeferredInit, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&write_fallback>()); }
-TORCH_LIBRARY_IMPL(aten, DeferredInit, m) {
-  m.impl("scaled_dot_product_attention", torch::CppFunction::makeFromBoxedFunction<&attention_kernel>());
-}
 
 }  // namespace detail
+
+bool is_fake(const at::Tensor& t) {
+  if (!t.defined()) return false;
+  if (at::functionalization::impl::isFunctionalTensor(t))
+    return is_fake(at::functionalization::impl::unsafeGetFunctionalWrapper(t)->value());
+  return t.has_storage() && t.storage().device_type() == c10::kMeta && !t.is_meta();
+}
 
 TraceResult make_fx(const TensorFn& fn, const std::vector<at::Tensor>& example_inputs, const TraceOptions& options) {
   std::vector<detail::TraceInput> inputs;

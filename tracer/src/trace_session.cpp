@@ -52,6 +52,63 @@ std::string meta_string(const at::Tensor& t) {
   return os.str();
 }
 
+// Note [Fake tensors]
+// A fake-mode trace runs the function on fake tensors, as AOTAutograd runs
+// it on FakeTensors: TensorImpls on a meta Storage (sizes, strides and a
+// dtype, no memory) that report the device they stand for, so a CUDA
+// parameter's fake is_cuda(), and carry that device's autocast key. Code
+// above the tracer's key therefore takes the path it takes on the real
+// tensors: autocast casts them, at::dropout picks its fused CUDA kernel,
+// scaled_dot_product_attention its device's kernel, and autograd checks
+// each gradient against its input's device. Their other dispatch keys are
+// the Meta backend's, so no device's kernel ever runs on one. Below the
+// tracer's key kernels get plain meta tensors on the same Storage (views
+// of them alias as the real tensors' do), their meta results come back as
+// fakes on the device Note [Devices in fake mode] gives, and device
+// arguments go down as the meta device.
+class FakeTensorImpl final : public c10::TensorImpl {
+ public:
+  FakeTensorImpl(c10::Storage storage, caffe2::TypeMeta dtype, c10::Device device)
+      : TensorImpl(std::move(storage), keys(device), dtype) {
+    device_opt_ = device;
+  }
+
+ private:
+  static c10::DispatchKeySet keys(c10::Device device) {
+    const c10::DispatchKeySet dense(c10::computeDispatchKey(std::nullopt, c10::kStrided, device));
+    return c10::DispatchKeySet(c10::DispatchKey::Meta) |
+           c10::getAutocastRelatedKeySetFromBackend(dense.highestBackendKey());
+  }
+};
+
+// A tensor with `t`'s storage and metadata and another TensorImpl, made by
+// `make` (a FakeTensorImpl or a plain meta one).
+template <class Make>
+at::Tensor restrided(const at::Tensor& t, Make make) {
+  c10::intrusive_ptr<c10::TensorImpl> impl = make(c10::Storage(t.storage()), t.dtype());
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return at::Tensor(std::move(impl));
+}
+
+// The fake of meta tensor `meta`, standing for a tensor on `device`.
+at::Tensor fake_tensor(const at::Tensor& meta, c10::Device device) {
+  return restrided(meta, [&](c10::Storage storage, caffe2::TypeMeta dtype) {
+    return c10::make_intrusive<FakeTensorImpl>(std::move(storage), dtype, device);
+  });
+}
+
+// A plain meta tensor on fake `fake`'s storage, with its metadata.
+at::Tensor meta_of(const at::Tensor& fake) {
+  return restrided(fake, [](c10::Storage storage, caffe2::TypeMeta dtype) {
+    return c10::make_intrusive<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::Meta), dtype);
+  });
+}
+
+// A tensor without memory: a meta or a fake one.
+bool has_no_data(const at::Tensor& t) {
+  return t.defined() && t.has_storage() && t.storage().device_type() == c10::kMeta;
+}
+
 // Ops whose result's value or shape depends on tensor data, as ATen tags
 // them: a graph cannot hold the control flow or shapes that follow from
 // them. (Tensor::is_nonzero and friends reach _local_scalar_dense.)
@@ -156,26 +213,17 @@ void TraceSession::find_out_of_place_decomposition(const c10::OperatorHandle& op
 }
 
 // Note [Devices in fake mode]
-// A fake-mode trace runs on meta tensors, which know no device; the graph's
-// TensorMeta must say where each value will live. A placeholder keeps its
-// input's device; a result on the meta device takes, as ATen's device
-// propagation does for the ops a graph holds: an explicit device argument
-// that is not meta; else the device of its first tensor argument not on the
-// CPU (a 0-dim CPU operand joins a GPU op on the GPU), else the CPU if it has
-// tensor arguments; else (a factory whose device came from a meta tensor's
-// options) the trace's device, the first input's not on the CPU; such a
-// meta device argument is recorded as that device. Results that are real
-// tensors (made from C++ values) keep their own device. The rule is exact
-// when a graph's tensors share one device, with CPU scalars beside them; a
-// factory given a CPU tensor's options inside a GPU trace is recorded on the
-// GPU (trace in real mode where that matters). Code that branches on
-// is_cuda() sees a meta tensor, not a CUDA one, and takes its CPU path:
-// the same math, except where the path draws random numbers (dropout's
-// bernoulli_ against its fused CUDA kernel), which a GPU trace then warns of.
+// A fake tensor reports the device it stands for (Note [Fake tensors]). A
+// placeholder's is its input's; an op's results take, as ATen's device
+// propagation does for the ops a graph holds: an explicit device argument;
+// else the device of its first tensor argument not on the CPU (a 0-dim CPU
+// operand joins a GPU op on the GPU), else the CPU if it has tensor
+// arguments; else (a factory given no device) the trace's device, the first
+// input's not on the CPU. The rule is exact when a graph's tensors share one
+// device, with CPU scalars beside them.
 c10::Device TraceSession::fake_device(const std::vector<ir::Argument>& args) const {
   for (const ir::Argument& a : args)
-    if (a.is_constant() && a.constant().isDevice() && a.constant().toDevice().type() != c10::kMeta)
-      return a.constant().toDevice();
+    if (a.is_constant() && a.constant().isDevice()) return a.constant().toDevice();
   std::optional<c10::Device> cpu;
   for (const ir::Argument& a : args)
     for (const ir::Value* v : a.values()) {
@@ -189,10 +237,7 @@ c10::Device TraceSession::fake_device(const std::vector<ir::Argument>& args) con
 
 void TraceSession::define(ir::Value* v, const at::Tensor& t, bool alias_base) {
   if (!t.defined()) return;
-  ir::TensorMeta meta = ir::TensorMeta::of(t);
-  // See Note [Devices in fake mode].
-  if (t.is_meta() && result_device_) meta.device = *result_device_;
-  v->set_meta(std::move(meta));
+  v->set_meta(ir::TensorMeta::of(t));
   by_impl_.insert_or_assign(t.unsafeGetTensorImpl(),
                             ImplEntry{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), v});
   if (!t.has_storage()) return;
@@ -216,9 +261,7 @@ ir::Value* TraceSession::lookup(const at::Tensor& t) {
   // An alias made outside the dispatcher. See Note [Value tracking].
   static const c10::OperatorHandle as_strided = ir::resolve_operator("aten::as_strided");
   ir::Node* n = graph_.add_call(as_strided, {s->second.value, t.sizes().vec(), t.strides().vec(), t.storage_offset()});
-  const std::optional<c10::Device> saved = std::exchange(result_device_, s->second.value->meta().device);
   define(n->result(), t);
-  result_device_ = saved;
   return n->result();
 }
 
@@ -228,43 +271,21 @@ ir::Value* TraceSession::lookup(const at::Tensor& t) {
 // reads the tensors it captured: the tracer cannot hand the function other
 // tensors in their place. Instead it swaps what the TensorImpl holds:
 // Tensor::set_data points the caller's tensor at the traced copy (same
-// sizes, strides and dtype; a meta tensor in fake mode), and the original
+// sizes, strides and dtype; a fake tensor in fake mode), and the original
 // storage and metadata, kept in a shallow copy, are put back when the trace
 // ends (restore(), which also runs when tracing throws). Its gradient is
 // detached for the trace, so a .backward() inside it starts from none and
 // never accumulates into the caller's, and is restored with the data. The
 // tensor keeps its identity and autograd metadata (requires_grad, leaf), so
 // autograd treats it as it would in eager.
-//
-// Note [Gradient accumulators of swapped tensors]
-// A leaf that requires grad may already have a gradient accumulator
-// (autograd's AccumulateGrad node): a tensor lifted while tracing is found
-// only inside the op that reads it, after the autograd layer above the
-// tracer recorded that op's edge to the tensor's accumulator. The
-// accumulator's input metadata names the device the gradient must have,
-// the tensor's own; in fake mode the swapped-in copy is a meta tensor, and
-// the backward's meta gradient would be refused ("ConvolutionBackward0
-// returned an invalid gradient ... expected device cpu but got meta": a
-// GAN's generator step backpropagating through the discriminator it
-// reads). Tensor::set_data drops an accumulator whose device no longer
-// matches, which cannot help an edge recorded already; so the swap
-// re-describes a live accumulator as the copy for the trace, and restore()
-// puts its description back if it still lives.
 namespace {
 
-// Makes `accumulator` (an AccumulateGrad) take gradients described by `m`.
-// InputMetadata has const members, so it is replaced, not assigned.
-void describe_accumulated(torch::autograd::Node& accumulator, const torch::autograd::InputMetadata& m) {
-  torch::autograd::InputMetadata& slot = accumulator.mutable_input_metadata(0);
-  std::destroy_at(&slot);
-  std::construct_at(&slot, m);
-}
-
-// Tensor::set_data refuses to turn a CPU tensor into a meta one (fake mode),
-// so the swap between devices copies the TensorImpl's metadata directly,
-// which is what set_data does once its checks pass.
+// Tensor::set_data refuses to give a tensor the metadata of one of another
+// kind (a CPU tensor a fake's, whose keys are the Meta backend's), so such
+// a swap copies the TensorImpl's metadata directly, which is what set_data
+// does once its checks pass.
 void swap_data(const at::Tensor& t, const at::Tensor& data) {
-  if (t.device() == data.device())
+  if (t.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(data.key_set()))
     t.set_data(data);
   else
     t.unsafeGetTensorImpl()->shallow_copy_from(data.getIntrusivePtr());
@@ -293,15 +314,16 @@ at::Tensor copy_of(const at::Tensor& t) {
 }
 
 // The tensor the traced function runs on in place of `t`: a copy with the same
-// sizes, strides, storage offset and dtype, on the meta device in fake mode,
-// so tracing never writes to the caller's tensors.
+// sizes, strides, storage offset and dtype, a fake tensor in fake mode, so
+// tracing never writes to the caller's tensors.
 at::Tensor traced_copy(const at::Tensor& t, TraceMode mode) {
   auto opts = t.options().requires_grad(false);
   if (mode == TraceMode::Fake) opts = opts.device(at::kMeta);
   const int64_t storage_numel =
       t.has_storage() ? static_cast<int64_t>(t.storage().nbytes()) / static_cast<int64_t>(t.element_size()) : t.numel();
   at::Tensor c = at::empty({storage_numel}, opts).as_strided(t.sizes(), t.strides(), t.storage_offset());
-  if (mode == TraceMode::Real) copy_values(c, t);
+  if (mode == TraceMode::Fake) return fake_tensor(c, t.device());
+  copy_values(c, t);
   return c.detach();
 }
 
@@ -337,9 +359,7 @@ at::Tensor TraceSession::add_input(const TraceInput& in) {
     return in.tensor;
   }
   at::Tensor copy = traced_copy(in.tensor, options_.mode);
-  result_device_ = in.tensor.device();  // Note [Devices in fake mode]
   define(v, copy);
-  result_device_.reset();
   ir::TensorMeta meta = v->meta();
   meta.requires_grad = in.tensor.requires_grad();  // the caller's, not the copy's
   v->set_meta(std::move(meta));
@@ -348,25 +368,12 @@ at::Tensor TraceSession::add_input(const TraceInput& in) {
 
 void TraceSession::reach(const at::Tensor& t, ir::Value* v, ir::InputKind kind, bool lifted_here) {
   // See Note [Swapping reached tensors].
-  Reached r{t, t.variable_data(), t.grad(), v, kind, lifted_here, std::nullopt, {}, {}, std::nullopt};
-  if (lifted_here && !t.is_meta() && nbytes(t) <= options_.max_constant_bytes) r.pristine = copy_of(t);
+  Reached r{t, t.variable_data(), t.grad(), v, kind, lifted_here, std::nullopt, {}};
+  if (lifted_here && !has_no_data(t) && nbytes(t) <= options_.max_constant_bytes) r.pristine = copy_of(t);
   reached_.push_back(std::move(r));
   if (t.grad().defined()) t.mutable_grad() = at::Tensor();
-  const c10::Device device = t.device();
   swap_data(t, traced_copy(t, options_.mode));
-  // See Note [Gradient accumulators of swapped tensors].
-  if (t.requires_grad() && t.is_leaf())
-    if (std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::try_get_grad_accumulator(t);
-        acc && acc->input_metadata(0).device() != t.device()) {
-      reached_.back().accumulator = acc;
-      reached_.back().accumulated.emplace(acc->input_metadata(0));
-      describe_accumulated(*acc, torch::autograd::InputMetadata(t));
-    }
-  // The copy's metadata on the tensor's own device (Note [Devices in fake
-  // mode]); the tensor keeps its requires_grad.
-  const std::optional<c10::Device> saved = std::exchange(result_device_, device);
-  define(v, t);
-  result_device_ = saved;
+  define(v, t);  // the copy's metadata; the tensor keeps its requires_grad
 }
 
 ir::Value* TraceSession::lift(const at::Tensor& t, const std::string& user) {
@@ -383,10 +390,10 @@ ir::Value* TraceSession::lift(const at::Tensor& t, const std::string& user) {
 }
 
 ir::Value* TraceSession::constant_of(const at::Tensor& t, const std::string& user) {
-  if (t.is_meta())
-    throw TraceError(user + " reads a meta tensor " + meta_string(t) +
-                     " that is not derived from the traced inputs; a fake-mode trace cannot capture its "
-                     "value: pass it as an input");
+  if (has_no_data(t))
+    throw TraceError(user + " reads a " + (t.is_meta() ? "meta" : "fake") + " tensor " + meta_string(t) +
+                     " that is not derived from the traced inputs (a fake tensor kept from another trace, or "
+                     "a meta tensor); a graph cannot capture its value: pass it as an input");
   const int64_t bytes = nbytes(t);
   if (bytes > options_.max_constant_bytes)
     throw TraceError(user + " reads a tensor " + meta_string(t) + " (" + std::to_string(bytes) +
@@ -442,8 +449,6 @@ void TraceSession::restore() {
   // See Note [Swapping reached tensors].
   for (auto r = reached_.rbegin(); r != reached_.rend(); ++r) {
     swap_data(r->tensor, r->data);
-    if (std::shared_ptr<torch::autograd::Node> acc = r->accumulator.lock())
-      describe_accumulated(*acc, *r->accumulated);  // Note [Gradient accumulators of swapped tensors]
     if (r->grad.defined() || r->tensor.grad().defined()) r->tensor.mutable_grad() = r->grad;
     r->data.reset();
     r->grad.reset();
@@ -559,45 +564,82 @@ ir::Argument TraceSession::argument(const c10::IValue& iv, const c10::Argument& 
 }
 
 // Note [Fake mode]
-// In fake mode the inputs are meta tensors and ops run on their Meta kernels,
-// which compute output metadata only. Where LibTorch has no Meta kernel for an
-// op in C++ (the dispatcher throws NotImplementedError; aten::relu, for one),
-// a meta function of the ir library computes it (convolution, batch norm:
-// Note [Meta functions] in ir/meta_functions.cpp), or else the op runs once
-// on zero-filled CPU stand-ins of its meta inputs, which is exact for every
-// op a graph can hold: see Note [CPU stand-ins] in ir/meta_call.cpp.
-//
-// Autocast casts only tensors on its own device (at::autocast's
-// is_autocast_eligible), never meta tensors: under autocast a fake-mode
-// trace would record the program in float32 where eager computes in bf16 or
-// f16. It stops with an error instead (PyTorch's FakeTensors carry their
-// device's autocast key; meta tensors cannot).
-void TraceSession::run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack, size_t base) {
+// In fake mode the inputs are fake tensors (Note [Fake tensors]) and ops run
+// on their Meta kernels, which compute output metadata only. Where LibTorch
+// has no Meta kernel for an op in C++ (the dispatcher throws
+// NotImplementedError; aten::relu, for one), a meta function of the ir
+// library computes it (convolution, batch norm: Note [Meta functions] in
+// ir/meta_functions.cpp), or else the op runs once on zero-filled CPU
+// stand-ins of its meta inputs, which is exact for every op a graph can hold
+// that has a CPU kernel: see Note [CPU stand-ins] in ir/meta_call.cpp.
+void TraceSession::run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack, size_t base,
+                       const std::vector<ir::Argument>& args) {
   const auto after = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake);
   if (options_.mode != TraceMode::Fake) {
     op.redispatchBoxed(after, &stack);
     return;
   }
-  for (const c10::DeviceType d : {c10::DeviceType::CPU, c10::DeviceType::CUDA})
-    if (at::autocast::is_autocast_enabled(d))
-      throw TraceError("fake mode: " + ir::operator_name(op) + " was called under " + c10::DeviceTypeName(d, true) +
-                       " autocast (" + c10::toString(at::autocast::get_autocast_dtype(d)) +
-                       "), which casts no meta tensor, so the graph would compute in float32 where eager does "
-                       "not; trace in TraceMode::Real instead");
-  // A factory (no tensor argument: at::zeros({n}), torch::arange(t)) given no
-  // device or a real one makes a meta tensor here; Note [Devices in fake
-  // mode] records the device it stands for.
+  // Fakes go down as plain meta tensors, one per fake (Note [Fake tensors]).
+  std::vector<std::pair<at::Tensor, at::Tensor>> twins;  // fake, meta
+  auto down = [&](const at::Tensor& t) -> at::Tensor {
+    if (!has_no_data(t) || t.is_meta()) return t;
+    for (const auto& [fake, meta] : twins)
+      if (fake.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return meta;
+    return twins.emplace_back(t, meta_of(t)).second;
+  };
   const auto& formals = op.schema().arguments();
   bool factory = true;
-  std::optional<size_t> device;
   for (size_t a = 0; a < formals.size(); ++a) {
-    const c10::IValue& iv = stack[base + a];
-    factory &= !iv.isTensor() && !iv.isTensorList() && !iv.isOptionalTensorList();
-    if (formals[a].name() == "device" && (iv.isNone() || (iv.isDevice() && iv.toDevice().type() != c10::kMeta)))
-      device = a;
+    c10::IValue& iv = stack[base + a];
+    if (iv.isTensor()) {
+      iv = down(iv.toTensor());
+    } else if (iv.isTensorList()) {
+      std::vector<at::Tensor> ts;
+      for (const at::Tensor& t : iv.toTensorVector()) ts.push_back(down(t));
+      iv = ts;
+    } else if (iv.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> ts;
+      for (const std::optional<at::Tensor>& t : iv.toOptionalTensorList().vec())
+        ts.push_back(t ? std::optional(down(*t)) : std::nullopt);
+      iv = ts;
+    } else {
+      if (iv.isDevice()) iv = c10::Device(c10::kMeta);
+      continue;
+    }
+    factory = false;
   }
-  if (factory && device) stack[base + *device] = c10::Device(c10::kMeta);
+  // A factory given no device (at::zeros({n})) makes a meta tensor too.
+  if (factory)
+    for (size_t a = 0; a < formals.size(); ++a)
+      if (formals[a].name() == "device" && stack[base + a].isNone()) stack[base + a] = c10::Device(c10::kMeta);
   run_on_meta(op, after, stack, base);
+
+  // In-place changes of metadata (resize_, as_strided_, t_) reach the fakes.
+  for (const auto& [fake, meta] : twins) {
+    c10::TensorImpl* impl = fake.unsafeGetTensorImpl();
+    if (!fake.storage().is_alias_of(meta.storage())) impl->set_storage_keep_dtype(meta.storage());
+    if (fake.sizes() != meta.sizes() || fake.strides() != meta.strides() ||
+        fake.storage_offset() != meta.storage_offset())
+      impl->set_sizes_and_strides(meta.sizes(), meta.strides(), meta.storage_offset());
+  }
+  // Results come back as fakes on their device; an in-place op's result is
+  // the fake it wrote.
+  const c10::Device device = fake_device(args);
+  auto up = [&](const at::Tensor& r) -> at::Tensor {
+    if (!r.defined() || !r.is_meta()) return r;
+    for (const auto& [fake, meta] : twins)
+      if (meta.unsafeGetTensorImpl() == r.unsafeGetTensorImpl()) return fake;
+    return fake_tensor(r, device);
+  };
+  for (size_t i = base; i < stack.size(); ++i) {
+    if (stack[i].isTensor()) {
+      stack[i] = up(stack[i].toTensor());
+    } else if (stack[i].isTensorList()) {
+      std::vector<at::Tensor> ts;
+      for (const at::Tensor& t : stack[i].toTensorVector()) ts.push_back(up(t));
+      stack[i] = ts;
+    }
+  }
 }
 
 void TraceSession::run_on_meta(const c10::OperatorHandle& op, c10::DispatchKeySet after, torch::jit::Stack& stack,
@@ -730,7 +772,7 @@ void TraceSession::trace_guarded_equal(const c10::OperatorHandle& op, c10::Dispa
   ir::Argument a = argument(stack[base], formals[0], "aten::equal");
   ir::Argument b = argument(stack[base + 1], formals[1], "aten::equal");
   c10::impl::ExcludeDispatchKeyGuard no_trace(c10::DispatchKey::Fake);
-  run(op, ks, stack, base);
+  op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake), &stack);
   const bool answer = stack[base].toBool();
   ir::Node* guard = graph_.add_call("crucible::assert_equal", {std::move(a), std::move(b), answer});
   if (torch::autograd::get_current_graph_task_id() != -1)
@@ -785,9 +827,10 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
                        "holds no memory of its own (a Storage is memory, not a value a graph computes); make the " +
                        "tensor with tensor ops instead (a view, as_strided, a copy)");
     if (storage.device_type() == c10::kMeta)
-      throw TraceError(i.name + " points a tensor at a meta tensor's Storage, which holds no data (a fake-mode " +
-                       "trace); make the tensor with tensor ops instead (a view, as_strided, a copy), or trace in " +
-                       "real mode");
+      throw TraceError(i.name + " points a tensor at the Storage of a fake or meta tensor, which holds no data " +
+                       "(a fake-mode trace; cuDNN's RNN does so with its flattened weights); make the tensor with " +
+                       "tensor ops instead (a view, as_strided, a copy), or trace in real mode (TraceMode::Auto " +
+                       "does by itself)");
   }
   if (i.data_dependent && !has_static_shape(i.name, stack, base)) {
     // Which tensor it reads, as the graph names it (a module buffer keeps
@@ -855,19 +898,7 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
   for (size_t a = 0; a < nargs; ++a) args.push_back(argument(stack[base + a], schema.arguments()[a], i.name));
   if (!uninitialized_.empty()) check_uninitialized_reads(op, stack, base);
 
-  run(op, ks, stack, base);
-  if (options_.mode == TraceMode::Fake) {
-    // See Note [Devices in fake mode]: a device argument taken from a meta
-    // tensor's options names the device the result stands for.
-    result_device_ = fake_device(args);
-    for (ir::Argument& a : args)
-      if (a.is_constant() && a.constant().isDevice() && a.constant().toDevice().type() == c10::kMeta)
-        a = ir::Argument(*result_device_);
-  }
-  struct ResetDevice {
-    std::optional<c10::Device>& d;
-    ~ResetDevice() { d.reset(); }
-  } reset_device{result_device_};
+  run(op, ks, stack, base, args);
 
   std::optional<size_t> list_size;
   const size_t nret = schema.returns().size();
@@ -880,21 +911,6 @@ void TraceSession::on_op(const c10::OperatorHandle& op, c10::DispatchKeySet ks, 
     list_size = n;
   }
   ir::Node* node = graph_.add_call(op, std::move(args), list_size);
-  // A meta tensor is not a CUDA tensor: ATen code that picks a kernel by
-  // device took its generic path (dropout draws through bernoulli_, not
-  // the fused CUDA kernel eager runs), and such a path draws other random
-  // numbers than eager does on the GPU (Note [Devices in fake mode]).
-  if (options_.mode == TraceMode::Fake && node->is_nondeterministic() && result_device_ &&
-      result_device_->type() != c10::kCPU && !warned_random_) {
-    // See Note [Auto trace mode] in make_fx.cpp.
-    if (in_auto_attempt()) throw TraceError(i.name + " draws random numbers on a GPU");
-    warned_random_ = true;
-    TORCH_WARN("fake-mode trace: ", i.name, " draws random numbers on ", result_device_->str(),
-               ". The trace ran on meta tensors, so an op that ATen routes by device (dropout, whose fused kernel runs "
-               "only on CUDA tensors) was traced through its generic path: the compiled function draws from the same "
-               "distribution but not the numbers eager draws from the same generator state. Trace in real mode "
-               "(TraceMode::Real) for eager's random numbers.");
-  }
   // See Note [Memory written outside the dispatcher].
   if (options_.mode == TraceMode::Real && !options_.functionalize &&
       (i.name == "aten::empty.memory_format" || i.name == "aten::empty_strided") && stack[base].isTensor())

@@ -7,11 +7,8 @@
 #include <ATen/core/stack.h>
 #include <c10/core/DispatchKeySet.h>
 #include <c10/util/intrusive_ptr.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/input_metadata.h>
 
 #include <functional>
-#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -38,7 +35,7 @@ struct TraceOutput {
 /// What trace() runs.
 struct TraceHooks {
   /// The traced function, given per input the tensor it runs on in its
-  /// place (a copy, a meta tensor, a functional wrapper, or for a reached
+  /// place (a copy, a fake tensor, a functional wrapper, or for a reached
   /// input the input itself holding its copy); returns the graph outputs
   /// with their specs.
   std::function<std::vector<TraceOutput>(const std::vector<at::Tensor>& traced)> body;
@@ -76,11 +73,6 @@ void mark_lifted_inputs(std::vector<TraceInput>& inputs, size_t offset, const Tr
 /// Runs a trace. See make_fx for the behaviour and errors.
 TraceResult trace(const std::vector<TraceInput>& inputs, const TraceHooks& hooks, const TraceOptions& options);
 
-/// Whether this thread runs the fake-mode attempt of a TraceMode::Auto
-/// trace, which stops at what would make it stand badly for a real trace
-/// (Note [Auto trace mode] in make_fx.cpp).
-bool in_auto_attempt();
-
 /// Maps the tensors of a running trace to graph Values and records ops.
 /// See Note [Value tracking].
 class TraceSession {
@@ -92,7 +84,7 @@ class TraceSession {
   TraceSession& operator=(const TraceSession&) = delete;
 
   /// Adds the placeholder of `in` (not a duplicate) and returns the tensor
-  /// the function runs on in its place: a copy of it (a meta tensor in fake
+  /// the function runs on in its place: a copy of it (a fake tensor in fake
   /// mode), or for a reached input `in.tensor` itself, now holding the copy.
   at::Tensor add_input(const TraceInput& in);
   /// The Value a tensor the function holds stands for; a tensor the trace
@@ -157,10 +149,6 @@ class TraceSession {
     bool lifted_here = false;        // found while tracing, not given as an input
     std::optional<WeakTensor> weak;  // set by settle_lifted
     at::Tensor pristine;             // lifted_here: its value when first read, if small enough for a constant
-    // Its gradient accumulator, re-described for the trace, and what it
-    // described before (Note [Gradient accumulators of swapped tensors]).
-    std::weak_ptr<torch::autograd::Node> accumulator;
-    std::optional<torch::autograd::InputMetadata> accumulated;
   };
 
   const OpInfo& info(const c10::OperatorHandle& op);
@@ -180,7 +168,10 @@ class TraceSession {
   void trace_guarded_equal(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack,
                            size_t base);
   void check_uninitialized_reads(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t base);
-  void run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack, size_t base);
+  // Runs `op` below the tracer's key; in fake mode on meta tensors, its
+  // results made fakes (Note [Fake tensors]). `args` is the op's recording.
+  void run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack& stack, size_t base,
+           const std::vector<ir::Argument>& args);
   // Runs `op` on meta tensors below the tracer's key (`after`), through a
   // meta function or CPU stand-ins where it has no Meta kernel (Note [Fake
   // mode]).
@@ -204,12 +195,9 @@ class TraceSession {
     ir::Node* node;
   };
   std::unordered_map<const c10::StorageImpl*, Uninitialized> uninitialized_;
-  // Fake mode: the device a factory op's meta result stands for (the first
-  // input not on the CPU, else the CPU). See Note [Devices in fake mode].
+  // Fake mode: the device a factory op's result stands for (the first input
+  // not on the CPU, else the CPU). See Note [Devices in fake mode].
   std::optional<c10::Device> default_device_;
-  // Fake mode: the device the results of the op being recorded stand for.
-  std::optional<c10::Device> result_device_;
-  bool warned_random_ = false;  // a fake-mode trace of random ops on a GPU said so once
 };
 
 }  // namespace crucible::tracer::detail

@@ -46,14 +46,14 @@ struct AotConfig {
   ir::Backend inference_compiler = ir::interpret;
   /// Splits the joint graph; see partitioner/partition.h.
   partitioner::PartitionFn partition_fn = partitioner::default_partition;
-  /// What the metadata analysis and the graph traces run on: meta tensors
-  /// (Fake: no data is computed, so compiling takes little memory and time;
-  /// ops without a Meta kernel run on CPU stand-ins, Note [Fake mode] in tracer/src/trace_session.cpp),
-  /// copies of the arguments (Real), or meta tensors where a fake trace can
+  /// What the metadata analysis and the graph traces run on: fake tensors
+  /// (Fake: metadata and the device they stand for, no data, so compiling
+  /// takes little memory and time; ops without a Meta kernel run on CPU
+  /// stand-ins, Note [Fake tensors] in tracer/src/trace_session.cpp),
+  /// copies of the arguments (Real), or fake tensors where a fake trace can
   /// follow the function and copies where not (Auto, the default: Note [Auto
   /// trace mode] in tracer/src/make_fx.cpp). The graphs are the same either
-  /// way, unless the function branches on its tensors' device (fake tensors
-  /// are on the meta device).
+  /// way, unless the function reads its tensors' values outside ATen ops.
   tracer::TraceMode trace_mode = tracer::TraceMode::Auto;
   /// Ops rewritten while tracing.
   tracer::DecompositionTable decompositions;
@@ -137,7 +137,7 @@ struct AotConfig {
   /// AOTAutogradCache too. Unset (the default), or with an empty
   /// compiler_key: nothing is kept. A directory that cannot be used is
   /// warned of once and the compilation traces as without it. In real mode
-  /// the function also runs once on meta tensors, its fingerprint (Note
+  /// the function also runs once on fake tensors, its fingerprint (Note
   /// [Fake fingerprints] in autograd/src/trace_cache.h).
   std::optional<std::string> disk_cache_dir;
 };

@@ -70,8 +70,7 @@ struct OptimizerOptions {
   bool amsgrad = false;
   /// The device type the parameters live on, which decides how the Adam
   /// update rounds (torch::optim's kernels round differently per device,
-  /// see adam_step). Unset: each parameter's own; a trace on meta tensors
-  /// (fake mode) sets it to the real one.
+  /// see adam_step). Unset: each parameter's own device's.
   std::optional<c10::DeviceType> device_type{};
   /// Keep the step counts (init_optimizer_state) and the learning rate
   /// (lr_tensor's device) on the parameters' device, as torch.optim's

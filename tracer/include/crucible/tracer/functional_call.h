@@ -40,7 +40,7 @@ struct ModuleTraceOptions {
 /// after the example inputs (Note [Lifted tensors] in make_fx.h).
 ///
 /// While `fn` runs, each parameter and buffer holds a copy of its value (a
-/// meta tensor in fake mode) and no gradient, and so does each lifted
+/// fake tensor in fake mode) and no gradient, and so does each lifted
 /// tensor; afterwards the tensors and gradients are exactly what they were,
 /// also when tracing throws (Note [Swapping reached tensors]).
 /// Errors as make_fx.

@@ -20,24 +20,22 @@ namespace crucible::tracer {
 enum class TraceMode : uint8_t {
   /// The function runs on the example inputs themselves (make_fx's "real").
   Real,
-  /// The inputs are replaced by meta tensors of the same sizes, strides and
-  /// dtype, so no data is computed (make_fx's "fake"). An op that has no Meta
-  /// kernel in C++ (aten::relu in 2.11, for one) runs on zero-filled CPU
-  /// tensors of the same metadata to learn its outputs' metadata
-  /// (TraceResult::stand_in_ops names them). The graph's TensorMeta carries
-  /// the devices the values will live on (Note [Devices in fake mode]).
-  /// Code that branches on a tensor's device (is_cuda()) sees the meta device.
+  /// The inputs are replaced by fake tensors of the same sizes, strides,
+  /// dtype and device, which hold no memory, so no data is computed
+  /// (make_fx's "fake"; see is_fake). Code that branches on a tensor's
+  /// device (is_cuda(), autocast, dropout's fused kernel, the attention
+  /// kernel scaled_dot_product_attention picks) sees the real device. An op
+  /// that has no Meta kernel in C++ (aten::relu in 2.11, for one) runs on
+  /// zero-filled CPU tensors of the same metadata to learn its outputs'
+  /// metadata (TraceResult::stand_in_ops names them).
   Fake,
   /// Fake where a fake-mode trace can follow the function, else real (the
   /// default; AOTAutograd always traces on FakeTensors): the trace runs in
   /// fake mode, and runs again in real mode when that one throws (a
-  /// data-dependent op such as at::equal, autocast, scaled_dot_product_
-  /// attention, whose kernel is picked by device, an op neither a Meta
-  /// kernel nor CPU stand-ins can run) or meets an op drawing random
-  /// numbers on a GPU (whose device-routed path a meta tensor does not take:
-  /// Note [Devices in fake mode]). The fake attempt's warnings are dropped
-  /// when it is abandoned. TraceResult::mode says which ran. See Note [Auto
-  /// trace mode] in src/make_fx.cpp.
+  /// data-dependent op such as at::equal, an op neither a Meta kernel nor
+  /// CPU stand-ins can run). The fake attempt's warnings are dropped when it
+  /// is abandoned. TraceResult::mode says which ran. See Note [Auto trace
+  /// mode] in src/make_fx.cpp.
   Auto,
 };
 
@@ -149,6 +147,15 @@ struct TraceResult {
   /// abandoned (its error's first line, or the random op it met on a GPU).
   std::string fake_mode_abandoned;
 };
+
+/// Whether `t` is a fake tensor: a value of a fake-mode trace, with sizes,
+/// strides, a dtype and the device it stands for, but no memory (Note [Fake
+/// tensors] in src/trace_session.cpp; PyTorch's
+/// torch._subclasses.fake_tensor.is_fake). A functionalized trace's wrapper
+/// of a fake tensor is fake too. Reading a fake tensor's data (data_ptr(),
+/// item()) throws. A traced function can ask it to skip work that needs
+/// values, such as logging.
+bool is_fake(const at::Tensor& t);
 
 /// A function over tensors, as make_fx traces it.
 using TensorFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>& inputs)>;
