@@ -77,6 +77,26 @@ TEST_CASE("CUDA: by default (TraceMode::Auto) dropout on a GPU is traced on fake
   REQUIRE_EQUAL_TENSORS(run_traced(r, inputs)[0], expected[0]);
 }
 
+// Note [Devices in fake mode]: a factory given no device makes a CPU tensor,
+// as in eager; one given a fake CUDA tensor's options a CUDA one.
+TEST_CASE("CUDA: factories in a fake-mode trace are where eager puts them", "[tracer][cuda]") {
+  CRUCIBLE_REQUIRE_CUDA();
+  auto fn = [](const Tensors& in) {
+    const at::Tensor on_cpu = at::arange(4, at::kFloat);  // moved to the GPU by .to: a copy in the graph
+    const at::Tensor on_gpu = at::ones({4}, in[0].options());
+    return Tensors{in[0] + on_cpu.to(in[0].device()) + on_gpu};
+  };
+  const Tensors inputs = {at::randn({3, 4}, at::kCUDA)};
+  crucible::tracer::TraceOptions fake_mode, real_mode;
+  fake_mode.mode = crucible::tracer::TraceMode::Fake;
+  real_mode.mode = crucible::tracer::TraceMode::Real;
+  const auto fake = crucible::tracer::make_fx(fn, inputs, fake_mode);
+  const auto real = crucible::tracer::make_fx(fn, inputs, real_mode);
+  CHECK(count_calls(fake.graph, "aten::_to_copy") == 1);
+  REQUIRE(crucible::ir::to_text(fake.graph) == crucible::ir::to_text(real.graph));
+  REQUIRE_EQUAL_TENSORS(run_traced(fake, inputs)[0], fn(inputs)[0]);
+}
+
 TEST_CASE("CUDA: functionalized in-place updates of a GPU input come back as a mutated-input output",
           "[tracer][cuda]") {
   CRUCIBLE_REQUIRE_CUDA();

@@ -217,22 +217,16 @@ void TraceSession::find_out_of_place_decomposition(const c10::OperatorHandle& op
 // placeholder's is its input's; an op's results take, as ATen's device
 // propagation does for the ops a graph holds: an explicit device argument;
 // else the device of its first tensor argument not on the CPU (a 0-dim CPU
-// operand joins a GPU op on the GPU), else the CPU if it has tensor
-// arguments; else (a factory given no device) the trace's device, the first
-// input's not on the CPU. The rule is exact when a graph's tensors share one
-// device, with CPU scalars beside them.
+// operand joins a GPU op on the GPU); else the CPU (a factory given no
+// device makes a CPU tensor, as in eager). The rule is exact when a graph's
+// tensors share one device, with CPU scalars beside them.
 c10::Device TraceSession::fake_device(const std::vector<ir::Argument>& args) const {
   for (const ir::Argument& a : args)
     if (a.is_constant() && a.constant().isDevice()) return a.constant().toDevice();
-  std::optional<c10::Device> cpu;
   for (const ir::Argument& a : args)
-    for (const ir::Value* v : a.values()) {
-      if (!v->has_meta()) continue;
-      if (v->meta().device.type() != c10::kCPU) return v->meta().device;
-      cpu = v->meta().device;
-    }
-  if (cpu) return *cpu;
-  return default_device_.value_or(c10::Device(c10::kCPU));
+    for (const ir::Value* v : a.values())
+      if (v->has_meta() && v->meta().device.type() != c10::kCPU) return v->meta().device;
+  return c10::Device(c10::kCPU);
 }
 
 void TraceSession::define(ir::Value* v, const at::Tensor& t, bool alias_base) {
@@ -352,7 +346,6 @@ TraceSession::~TraceSession() {
 }
 
 at::Tensor TraceSession::add_input(const TraceInput& in) {
-  if (!default_device_ || default_device_->type() == c10::kCPU) default_device_ = in.tensor.device();
   ir::Value* v = graph_.add_placeholder(in.name, ir::TensorMeta::of(in.tensor), in.spec);
   if (in.reached) {
     reach(in.tensor, v, in.spec.kind, /*lifted_here=*/false);

@@ -195,9 +195,6 @@ class TraceSession {
     ir::Node* node;
   };
   std::unordered_map<const c10::StorageImpl*, Uninitialized> uninitialized_;
-  // Fake mode: the device a factory op's result stands for (the first input
-  // not on the CPU, else the CPU). See Note [Devices in fake mode].
-  std::optional<c10::Device> default_device_;
 };
 
 }  // namespace crucible::tracer::detail
