@@ -1,6 +1,7 @@
 #include "trace_call.h"
 
 #include <crucible/autograd/error.h>
+#include <crucible/runtime/instruments.h>
 #include <crucible/tracer/functional_call.h>
 
 #include <ATen/FunctionalTensorWrapper.h>
@@ -28,6 +29,11 @@ tracer::TraceResult trace_functionalized(const AotRequest& request, const tracer
   }
   try {
     tracer::TraceResult r = request.trace(body, args, options);
+    // The mode each trace ran in (Note [Auto trace mode]): a real-mode trace
+    // costs a copy of the state and of the activations.
+    runtime::default_counters().add("aot_autograd", r.mode == tracer::TraceMode::Fake ? "trace_fake"
+                                                    : r.fake_mode_abandoned.empty()   ? "trace_real"
+                                                                                      : "trace_real_after_fake");
     if (!allow_lifting && !r.lifted.empty())
       throw AotError("compilation " + request.compile_id + ": the function read a tensor " +
                      std::string(c10::toString(r.lifted[0].tensor.scalar_type())) +

@@ -184,7 +184,9 @@ TEST_CASE("aot_function: instruments of the caller's replace the process-wide on
   CHECK(counters.get("graphs", "backward") == 1);
   CHECK(counters.get("stats", "compilations") == 2);  // the first call, the first backward
   CHECK(runtime::default_metrics_log().records().empty());
-  CHECK(runtime::default_counters().snapshot().empty());
+  // The process-wide counters hold only the outcomes AOTAutograd counts
+  // there itself (counters["aot_autograd"], as torch's: caches, trace modes).
+  for (const auto& [group, keys] : runtime::default_counters().snapshot()) CHECK(group == "aot_autograd");
 }
 
 TEST_CASE("aot_function: a non-contiguous incoming gradient gives eager's gradients", "[autograd]") {
@@ -233,4 +235,28 @@ TEST_CASE("aot_function: an undefined input is refused by index before anything 
       autograd::aot_function([](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{in[0] + 1}; });
   REQUIRE_THROWS_WITH(compiled({at::randn({2}), at::Tensor()}), CRUCIBLE_HAS_SUBSTR("input 1 is an undefined tensor"));
   REQUIRE(compiled.num_compilations() == 0);
+}
+
+// Note [Auto trace mode]: counters["aot_autograd"] say which mode each trace
+// (the metadata analysis, the joint graph) ran in, and that a fake one was
+// abandoned.
+TEST_CASE("aot_function: the counters tell fake-mode traces from real ones that followed a failed fake one",
+          "[autograd]") {
+  auto counted = [](std::string_view key) { return runtime::default_counters().get("aot_autograd", key); };
+  at::manual_seed(1);
+  const std::vector<at::Tensor> data{at::randn({4, 3}), at::randn({5, 3}), at::randn({5})};
+  const int64_t fake = counted("trace_fake"), real = counted("trace_real"),
+                after_fake = counted("trace_real_after_fake");
+  const auto out = autograd::aot_function(mlp_fn)(leaves(data, {false, true, true}));
+  REQUIRE_EQUAL_TENSORS(out[0], mlp_fn(data)[0]);
+  CHECK(counted("trace_fake") == fake + 2);
+  CHECK(counted("trace_real") == real);
+  // at::equal of two tensors of the same sizes reads their values: real mode.
+  auto branches = [](const std::vector<at::Tensor>& in) {
+    return std::vector<at::Tensor>{at::equal(in[0], in[1]) ? in[0] * 2.0 : in[0] - in[1]};
+  };
+  const std::vector<at::Tensor> same{at::ones({3}).requires_grad_(), at::ones({3})};
+  REQUIRE_EQUAL_TENSORS(autograd::aot_function(branches)(same)[0], branches(same)[0]);
+  CHECK(counted("trace_real_after_fake") == after_fake + 2);
+  CHECK(counted("trace_real") == real);
 }

@@ -377,22 +377,22 @@ TEST_CASE("trace cache: no fingerprint where fake and real analyses disagree, fa
   const at::Tensor x = at::randn({4, 3});
   // On fake tensors the output aliases the input; on real ones it does not:
   // a hit would return the wrong metadata, so nothing is stored.
-  auto aliasing_on_meta = [](const Tensors& in) {
+  auto aliasing_on_fake = [](const Tensors& in) {
     return Tensors{crucible::tracer::is_fake(in[0]) ? in[0].view({-1}) : (in[0] * 2).view({-1})};
   };
   // Fails on fake tensors: analysed for real every time.
-  auto refusing_meta = [](const Tensors& in) {
+  auto refusing_fake = [](const Tensors& in) {
     if (crucible::tracer::is_fake(in[0])) throw std::runtime_error("no fake tensors here");
     return Tensors{at::tanh(in[0])};
   };
   const int64_t differs = counted("fingerprint_differs"), bypasses = counted("fingerprint_bypass");
   for (int process = 0; process < 2; ++process) {
-    const Counted f{.fn = aliasing_on_meta};
+    const Counted f{.fn = aliasing_on_fake};
     const at::Tensor out = autograd::aot_function(f, config(dir))({x})[0];
     REQUIRE_EQUAL_TENSORS(out, (x * 2).view({-1}));
     CHECK_FALSE(out.is_alias_of(x));
     CHECK(*f.calls == (process == 0 ? 3 : 2));  // the analysis runs again; the trace hits
-    const Counted g{.fn = refusing_meta};
+    const Counted g{.fn = refusing_fake};
     REQUIRE_EQUAL_TENSORS(autograd::aot_function(g, config(dir))({x})[0], at::tanh(x));
   }
   CHECK(counted("fingerprint_differs") == differs + 2);
