@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace crucible::ir::detail {
@@ -414,21 +415,31 @@ bool attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   return dense_heads(q) && dense_heads(k) && dense_heads(v);
 }
 
+// The results flash and cuDNN attention share: (output in the query's
+// layout, logsumexp, cum_seq_q, cum_seq_k (undefined: no nested tensors),
+// max_q, max_k, seed, offset, debug mask).
+void push_fused_attention(torch::jit::Stack& stack, const at::Tensor& q, const at::Tensor& k, at::Tensor logsumexp,
+                          at::Tensor seed, at::Tensor offset, at::Tensor debug_mask) {
+  stack.emplace_back(at::empty_like(q));
+  stack.emplace_back(std::move(logsumexp));
+  stack.emplace_back(at::Tensor());
+  stack.emplace_back(at::Tensor());
+  stack.emplace_back(q.size(2));
+  stack.emplace_back(k.size(2));
+  stack.emplace_back(std::move(seed));
+  stack.emplace_back(std::move(offset));
+  stack.emplace_back(std::move(debug_mask));
+}
+
 // _scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal,
 // return_debug_mask, *, scale).
 bool flash_attention(torch::jit::Stack& stack, size_t base) {
   const at::Tensor q = stack[base].toTensor(), k = stack[base + 1].toTensor(), v = stack[base + 2].toTensor();
   if (!attention_inputs(q, k, v) || stack[base + 5].toBool() || v.size(3) != q.size(3)) return false;
   stack.resize(base);
-  stack.emplace_back(at::empty_like(q));
-  stack.emplace_back(empty_on_meta({q.size(0), q.size(1), q.size(2)}, at::kFloat));
-  stack.emplace_back(at::Tensor());
-  stack.emplace_back(at::Tensor());
-  stack.emplace_back(q.size(2));
-  stack.emplace_back(k.size(2));
-  stack.emplace_back(empty_on_meta({2}, at::kUInt64));
-  stack.emplace_back(empty_on_meta({}, at::kUInt64));
-  stack.emplace_back(empty_on_meta({0}, q.scalar_type()));
+  push_fused_attention(stack, q, k, empty_on_meta({q.size(0), q.size(1), q.size(2)}, at::kFloat),
+                       empty_on_meta({2}, at::kUInt64), empty_on_meta({}, at::kUInt64),
+                       empty_on_meta({0}, q.scalar_type()));
   return true;
 }
 
@@ -484,15 +495,8 @@ bool cudnn_attention(torch::jit::Stack& stack, size_t base) {
   if (!attention_inputs(q, k, v) || v.size(3) != q.size(3) || !stack[base + 4].toBool() || stack[base + 7].toBool())
     return false;
   stack.resize(base);
-  stack.emplace_back(at::empty_like(q));
-  stack.emplace_back(empty_on_meta({q.size(0), q.size(1), q.size(2), 1}, at::kFloat));
-  stack.emplace_back(at::Tensor());
-  stack.emplace_back(at::Tensor());
-  stack.emplace_back(q.size(2));
-  stack.emplace_back(k.size(2));
-  stack.emplace_back(empty_on_meta({}, at::kLong));
-  stack.emplace_back(empty_on_meta({}, at::kLong));
-  stack.emplace_back(at::Tensor());
+  push_fused_attention(stack, q, k, empty_on_meta({q.size(0), q.size(1), q.size(2), 1}, at::kFloat),
+                       empty_on_meta({}, at::kLong), empty_on_meta({}, at::kLong), at::Tensor());
   return true;
 }
 

@@ -253,3 +253,81 @@ TEST_CASE("meta functions: layer norm and its backward, with and without affine 
   REQUIRE(compare("aten::embedding_dense_backward", {meta({2, 7, 6}), meta({2, 7}, at::kLong), 10, -1, false}) ==
           MetaPath::Function);
 }
+
+// Note [Attention kernels' metadata]: the CUDA attention kernels have no CPU
+// kernel to compare with here, so the expected strides are what the H200's
+// kernels returned for these inputs (python3 bench/probe_attention.py, in
+// bench/results/fake_mode.md); the CUDA tracer test compares fake-mode
+// traces with real ones on the GPU. Inputs outside what the probe covered
+// are declined (a TraceMode::Auto trace then runs in real mode).
+TEST_CASE("meta functions: the CUDA attention kernels give the probe's layouts and decline the rest",
+          "[ir][meta][meta_functions]") {
+  constexpr int64_t B = 2, H = 4, L = 96, S = 80, E = 64;
+  const Ints heads_major_q{L * H * E, L * E, E, 1}, sequence_major_q{L * H * E, E, H * E, 1};
+  const Ints heads_major_k{S * H * E, S * E, E, 1}, sequence_major_k{S * H * E, E, H * E, 1};
+  auto inputs = [&](bool sequence_major) {
+    auto one = [&](int64_t n) {
+      return sequence_major ? meta({B, n, H, E}, at::kBFloat16).transpose(1, 2) : meta({B, H, n, E}, at::kBFloat16);
+    };
+    return std::vector<at::Tensor>{one(L), one(S), one(S)};
+  };
+  auto run = [](const std::string& name, std::vector<c10::IValue> args) {
+    torch::jit::Stack stack(args.begin(), args.end());
+    INFO(name);
+    REQUIRE(call_on_meta(resolve_operator(name), stack) == MetaPath::Function);
+    return stack;
+  };
+  auto strides = [](const c10::IValue& v) { return v.toTensor().strides().vec(); };
+  for (const bool sequence_major : {false, true}) {
+    INFO((sequence_major ? "sequence-major" : "heads-major"));
+    const std::vector<at::Tensor> qkv = inputs(sequence_major);
+    const at::Tensor &q = qkv[0], &k = qkv[1], &v = qkv[2];
+    const Ints& q_strides = sequence_major ? sequence_major_q : heads_major_q;
+    const Ints& k_strides = sequence_major ? sequence_major_k : heads_major_k;
+
+    torch::jit::Stack flash =
+        run("aten::_scaled_dot_product_flash_attention", {q, k, v, 0.1, false, false, c10::IValue()});
+    REQUIRE(flash.size() == 9);
+    CHECK(strides(flash[0]) == q_strides);
+    CHECK(describe(flash[1]) == describe(meta({B, H, L})));
+    CHECK(flash[4].toInt() == L);
+    CHECK(flash[5].toInt() == S);
+    CHECK(flash[6].toTensor().scalar_type() == at::kUInt64);
+    CHECK(flash[6].toTensor().sizes().vec() == Ints{2});
+    CHECK(flash[8].toTensor().sizes().vec() == Ints{0});
+    const at::Tensor grad_out = at::empty_like(flash[0].toTensor());
+    torch::jit::Stack flash_bwd = run("aten::_scaled_dot_product_flash_attention_backward",
+                                      {grad_out, q, k, v, flash[0], flash[1], flash[2], flash[3], flash[4], flash[5],
+                                       0.1, false, flash[6], flash[7], c10::IValue()});
+    CHECK(strides(flash_bwd[0]) == q_strides);
+    CHECK(strides(flash_bwd[1]) == k_strides);
+
+    torch::jit::Stack cudnn = run("aten::_scaled_dot_product_cudnn_attention",
+                                  {q, k, v, c10::IValue(), true, 0.1, false, false, c10::IValue()});
+    CHECK(strides(cudnn[0]) == q_strides);
+    CHECK(describe(cudnn[1]) == describe(meta({B, H, L, 1})));
+    CHECK(cudnn[6].toTensor().scalar_type() == at::kLong);
+    CHECK_FALSE(cudnn[8].toTensor().defined());
+
+    // Memory-efficient: sequence-major whatever the inputs' layout, the seed
+    // and offset on the CPU.
+    torch::jit::Stack efficient =
+        run("aten::_scaled_dot_product_efficient_attention", {q, k, v, c10::IValue(), true, 0.1, false, c10::IValue()});
+    CHECK(strides(efficient[0]) == sequence_major_q);
+    CHECK(describe(efficient[1]) == describe(meta({B, H, L})));
+    CHECK(efficient[2].toTensor().device().is_cpu());
+    const at::Tensor bias = meta({B, H, L, S}, at::kBFloat16);
+    torch::jit::Stack efficient_bwd = run("aten::_scaled_dot_product_efficient_attention_backward",
+                                          {grad_out, q, k, v, bias, efficient[0], efficient[1], efficient[2],
+                                           efficient[3], 0.1, bools({true, true, true, true}), false, c10::IValue()});
+    CHECK(strides(efficient_bwd[0]) == sequence_major_q);
+    CHECK(strides(efficient_bwd[1]) == sequence_major_k);
+    CHECK(strides(efficient_bwd[3]) == Ints{H * L * S, L * S, S, 1});
+  }
+  // Thirds of one projection: not dense, declined (so a CPU stand-in is
+  // tried, and the op has no CPU kernel).
+  const at::Tensor qkv = meta({B, L, 3 * H * E}, at::kBFloat16);
+  const at::Tensor q = qkv.narrow(2, 0, H * E).view({B, L, H, E}).transpose(1, 2);
+  torch::jit::Stack stack{q, q, q, 0.0, false, false, c10::IValue()};
+  CHECK_THROWS(call_on_meta(resolve_operator("aten::_scaled_dot_product_flash_attention"), stack));
+}
