@@ -443,8 +443,10 @@ bool flash_attention(torch::jit::Stack& stack, size_t base) {
   return true;
 }
 
-// _scaled_dot_product_flash_attention_backward(grad_out, q, k, v, ...).
-bool flash_attention_backward(torch::jit::Stack& stack, size_t base) {
+// _scaled_dot_product_flash_attention_backward and
+// _scaled_dot_product_cudnn_attention_backward(grad_out, q, k, v, ...): the
+// gradients in their inputs' layouts.
+bool attention_backward_in_input_layouts(torch::jit::Stack& stack, size_t base) {
   const at::Tensor q = stack[base + 1].toTensor(), k = stack[base + 2].toTensor(), v = stack[base + 3].toTensor();
   if (!attention_inputs(q, k, v)) return false;
   stack.resize(base);
@@ -500,15 +502,6 @@ bool cudnn_attention(torch::jit::Stack& stack, size_t base) {
   return true;
 }
 
-// _scaled_dot_product_cudnn_attention_backward(grad_out, q, k, v, ...).
-bool cudnn_attention_backward(torch::jit::Stack& stack, size_t base) {
-  const at::Tensor q = stack[base + 1].toTensor(), k = stack[base + 2].toTensor(), v = stack[base + 3].toTensor();
-  if (!attention_inputs(q, k, v)) return false;
-  stack.resize(base);
-  for (const at::Tensor* t : {&q, &k, &v}) stack.emplace_back(at::empty_like(*t));
-  return true;
-}
-
 using MetaFunction = bool (*)(torch::jit::Stack&, size_t);
 
 const std::unordered_map<std::string_view, MetaFunction>& table() {
@@ -530,11 +523,11 @@ const std::unordered_map<std::string_view, MetaFunction>& table() {
       {"aten::where.ScalarOther", where_scalar_other},
       {"aten::where.ScalarSelf", where_scalar_self},
       {"aten::_scaled_dot_product_flash_attention", flash_attention},
-      {"aten::_scaled_dot_product_flash_attention_backward", flash_attention_backward},
+      {"aten::_scaled_dot_product_flash_attention_backward", attention_backward_in_input_layouts},
       {"aten::_scaled_dot_product_efficient_attention", efficient_attention},
       {"aten::_scaled_dot_product_efficient_attention_backward", efficient_attention_backward},
       {"aten::_scaled_dot_product_cudnn_attention", cudnn_attention},
-      {"aten::_scaled_dot_product_cudnn_attention_backward", cudnn_attention_backward},
+      {"aten::_scaled_dot_product_cudnn_attention_backward", attention_backward_in_input_layouts},
   };
   return t;
 }
