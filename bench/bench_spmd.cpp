@@ -24,7 +24,9 @@
 // and every GPU kernel, NCCL's included, with its stream) into
 // DIR/<row>_<model>[_<MB>].rank<R>.step<K>.json, Chrome trace format;
 // bench/trace_overlap.py reads them: how much of the all_reduce ran under
-// the backward).
+// the backward), --peak-tflops P (the device's peak TFLOPS for the step's
+// dtype: an H100 SXM's or H200's dense bf16 is 989, TF32 495, fp32 67;
+// BM_Step then counts MFU, the step's TFLOPS over P).
 //
 // Under `crucible launch` the step rows count slowest_rank_ms: the most
 // milliseconds a step took on any rank (each row is rank 0's own time).
@@ -40,7 +42,9 @@
 //
 // Rows (real time; every iteration ends by reading the loss, which waits for
 // the step's kernels):
-//   BM_Step/<model>            the compiled step without spmd (each rank alone)
+//   BM_Step/<model>            the compiled step without spmd (each rank alone);
+//                              TFLOPS: its graph's matmul, convolution and
+//                              attention FLOPs (ir/flop_count.h) per second
 //   BM_StepEager/<model>       the same step in eager LibTorch
 //   BM_SpmdStep/<model>/<MB>   the data-parallel step, gradient buckets of MB MiB
 //   BM_GradAllReduce/<model>/<MB>  that step's buckets alone, all_reduced one
@@ -54,6 +58,7 @@
 // Every rank must run the same rows the same number of times, or a
 // collective waits for a rank that never comes: the rows therefore have
 // fixed iteration counts, and ranks other than 0 run them silently.
+#include <crucible/ir/flop_count.h>
 #include <crucible/models/zoo.h>
 #include <crucible/partitioner/min_cut_partition.h>
 #include <crucible/pipeline/builder.h>
@@ -94,6 +99,7 @@ struct Flags {
               memory_format = "contiguous", remat = "off", remat_ban = "off", pre_grad_passes, autocast = "off",
               broadcast_buffers = "on", trace;
   int64_t batch = 8, steps = 20;
+  double peak_tflops = 0;  // the device's peak for the step's dtype; 0: no MFU
 };
 
 // Takes our --key=value flags out of argv, leaving Google Benchmark's.
@@ -112,6 +118,7 @@ Flags parse_flags(int& argc, char** argv) {
                                               {"--broadcast-buffers", &f.broadcast_buffers},
                                               {"--trace", &f.trace}};
   std::map<std::string, int64_t*> ints{{"--batch", &f.batch}, {"--steps", &f.steps}};
+  std::map<std::string, double*> doubles{{"--peak-tflops", &f.peak_tflops}};
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -121,6 +128,8 @@ Flags parse_flags(int& argc, char** argv) {
       *strings[key] = arg.substr(eq + 1);
     } else if (eq != std::string::npos && ints.contains(key)) {
       *ints[key] = std::stoll(arg.substr(eq + 1));
+    } else if (eq != std::string::npos && doubles.contains(key)) {
+      *doubles[key] = std::stod(arg.substr(eq + 1));
     } else {
       argv[kept++] = argv[i];
     }
@@ -181,19 +190,20 @@ c10::DeviceIndex gpu_index() {
 }
 
 // Runs `step` a few times untimed (the caching allocator, cuBLAS and cuDNN
-// warm up), then once per iteration, reading the loss each time.
+// warm up), then once per iteration, reading the loss each time. Returns
+// the seconds a timed step took, on average.
 template <typename Step>
-void time_steps(benchmark::State& state, Step&& step) {
+double time_steps(benchmark::State& state, Step&& step) {
   for (int i = 0; i < 3; ++i) step().template item<double>();
   const Shared& c = context();
   const runtime::MemoryPeaks before = runtime::memory_peaks(c.device);
   runtime::reset_memory_peaks(c.device);
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) benchmark::DoNotOptimize(step().template item<double>());
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
+                    static_cast<double>(state.iterations());
   if (c.group) {
     // Rank 0 reports its own time; a data-parallel step waits for the slowest.
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
-                      static_cast<double>(state.iterations());
     double slowest = 0;
     for (const std::string& v : c.group->all_gather_string("step_ms", std::to_string(ms)))
       slowest = std::max(slowest, std::stod(v));
@@ -211,6 +221,7 @@ void time_steps(benchmark::State& state, Step&& step) {
   }
   state.counters["samples/s"] =
       benchmark::Counter(static_cast<double>(c.flags.batch * c.world()), benchmark::Counter::kIsIterationInvariantRate);
+  return ms / 1e3;
 }
 
 // --trace: three steps after the timed ones, each alone in a trace of its
@@ -285,7 +296,11 @@ void step_alone(benchmark::State& state) {
   Replica r;
   pipeline::TrainStep step = builder().compile_train_step(r.model.module, *r.optimizer, loss_fn(r.model));
   step.compile(r.batch);
-  time_steps(state, [&] { return step(r.batch); });
+  const double seconds = time_steps(state, [&] { return step(r.batch); });
+  // The step's matmul, convolution and attention FLOPs, from its graph.
+  const double tflops = static_cast<double>(ir::count_flops(step.graph()).total) / 1e12 / seconds;
+  state.counters["TFLOPS"] = tflops;
+  if (const double peak = context().flags.peak_tflops; peak > 0) state.counters["MFU"] = tflops / peak;
   trace_steps("Step_" + context().flags.model, [&] { return step(r.batch); });
 }
 
