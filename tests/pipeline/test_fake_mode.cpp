@@ -1,5 +1,5 @@
 // Fake-mode compilation (AotConfig::trace_mode, Builder::trace_options):
-// the graphs traced on meta tensors are the graphs traced on real copies,
+// the graphs traced on fake tensors are the graphs traced on real copies,
 // and a training step compiled in fake mode trains as eager.
 #include <crucible/ir/printer.h>
 #include <crucible/models/zoo.h>
@@ -66,7 +66,7 @@ TEST_CASE("fake mode: every zoo model's train-step, forward and backward graphs 
   }
 }
 
-TEST_CASE("fake mode: a training step compiled on meta tensors trains as eager", "[pipeline][fake]") {
+TEST_CASE("fake mode: a training step compiled on fake tensors trains as eager", "[pipeline][fake]") {
   torch::manual_seed(1);
   Model compiled = make_model("convnet"), eager = make_model("convnet");
   copy_state(*compiled.module, *eager.module);
