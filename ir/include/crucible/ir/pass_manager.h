@@ -59,8 +59,9 @@ class PassRegistry {
  public:
   /// A registry holding Crucible's passes: "dce" (dce.h), "cse" (cse.h),
   /// "propagate_meta" (propagate_meta.h), "fuse_addmm" (fuse_addmm.h),
-  /// "fuse_attention" (fuse_attention.h, a pre-grad pass) and
-  /// "fold_view_chains" (fold_view_chains.h).
+  /// "fuse_attention" (fuse_attention.h, a pre-grad pass),
+  /// "fuse_linear_cross_entropy" (fuse_linear_cross_entropy.h, a pre-grad
+  /// pass) and "fold_view_chains" (fold_view_chains.h).
   static PassRegistry builtin();
   /// Adds a pass; throws IrError if its name is taken.
   void add(Pass pass);

@@ -1,0 +1,30 @@
+// A language model's loss without its logits: the linear head and the
+// cross-entropy fused and computed in chunks of rows, forward and backward
+// (Liger Kernel's fused linear cross-entropy), so that neither the [N, V]
+// logits nor their gradient is ever whole in memory.
+#pragma once
+
+#include <crucible/ir/graph.h>
+
+#include <cstddef>
+
+namespace crucible::ir {
+
+/// Rewrites, before differentiation (a pre-grad pass), the mean
+/// cross-entropy of a linear head's logits,
+///   nll_loss_forward(_log_softmax(V(mm(x, t(W))), 1), target, None, mean, ignore)
+/// where V is a chain of view, _unsafe_view or reshape to [N, vocab] and,
+/// under autocast, a _to_copy to float32 (addmm with a bias also matches),
+/// into crucible::linear_cross_entropy(x, W, bias, target, ignore), when
+/// nothing else reads the logits and _log_softmax runs in float32.
+/// crucible::linear_cross_entropy(Tensor input [N, C], Tensor weight [V, C],
+/// Tensor? bias [V], Tensor target [N] (int64), int ignore_index) -> Tensor
+/// [] float32 is the mean over the targets not ignored of
+/// -log_softmax(input @ weight^T + bias, float32)[target], as eager's
+/// cross_entropy (NaN when every target is ignored); its autograd formula
+/// takes the gradients its forward computed chunk by chunk
+/// (crucible::linear_cross_entropy_forward -> loss, grad_input,
+/// grad_weight, grad_bias). Returns the number of rewrites.
+size_t fuse_linear_cross_entropy(Graph& graph);
+
+}  // namespace crucible::ir
