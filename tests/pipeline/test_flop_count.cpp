@@ -20,12 +20,7 @@
 using namespace crucible;
 
 TEST_CASE("flop count: a GPT training step counts nanoGPT's 6N + 12LHQT FLOPs per token", "[pipeline][flops]") {
-  models::GptConfig config;
-  config.vocab_size = 512;
-  config.block_size = 64;
-  config.n_layer = 3;
-  config.n_head = 4;
-  config.n_embd = 128;
+  const models::GptConfig config{.vocab_size = 512, .block_size = 64, .n_layer = 3, .n_head = 4, .n_embd = 128};
   torch::manual_seed(0);
   models::Model model = models::make_gpt(config);
   torch::optim::AdamW optimizer(model.module->parameters(), torch::optim::AdamWOptions(1e-3));
