@@ -187,17 +187,28 @@ size_t fuse_linear_cross_entropy(Graph& graph) {
     } else {
       continue;
     }
+    // The weight [V, C] is the operand's transpose: t(W), or, where autocast
+    // casts the matmul's operands (CPU autocast casts addmm's), a cast of
+    // t(W), whose transpose the fused op takes.
     const Node* t = transposed->node();
-    if (!t->is_call() || t->target() != "aten::t" || !t->arg(0).is_value()) continue;
-    Value* weight = t->arg(0).value();
-    if (!x->has_meta() || !weight->has_meta() || x->meta().sizes.size() != 2 || weight->meta().sizes.size() != 2 ||
-        logits->meta().sizes.size() != 2 ||
+    const bool cast = t->is_call() && t->target() == "aten::_to_copy" && t->arg(0).is_value() &&
+                      t->arg(0).value()->node()->is_call() && t->arg(0).value()->node()->target() == "aten::t";
+    if (!cast && !(t->is_call() && t->target() == "aten::t" && t->arg(0).is_value())) continue;
+    if (!x->has_meta() || !transposed->has_meta() || x->meta().sizes.size() != 2 ||
+        transposed->meta().sizes.size() != 2 || logits->meta().sizes.size() != 2 ||
         logits->meta().sizes[0] * logits->meta().sizes[1] != log_probs->meta().sizes[0] * log_probs->meta().sizes[1] ||
         logits->meta().sizes[1] != log_probs->meta().sizes[1])
       continue;
+    Node* untransposed = nullptr;
     Node* fused = nullptr;
     {
       Graph::InsertGuard here(graph, nll);
+      Value* weight = t->arg(0).value();
+      if (cast) {
+        untransposed = graph.add_call("aten::t", {transposed});
+        infer_meta(*untransposed);
+        weight = untransposed->result();
+      }
       fused = graph.add_call(
           "crucible::linear_cross_entropy",
           {x, weight, bias ? Argument(bias) : Argument(c10::IValue()), nll->arg(1).value(), nll->arg(4).constant()});
@@ -205,6 +216,7 @@ size_t fuse_linear_cross_entropy(Graph& graph) {
     infer_meta(*fused);
     if (!fused->result()->has_meta() || !(fused->result()->meta() == nll->result(0)->meta())) {
       graph.erase(fused);
+      if (untransposed) graph.erase(untransposed);
       continue;
     }
     fused->set_source(nll->source());

@@ -14,7 +14,8 @@ namespace crucible::ir {
 /// cross-entropy of a linear head's logits,
 ///   nll_loss_forward(_log_softmax(V(mm(x, t(W))), 1), target, None, mean, ignore)
 /// where V is a chain of view, _unsafe_view or reshape to [N, vocab] and,
-/// under autocast, a _to_copy to float32 (addmm with a bias also matches),
+/// under autocast, a _to_copy to float32 (addmm with a bias also matches,
+/// and t(W) cast to bf16 or f16 where autocast casts the matmul's operands),
 /// into crucible::linear_cross_entropy(x, W, bias, target, ignore), when
 /// nothing else reads the logits and _log_softmax runs in float32.
 /// crucible::linear_cross_entropy(Tensor input [N, C], Tensor weight [V, C],
