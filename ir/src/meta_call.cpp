@@ -96,6 +96,25 @@ class KeepCpuGeneratorState {
 
 }  // namespace
 
+void map_tensors(torch::jit::Stack& stack, size_t from, const std::function<at::Tensor(const at::Tensor&)>& f) {
+  for (size_t i = from; i < stack.size(); ++i) {
+    c10::IValue& a = stack[i];
+    if (a.isTensor()) {
+      a = f(a.toTensor());
+    } else if (a.isTensorList()) {
+      std::vector<at::Tensor> ts;
+      for (const at::Tensor& t : a.toTensorVector()) ts.push_back(f(t));
+      a = ts;
+    } else if (a.isList() && std::any_of(a.toListRef().begin(), a.toListRef().end(),
+                                         [](const c10::IValue& e) { return e.isTensor(); })) {  // Tensor?[]
+      c10::List<std::optional<at::Tensor>> ts;
+      for (const c10::IValue& e : a.toListRef())
+        ts.push_back(e.isTensor() ? std::optional<at::Tensor>(f(e.toTensor())) : std::nullopt);
+      a = ts;
+    }
+  }
+}
+
 void call_on_cpu_stand_ins(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
   // See Note [CPU stand-ins].
   const size_t nargs = op.schema().arguments().size();
@@ -109,22 +128,7 @@ void call_on_cpu_stand_ins(const c10::OperatorHandle& op, torch::jit::Stack& sta
     stand_ins.emplace_back(t, cpu);
     return cpu;
   };
-  for (size_t i = base; i < stack.size(); ++i) {
-    c10::IValue& a = stack[i];
-    if (a.isTensor()) {
-      a = to_cpu(a.toTensor());
-    } else if (a.isTensorList()) {
-      std::vector<at::Tensor> ts;
-      for (const at::Tensor& t : a.toTensorVector()) ts.push_back(to_cpu(t));
-      a = ts;
-    } else if (a.isList() && std::any_of(a.toListRef().begin(), a.toListRef().end(),
-                                         [](const c10::IValue& e) { return e.isTensor(); })) {  // Tensor?[]
-      c10::List<std::optional<at::Tensor>> ts;
-      for (const c10::IValue& e : a.toListRef())
-        ts.push_back(e.isTensor() ? std::optional<at::Tensor>(to_cpu(e.toTensor())) : std::nullopt);
-      a = ts;
-    }
-  }
+  map_tensors(stack, base, to_cpu);
   {
     std::optional<KeepCpuGeneratorState> keep;
     if (op.hasTag(at::Tag::nondeterministic_seeded)) keep.emplace();
@@ -142,15 +146,7 @@ void call_on_cpu_stand_ins(const c10::OperatorHandle& op, torch::jit::Stack& sta
     }
     return at::empty_strided(r.sizes(), r.strides(), r.options().device(at::kMeta));
   };
-  for (size_t i = base; i < stack.size(); ++i) {
-    if (stack[i].isTensor()) {
-      stack[i] = to_meta(stack[i].toTensor());
-    } else if (stack[i].isTensorList()) {
-      std::vector<at::Tensor> ts;
-      for (const at::Tensor& t : stack[i].toTensorVector()) ts.push_back(to_meta(t));
-      stack[i] = ts;
-    }
-  }
+  map_tensors(stack, base, to_meta);
 }
 
 }  // namespace crucible::ir

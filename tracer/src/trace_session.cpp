@@ -584,27 +584,14 @@ void TraceSession::run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, to
   bool factory = true;
   for (size_t a = 0; a < formals.size(); ++a) {
     c10::IValue& iv = stack[base + a];
-    if (iv.isTensor()) {
-      iv = down(iv.toTensor());
-    } else if (iv.isTensorList()) {
-      std::vector<at::Tensor> ts;
-      for (const at::Tensor& t : iv.toTensorVector()) ts.push_back(down(t));
-      iv = ts;
-    } else if (iv.isOptionalTensorList()) {
-      c10::List<std::optional<at::Tensor>> ts;
-      for (const std::optional<at::Tensor>& t : iv.toOptionalTensorList().vec())
-        ts.push_back(t ? std::optional(down(*t)) : std::nullopt);
-      iv = ts;
-    } else {
-      if (iv.isDevice()) iv = c10::Device(c10::kMeta);
-      continue;
-    }
-    factory = false;
+    if (iv.isDevice()) iv = c10::Device(c10::kMeta);
+    factory &= !iv.isTensor() && !iv.isTensorList() && !iv.isOptionalTensorList();
   }
   // A factory given no device (at::zeros({n})) makes a meta tensor too.
   if (factory)
     for (size_t a = 0; a < formals.size(); ++a)
       if (formals[a].name() == "device" && stack[base + a].isNone()) stack[base + a] = c10::Device(c10::kMeta);
+  ir::map_tensors(stack, base, down);
   run_on_meta(op, after, stack, base);
 
   // In-place changes of metadata (resize_, as_strided_, t_) reach the fakes.
@@ -624,15 +611,7 @@ void TraceSession::run(const c10::OperatorHandle& op, c10::DispatchKeySet ks, to
       if (meta.unsafeGetTensorImpl() == r.unsafeGetTensorImpl()) return fake;
     return fake_tensor(r, device);
   };
-  for (size_t i = base; i < stack.size(); ++i) {
-    if (stack[i].isTensor()) {
-      stack[i] = up(stack[i].toTensor());
-    } else if (stack[i].isTensorList()) {
-      std::vector<at::Tensor> ts;
-      for (const at::Tensor& t : stack[i].toTensorVector()) ts.push_back(up(t));
-      stack[i] = ts;
-    }
-  }
+  ir::map_tensors(stack, base, up);
 }
 
 void TraceSession::run_on_meta(const c10::OperatorHandle& op, c10::DispatchKeySet after, torch::jit::Stack& stack,

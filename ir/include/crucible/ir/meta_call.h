@@ -8,7 +8,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 
 namespace crucible::ir {
 
@@ -47,5 +49,11 @@ MetaPath call_without_meta_kernel(const c10::OperatorHandle& op, torch::jit::Sta
 /// of them; see Note [CPU stand-ins]. Throws c10::Error when the CPU kernel
 /// fails.
 void call_on_cpu_stand_ins(const c10::OperatorHandle& op, torch::jit::Stack& stack);
+
+/// Replaces every tensor in stack[from, end): a Tensor, or an element of a
+/// Tensor[] or Tensor?[] list, by `f` of it (f is also given undefined
+/// tensors; a Tensor?[]'s None stays None). Lists are rebuilt, not edited in
+/// place, since a boxed caller may still hold them.
+void map_tensors(torch::jit::Stack& stack, size_t from, const std::function<at::Tensor(const at::Tensor&)>& f);
 
 }  // namespace crucible::ir
