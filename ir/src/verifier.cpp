@@ -26,10 +26,16 @@ bool uncomputed_result(const Node& n, const Value& r) {
                      [&](const auto& other) { return other.get() != &r && other->has_meta(); });
 }
 
+// How ATen passes None for a Tensor argument that is not optional (flash
+// attention's backward takes cum_seq_q so); the text form spells it None.
+bool is_undefined_tensor(const Argument& a) {
+  return a.is_constant() && a.constant().isTensor() && !a.constant().toTensor().defined();
+}
+
 std::string describe(const Argument& a) {
   if (a.is_value()) return "%" + a.value()->name() + " (" + a.value()->type()->str() + ")";
   if (a.is_value_list()) return "a list of " + std::to_string(a.value_list().size()) + " Values";
-  if (a.constant().isNone()) return "None";
+  if (a.constant().isNone() || is_undefined_tensor(a)) return "None";
   return "a constant of type " + a.constant().type()->str();
 }
 
@@ -60,6 +66,7 @@ void check_argument(const Node* n, const c10::Argument& formal, const Argument& 
     type = opt->getElementType().get();
   }
   if (is_tensor_type(type)) {
+    if (is_undefined_tensor(a)) return;
     if (!a.is_value() || !a.value()->is_tensor())
       bad(a.is_constant() && a.constant().isTensor()
               ? "a tensor Value (tensor constants are constant nodes: Graph::add_constant)"

@@ -268,6 +268,7 @@ TEST_CASE("None for a Tensor argument that is not optional reads back as an unde
 return (%e)
 )";
   const Graph g = parse(in);
+  verify(g);
   const std::string text = to_text(g);
   CHECK_THAT(text, CRUCIBLE_HAS_SUBSTR("(%go, %q, %q, %q, None, %go,"));
   REQUIRE(to_text(parse(text)) == text);
