@@ -95,7 +95,7 @@ void PassManager::run(Graph& graph) const {
   // same reason).
   const bool fingerprinting = verifying || !instruments.empty();
   for (const Pass& pass : passes_) {
-    const StageEvent event{.stage = pass.name, .graphs = {{options_.graph_name, &graph}}};
+    const StageEvent event{.stage = pass.name, .graphs = {{options_.graph_name, &graph}}, .pass = true};
     if (!should_run(instruments, event)) continue;
     const size_t before = fingerprinting ? fingerprint(graph) : 0;
     StageScope scope(instruments, event);
@@ -106,7 +106,7 @@ void PassManager::run(Graph& graph) const {
     }
     const bool changed = fingerprinting && fingerprint(graph) != before;
     if (!instruments.empty()) {
-      StageEvent after{.stage = pass.name, .graphs = {{options_.graph_name, &graph}}};
+      StageEvent after{.stage = pass.name, .graphs = {{options_.graph_name, &graph}}, .pass = true};
       after.changed = changed;
       scope.done(std::move(after));
     }

@@ -164,6 +164,7 @@ void CounterRecorder::after_stage(const ir::StageEvent& event) {
     counters_.add("failures", event.stage);
     return;
   }
+  if (event.pass && event.changed) counters_.add("passes", event.stage);
   const char* kind = compiler_kind(event.stage);
   if (!kind) return;
   counters_.add("graphs", kind);

@@ -2,6 +2,7 @@
 // events a compilation emits (Note [Compilation stages]).
 #include <crucible/ir/graph.h>
 #include <crucible/ir/instrument.h>
+#include <crucible/ir/pass_manager.h>
 #include <crucible/runtime/instruments.h>
 #include <crucible/runtime/metrics.h>
 #include <crucible/runtime/timing.h>
@@ -94,6 +95,23 @@ TEST_CASE("CounterRecorder: compilations, recompile reasons, graphs, cache outco
   counters.clear();
   CHECK(counters.snapshot().empty());
   CHECK(counters.report().empty());
+}
+
+TEST_CASE("CounterRecorder: the passes that changed a graph, by name", "[runtime][instruments]") {
+  runtime::Counters counters;
+  ir::Graph g = small_graph();
+  const std::vector<ir::Pass> passes = {
+      {"leaves_it", [](ir::Graph&) {}},
+      {"doubles", [](ir::Graph& graph) {
+         ir::Value* y = graph.outputs()[0];
+         ir::Node* twice = graph.add_call("aten::add.Tensor", {y, y});
+         twice->result()->set_meta(y->meta());
+         graph.set_output({twice->result()});
+       }}};
+  ir::PassManager(passes, {.instruments = {std::make_shared<runtime::CounterRecorder>(counters)}}).run(g);
+  ir::PassManager(passes, {.instruments = {std::make_shared<runtime::CounterRecorder>(counters)}}).run(g);
+  CHECK(counters.get("passes", "doubles") == 2);
+  CHECK(counters.get("passes", "leaves_it") == 0);
 }
 
 TEST_CASE("StageTimer: nested stages nest as phases; each thread closes its own", "[runtime][instruments]") {

@@ -64,6 +64,8 @@ struct StageEvent {
   bool failed = false;
   /// After a compiler stage: the callable came from a cache of compiled graphs.
   bool cached = false;
+  /// The stage is a pass's (PassManager's; should_run was asked for it).
+  bool pass = false;
   /// "compile": the compilation's id.
   std::string_view id{};
   /// "compile" before: why it happens; a compiler stage after: the graph

@@ -90,6 +90,7 @@ class Counters {
 ///   graphs.<kind>             each compiled graph: forward, backward, inference
 ///   graph_cache.<outcome>     each compiler stage's cache outcome: hit, miss, bypass
 ///   failures.<stage>          each failed stage
+///   passes.<name>             each run of a pass that changed its graph
 /// The counters must outlive the instrument.
 class CounterRecorder : public ir::Instrument {
  public:
