@@ -38,7 +38,9 @@
 // bench/zoo_gpu.sh does), step_alloc_MiB and step_reserved_MiB, their peaks
 // over the timed steps alone (a CUDA graph's pool counts as reserved: its
 // replays allocate nothing), and on the CPU process_rss_MiB, the resident
-// set's peak.
+// set's peak. BM_Step's plan_MiB: what the backend's plan says one call of
+// the step holds, its inputs included (runtime::PlannedMemory; without a
+// CUDA graph, step_alloc_MiB measures the same).
 //
 // Rows (real time; every iteration ends by reading the loss, which waits for
 // the step's kernels):
@@ -63,6 +65,8 @@
 #include <crucible/partitioner/min_cut_partition.h>
 #include <crucible/pipeline/builder.h>
 #include <crucible/runtime/autocast.h>
+#include <crucible/runtime/backend_registry.h>
+#include <crucible/runtime/instruments.h>
 #include <crucible/runtime/memory.h>
 #include <crucible/spmd/api.h>
 #include <crucible/spmd/collectives.h>
@@ -301,6 +305,13 @@ void step_alone(benchmark::State& state) {
   const double tflops = static_cast<double>(ir::count_flops(step.graph()).total) / 1e12 / seconds;
   state.counters["TFLOPS"] = tflops;
   if (const double peak = context().flags.peak_tflops; peak > 0) state.counters["MFU"] = tflops / peak;
+  // What the backend's plan says a call holds, the inputs (state and
+  // batch) included: to set beside step_alloc_MiB (runtime/memory.h).
+  const runtime::BackendRegistry registry = runtime::BackendRegistry::builtin();
+  if (const runtime::BackendInfo& info = registry.get(context().flags.backend); info.plan_memory) {
+    const runtime::PlannedMemory m = info.plan_memory(step.graph());
+    state.counters["plan_MiB"] = static_cast<double>(m.input_bytes + m.peak_bytes) / (1 << 20);
+  }
   trace_steps("Step_" + context().flags.model, [&] { return step(r.batch); });
 }
 
@@ -435,6 +446,9 @@ int main(int argc, char** argv) {
     benchmark::RunSpecifiedBenchmarks(&silent);
   }
   benchmark::Shutdown();
+  // What the compilers did: trace modes, cache outcomes, passes that
+  // changed a graph (runtime/instruments.h).
+  if (reporting) std::cerr << runtime::default_counters().report();
   // The group goes before CUDA does: `c` outlives main, and an NCCL group
   // destroyed after CUDA has shut down aborts the process at exit.
   if (c.group) {

@@ -14,6 +14,7 @@
 #include <crucible/pipeline/instruments.h>
 #include <crucible/runtime/backend_registry.h>
 #include <crucible/runtime/instruments.h>
+#include <crucible/runtime/memory.h>
 #include <crucible/runtime/timing.h>
 
 #include <torch/nn/module.h>
@@ -22,8 +23,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <memory>
+#include <sstream>
+#include <string>
 
 namespace crucible::tools {
 namespace {
@@ -38,6 +42,19 @@ struct CompileCommandOptions {
   std::string dump_dir;
   bool svg = true;
 };
+
+// One line: what the backend's plan says a call of the step holds.
+std::string describe_plan(const runtime::PlannedMemory& m) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1);
+  auto mib = [&os](int64_t bytes) -> std::ostream& { return os << static_cast<double>(bytes) / (1 << 20) << " MiB"; };
+  os << "memory plan: peak ";
+  mib(m.peak_bytes) << " beyond the inputs (";
+  mib(m.input_bytes) << "), during step " << m.peak_step << " of " << m.steps << " (" << m.peak_at << "); outputs ";
+  mib(m.output_bytes) << "; " << m.buffers << " buffers, " << m.reused << " of them in a dead one's memory (";
+  mib(m.allocated_bytes) << " with nothing freed or reused)";
+  return os.str();
+}
 
 void run_compile_command(const CompileCommandOptions& o) {
   const models::Model model = models::make_model(o.model, o.size);
@@ -70,6 +87,7 @@ void run_compile_command(const CompileCommandOptions& o) {
   step.compile(inputs);
   std::cout << "training step (" << o.optimizer.kind << ", batch " << o.batch << "), " << step.graph().num_nodes()
             << " nodes: " << describe_stages(step_timer) << "\n";
+  if (backend.plan_memory) std::cout << describe_plan(backend.plan_memory(step.graph())) << "\n";
 
   // The loss through the AOT path (Builder::compile over the module): the
   // joint graph, its partition into forward and backward, each through the

@@ -59,6 +59,17 @@ std::string loop_ir(const ir::Graph& graph) {
   return detail::to_text(detail::compile_schedule(g, 0).program);
 }
 
+runtime::PlannedMemory plan_memory(const ir::Graph& graph, const InductorOptions& options) {
+  detail::Plan plan;
+  plan.graph = std::make_shared<ir::Graph>(prepared(graph, options));
+  if (!plan.graph->output_node())
+    throw InductorError("inductor: the graph has no output node; call Graph::set_output first");
+  const detail::CompiledSchedule s = detail::compiled_schedule(detail::compile_schedule(*plan.graph, options.threads));
+  plan.device = s.device;
+  detail::make_plan(plan, s, options.kernel_config, /*bind_kernels=*/false);
+  return detail::planned_memory(plan);
+}
+
 std::vector<std::string> compile_cuda(const ir::Graph& graph, const std::string& arch, const InductorOptions& options) {
   const ir::Graph g = prepared(graph, options);
   detail::Schedule s = detail::compile_schedule(g, 0);

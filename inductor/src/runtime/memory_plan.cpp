@@ -2,6 +2,7 @@
 #include "runtime/memory_plan.h"
 
 #include <crucible/inductor/error.h>
+#include <crucible/ir/aliasing.h>
 #include <crucible/runtime/instruments.h>
 
 #include <algorithm>
@@ -13,9 +14,26 @@ namespace crucible::inductor::detail {
 
 namespace {
 
+// The bytes from a buffer's first element to its last, its offset included
+// (the storage a fresh tensor of this layout gets).
+int64_t span_bytes(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, int64_t offset,
+                   c10::ScalarType dtype) {
+  int64_t last = offset;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 0) return 0;
+    last += (sizes[d] - 1) * strides[d];
+  }
+  return (last + 1) * static_cast<int64_t>(c10::elementSize(dtype));
+}
+
+int64_t span_bytes(const KernelArg& a) { return span_bytes(a.sizes, a.strides, 0, a.dtype); }
+
+int64_t span_bytes(const ir::TensorMeta& m) { return span_bytes(m.sizes, m.strides, m.storage_offset, m.dtype); }
+
 class Planner {
  public:
-  Planner(Plan& p, const CompiledSchedule& s, int kernel_config) : p_(p), s_(s), kernel_config_(kernel_config) {}
+  Planner(Plan& p, const CompiledSchedule& s, int kernel_config, bool bind_kernels)
+      : p_(p), s_(s), kernel_config_(kernel_config), bind_kernels_(bind_kernels) {}
 
   void plan() {
     const ir::Graph& g = *p_.graph;
@@ -73,16 +91,6 @@ class Planner {
     }
     for (Step& st : p_.steps) std::erase_if(st.dead, [&](uint32_t d) { return taken.contains(d); });
     if (!taken.empty()) runtime::default_counters().add("inductor", "buffer_reuse", static_cast<int64_t>(taken.size()));
-  }
-
-  // The bytes from a buffer's first element to its last (its storage).
-  static int64_t span_bytes(const KernelArg& a) {
-    int64_t last = 0;
-    for (size_t d = 0; d < a.sizes.size(); ++d) {
-      if (a.sizes[d] == 0) return 0;
-      last += (a.sizes[d] - 1) * a.strides[d];
-    }
-    return (last + 1) * static_cast<int64_t>(c10::elementSize(a.dtype));
   }
 
   uint32_t define(const ir::Value* v) {
@@ -147,9 +155,11 @@ class Planner {
     Step st;
     st.kernel_name = k.name;
     st.fuses = k.fuses;
-    if (p_.cuda) {
+    st.launch = k.launch;
+    if (!bind_kernels_) {
+      // Planned for its memory alone: no kernel to look up.
+    } else if (p_.cuda) {
       st.cuda_kernel = p_.cuda->kernel(k.name);
-      st.launch = k.launch;
       bool in_place = false;  // not run twice: a second run would read what the first wrote
       for (const KernelOperand& o : k.operands) in_place = in_place || (o.written && o.input);
       if (k.configs.size() > 1 && !in_place) {
@@ -185,6 +195,7 @@ class Planner {
   Plan& p_;
   const CompiledSchedule& s_;
   const int kernel_config_;  // InductorOptions::kernel_config
+  const bool bind_kernels_;
   std::unordered_map<const ir::Value*, uint32_t> slots_;
   std::unordered_map<const ir::Value*, const c10::IValue*> constants_;
   std::unordered_map<uint32_t, uint32_t> last_;
@@ -193,6 +204,108 @@ class Planner {
 
 }  // namespace
 
-void make_plan(Plan& plan, const CompiledSchedule& s, int kernel_config) { Planner(plan, s, kernel_config).plan(); }
+void make_plan(Plan& plan, const CompiledSchedule& s, int kernel_config, bool bind_kernels) {
+  Planner(plan, s, kernel_config, bind_kernels).plan();
+}
+
+// Note [Planned memory]
+// A call of the plan, replayed on its metadata: every slot points at a
+// storage; a storage holds its bytes from the step that allocates it until
+// no slot points at it. The inputs' and the graph's constants' storages are
+// the caller's and hold nothing here. An extern kernel's result shares the
+// storage of the argument its schema aliases (ir::aliased_argument: views,
+// in-place ops' results) and otherwise allocates the span its metadata
+// reaches; a generated kernel's output allocates its span, or takes over a
+// dead buffer's storage where Note [Buffer reuse] planned it and nothing
+// else holds that storage (the runtime's test), and its outputs written in
+// place allocate nothing; a split reduction's workspace lives during its
+// kernel. A step's allocations come before its dead slots are cleared, so
+// the peak is the most held during any step, as a caching allocator's
+// max_memory_allocated sees it. torch/_inductor/memory.py estimates the
+// same from its scheduler's buffers.
+runtime::PlannedMemory planned_memory(const Plan& plan) {
+  runtime::PlannedMemory m;
+  m.steps = plan.steps.size();
+  // A GPU's caching allocator hands out blocks in multiples of 512 bytes.
+  const int64_t round = plan.device.is_cuda() ? 512 : 1;
+  auto rounded = [round](int64_t bytes) { return (bytes + round - 1) / round * round; };
+  struct Storage {
+    int64_t bytes = 0;
+    size_t slots = 0;
+  };
+  std::vector<Storage> storages;
+  std::vector<int64_t> storage_of(plan.num_slots, -1);  // -1: no storage (a non-tensor), or the caller's
+  int64_t held = 0;
+  auto point = [&](uint32_t slot, int64_t storage) {
+    storage_of[slot] = storage;
+    if (storage >= 0) ++storages[static_cast<size_t>(storage)].slots;
+  };
+  auto allocate = [&](uint32_t slot, int64_t bytes) {
+    storages.push_back({rounded(bytes), 0});
+    held += storages.back().bytes;
+    m.allocated_bytes += storages.back().bytes;
+    ++m.buffers;
+    point(slot, static_cast<int64_t>(storages.size()) - 1);
+  };
+  auto clear = [&](uint32_t slot) {
+    const int64_t storage = std::exchange(storage_of[slot], -1);
+    if (storage >= 0 && --storages[static_cast<size_t>(storage)].slots == 0)
+      held -= storages[static_cast<size_t>(storage)].bytes;
+  };
+  auto slot_of = [](const Source& s) { return s.kind == Source::Slot ? s.slot : kNone; };
+
+  const std::vector<ir::Value*> inputs = plan.graph->placeholders();
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i]->is_tensor() && inputs[i]->has_meta()) m.input_bytes += span_bytes(inputs[i]->meta());
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    const Step& st = plan.steps[i];
+    int64_t transient = 0;
+    if (st.node) {
+      size_t result = 0;
+      for (const std::vector<uint32_t>& slots : st.returns)
+        for (uint32_t slot : slots) {
+          const ir::Value* v = st.node->result(result++);
+          if (!v->is_tensor() || !v->has_meta()) continue;
+          // The argument it aliases, by position in the node's arguments.
+          uint32_t shared = kNone;
+          if (const ir::Value* a = ir::aliased_argument(*v))
+            for (size_t j = 0; j < st.node->args().size() && shared == kNone; ++j) {
+              const ir::Argument& arg = st.node->args()[j];
+              if (arg.is_value() && arg.value() == a) shared = slot_of(st.args[j]);
+              if (arg.is_value_list())
+                for (size_t e = 0; e < arg.value_list().size(); ++e)
+                  if (arg.value_list()[e] == a) shared = slot_of(st.args[j].elements[e]);
+            }
+          if (ir::aliased_argument(*v))
+            point(slot, shared == kNone ? -1 : storage_of[shared]);
+          else
+            allocate(slot, span_bytes(v->meta()));
+        }
+    } else {
+      for (const KernelArg& a : st.kernel_args) {
+        if (!a.written || a.slot == kNone) continue;
+        const int64_t dead = a.reuse == kNone ? -1 : storage_of[a.reuse];
+        if (dead >= 0 && storages[static_cast<size_t>(dead)].slots == 1) {
+          storage_of[a.reuse] = -1;
+          storage_of[a.slot] = dead;
+          ++m.reused;
+          continue;
+        }
+        if (a.reuse != kNone) clear(a.reuse);
+        allocate(a.slot, span_bytes(a));
+      }
+      if (st.launch.arrivals > 0)
+        transient = rounded(st.launch.partial_bytes) + rounded(st.launch.arrivals * static_cast<int64_t>(sizeof(int)));
+    }
+    if (held + transient > m.peak_bytes) {
+      m.peak_bytes = held + transient;
+      m.peak_step = i;
+      m.peak_at = st.node ? st.node->target() : st.kernel_name;
+    }
+    for (uint32_t d : st.dead) clear(d);
+  }
+  m.output_bytes = held;
+  return m;
+}
 
 }  // namespace crucible::inductor::detail

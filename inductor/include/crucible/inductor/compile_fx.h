@@ -6,6 +6,7 @@
 
 #include <crucible/inductor/options.h>
 #include <crucible/ir/backend.h>
+#include <crucible/runtime/memory.h>
 
 #include <ATen/core/Tensor.h>
 
@@ -83,6 +84,16 @@ GeneratedCode generate_code(const ir::Graph& graph);
 /// compile_fx_inner does for NVRTC.
 std::vector<std::string> compile_cuda(const ir::Graph& graph, const std::string& arch,
                                       const InductorOptions& options = {});
+
+/// What one call of the CompiledFn compile_fx_inner makes of `graph` with
+/// `options` holds in memory beyond its inputs, by its run-time plan
+/// (runtime::PlannedMemory, Note [Planned memory] in
+/// src/runtime/memory_plan.cpp): the peak, where it comes, the outputs.
+/// Needs no GPU and no compiler: nothing runs. Without CUDA graphs; with
+/// them, the graph's private pool holds about the peak. Throws
+/// InductorError for a graph without an output node or one the plan cannot
+/// express, and what lowering throws.
+runtime::PlannedMemory plan_memory(const ir::Graph& graph, const InductorOptions& options = {});
 
 /// The loop-level IR compile_fx_inner lowers `graph` to, as text: each
 /// extern kernel, and each loop with the buffer it writes (sizes, strides),

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <crucible/ir/backend.h>
+#include <crucible/runtime/memory.h>
 
 #include <functional>
 #include <map>
@@ -37,6 +38,10 @@ struct BackendInfo {
   /// --dump-dir`). Empty for backends that generate none, such as the
   /// interpreter, which runs the graph as it is.
   CodeGenerator generated_code{};
+  /// The memory one call of the graph the backend compiles holds by its
+  /// plan (PlannedMemory), for `crucible compile` and the benches. Empty
+  /// for backends without one.
+  std::function<PlannedMemory(const ir::Graph& graph)> plan_memory{};
   /// best() picks the registered backend of the highest rank: the fastest
   /// that works on this build.
   int rank = 0;
