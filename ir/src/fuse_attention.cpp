@@ -64,15 +64,25 @@ P masked(P x, Mask m) {
   return x;
 }
 
-// `x` or its cast _to_copy(x, dtype) (no other change: layout, device and
-// memory format None). Under CUDA autocast the softmax runs in float32
-// (autocast's fp32 policy casts the bf16 scores up) and at::matmul casts the
-// probabilities back down.
+// `x` or its cast _to_copy(x, dtype) (no other change: pin_memory and
+// memory format None; layout and device None or x's, which computes_attention
+// checks). Under CUDA autocast the softmax runs in float32 (autocast's fp32
+// policy casts the bf16 scores up, naming layout and device) and at::matmul
+// casts the probabilities back down (naming neither).
 P maybe_cast(P x, const std::string& name) {
   const c10::IValue none;
-  P cast = P::call("aten::_to_copy", {x, P::bind(name + "_dtype"), P::constant(none), P::constant(none),
+  P cast = P::call("aten::_to_copy", {x, P::bind(name + "_dtype"), P::bind(name + "_layout"), P::bind(name + "_device"),
                                       P::constant(none), P::ignored(), P::constant(none)});
   return P::any_of({std::move(x), std::move(cast)});
+}
+
+// The cast `name` changes nothing but the dtype: its layout is None or
+// strided, its device None or `device`.
+bool casts_dtype_alone(const Match& m, const std::string& name, const c10::Device& device) {
+  const c10::IValue& layout = m.constant(name + "_layout");
+  const c10::IValue& to = m.constant(name + "_device");
+  return (layout.isNone() || (layout.isInt() && layout.toInt() == static_cast<int64_t>(c10::kStrided))) &&
+         (to.isNone() || (to.isDevice() && to.toDevice() == device));
 }
 
 int64_t normalized_dim(const c10::IValue& d, size_t rank) {
@@ -120,7 +130,8 @@ bool computes_attention(const Match& m, Scale s, Mask mask) {
   if (m.has("upcast_dtype") != m.has("downcast_dtype")) return false;
   if (m.has("upcast_dtype") &&
       (!c10::isReducedFloatingType(q.dtype) || m.constant("upcast_dtype").toScalarType() != at::kFloat ||
-       m.constant("downcast_dtype").toScalarType() != q.dtype))
+       m.constant("downcast_dtype").toScalarType() != q.dtype || !casts_dtype_alone(m, "upcast", q.device) ||
+       !casts_dtype_alone(m, "downcast", q.device)))
     return false;
   if (s == Scale::Mul && !m.constant("scale").isDouble()) return false;
   if (mask == Mask::Fill && (m.meta("cond").dtype != at::kBool || !broadcasts_to(m.meta("cond"), scores))) return false;

@@ -147,6 +147,14 @@ Value* through(Value* v, std::initializer_list<std::string_view> ops, bool& ok) 
   return v;
 }
 
+// A _to_copy that changes the dtype alone (a cast autocast or .float() makes).
+bool is_cast(const Value& v) {
+  const Node* n = v.node();
+  if (!n->is_call() || n->target() != "aten::_to_copy" || !n->arg(0).is_value() || !v.has_meta()) return false;
+  const Value& in = *n->arg(0).value();
+  return in.has_meta() && in.meta().sizes == v.meta().sizes && in.meta().device == v.meta().device;
+}
+
 bool constant_is(const Argument& a, int64_t value) {
   return a.is_constant() && a.constant().isInt() && a.constant().toInt() == value;
 }
@@ -165,10 +173,15 @@ size_t fuse_linear_cross_entropy(Graph& graph) {
         !nll->arg(4).is_constant())
       continue;
     Value* log_probs = nll->arg(0).value();
+    if (!log_probs->has_meta() || log_probs->meta().dtype != at::kFloat) continue;
+    // Under CUDA autocast, cross_entropy's log_softmax runs in the logits'
+    // dtype (it names that dtype, which autocast's float32 policy leaves as
+    // it is) and nll_loss casts the log-probabilities up to float32.
+    if (is_cast(*log_probs) && log_probs->users().size() == 1) log_probs = log_probs->node()->arg(0).value();
     const Node* lsm = log_probs->node();
     if (!lsm->is_call() || lsm->target() != "aten::_log_softmax" || log_probs->users().size() != 1 ||
         !lsm->arg(0).is_value() || !log_probs->has_meta() || log_probs->meta().sizes.size() != 2 ||
-        log_probs->meta().dtype != at::kFloat || !(constant_is(lsm->arg(1), 1) || constant_is(lsm->arg(1), -1)))
+        !(constant_is(lsm->arg(1), 1) || constant_is(lsm->arg(1), -1)))
       continue;
     bool ok = true;
     // Under autocast the logits come from the bf16/f16 matmul through a _to_copy to float32.

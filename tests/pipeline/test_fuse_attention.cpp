@@ -165,11 +165,16 @@ TEST_CASE("fuse_attention: bf16 attention whose softmax runs in float32 between 
           "[pipeline][fuse_attention]") {
   std::vector<at::Tensor> in = inputs(true);
   for (size_t i = 0; i < 3; ++i) in[i] = in[i].to(at::kBFloat16);
-  // Autocast's fp32 policy for softmax casts the bf16 scores up; at::matmul
-  // casts the probabilities back down.
-  auto fn = [](const std::vector<at::Tensor>& x) {
+  // Autocast's fp32 policy for softmax casts the bf16 scores up, naming the
+  // layout and device (_to_copy(dtype=f32, layout=strided, device=...));
+  // at::matmul casts the probabilities back down, naming the dtype alone.
+  // Both spellings of the first cast.
+  const bool names_device = GENERATE(false, true);
+  INFO((names_device ? "the upcast names layout and device" : "the upcast names the dtype"));
+  auto fn = [names_device](const std::vector<at::Tensor>& x) {
     at::Tensor att = (at::matmul(x[0], x[1].transpose(-2, -1)) * 0.5).masked_fill(x[3] == 0, -kInf);
-    at::Tensor p = at::softmax(att.to(at::kFloat), -1).to(at::kBFloat16);
+    at::Tensor up = names_device ? att.to(att.options().dtype(at::kFloat)) : att.to(at::kFloat);
+    at::Tensor p = at::softmax(up, -1).to(at::kBFloat16);
     return std::vector<at::Tensor>{at::matmul(p, x[2])};
   };
   tracer::TraceResult r = tracer::make_fx(fn, in);

@@ -17,7 +17,11 @@ namespace crucible::ir {
 /// under autocast, a _to_copy to float32 (addmm with a bias also matches,
 /// and t(W) cast to bf16 or f16 where autocast casts the matmul's operands),
 /// into crucible::linear_cross_entropy(x, W, bias, target, ignore), when
-/// nothing else reads the logits and _log_softmax runs in float32.
+/// nothing else reads the logits and the loss reads float32. The
+/// log-softmax may also run in bf16 or f16 and be cast to float32 after
+/// (CUDA autocast's cross_entropy: it names the logits' dtype); the fused
+/// op then computes it in float32, where eager rounds the log-probabilities
+/// to the lower precision first (a loss closer to float32's than eager's).
 /// crucible::linear_cross_entropy(Tensor input [N, C], Tensor weight [V, C],
 /// Tensor? bias [V], Tensor target [N] (int64), int ignore_index) -> Tensor
 /// [] float32 is the mean over the targets not ignored of
