@@ -9,6 +9,7 @@
 #include <c10/util/irange.h>
 
 #include <algorithm>
+#include <array>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -392,14 +393,27 @@ bool where_scalar_self(torch::jit::Stack& stack, size_t base) { return where_of(
 //    whatever the inputs' layout; logsumexp is [B, H, L] float32 when asked
 //    for, else [B, H, 0]; the seed and offset are int64 scalars on the CPU;
 //    a bias's gradient is contiguous.
-// Only what the probe covered is computed: inputs dense in one of the two
-// layouts, not sharing memory where the memory-efficient backward may pack
-// their gradients into one buffer, lengths that are multiples of the
-// kernels' tiles (L of 32 for the memory-efficient logsumexp, S of 16 for a
-// bias gradient), no debug mask. Elsewhere the functions decline, and a
+// Inputs may also be views of a larger buffer with unit stride in the last
+// dimension (q, k and v as thirds of one projection, as GPT-2 makes them):
+// empty_like then lays the results out densely in the inputs' order of
+// strides, as it does on the GPU (the CUDA tracer test compares). Only what
+// was checked so is computed: no element of an input reached twice, inputs
+// not sharing memory where the memory-efficient backward may pack their
+// gradients into one buffer, lengths that are multiples of the kernels'
+// tiles (L of 32 for the memory-efficient logsumexp, S of 16 for a bias
+// gradient), no debug mask. Elsewhere the functions decline, and a
 // TraceMode::Auto trace runs in real mode.
-bool dense_heads(const at::Tensor& t) {
-  return t.dim() == 4 && t.stride(3) == 1 && t.unsafeGetTensorImpl()->is_non_overlapping_and_dense();
+bool strided_heads(const at::Tensor& t) {
+  if (t.dim() != 4 || t.stride(3) != 1) return false;
+  std::array<int64_t, 4> order{0, 1, 2, 3};
+  std::sort(order.begin(), order.end(), [&t](int64_t a, int64_t b) { return t.stride(a) < t.stride(b); });
+  int64_t reach = 1;  // elements the dimensions before span
+  for (const int64_t d : order) {
+    if (t.size(d) == 1) continue;
+    if (t.stride(d) < reach) return false;
+    reach = t.stride(d) * t.size(d);
+  }
+  return true;
 }
 
 // [B, H, n, e] laid out as [B, n, H, e] transposed.
@@ -412,7 +426,7 @@ at::Tensor empty_on_meta(at::IntArrayRef sizes, at::ScalarType dtype) {
 }
 
 bool attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  return dense_heads(q) && dense_heads(k) && dense_heads(v);
+  return strided_heads(q) && strided_heads(k) && strided_heads(v);
 }
 
 // The results flash and cuDNN attention share: (output in the query's

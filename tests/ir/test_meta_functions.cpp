@@ -324,10 +324,40 @@ TEST_CASE("meta functions: the CUDA attention kernels give the probe's layouts a
     CHECK(strides(efficient_bwd[1]) == sequence_major_k);
     CHECK(strides(efficient_bwd[3]) == Ints{H * L * S, L * S, S, 1});
   }
-  // Thirds of one projection: not dense, declined (so a CPU stand-in is
+  // Thirds of one projection, views of a larger buffer: flash's and cuDNN's
+  // results laid out densely in the inputs' order of strides (sequence-major
+  // here, as empty_like makes them on the GPU); the memory-efficient
+  // backward, which may pack the thirds' gradients into one buffer, and an
+  // input reaching an element twice are declined (so a CPU stand-in is
   // tried, and the op has no CPU kernel).
   const at::Tensor qkv = meta({B, L, 3 * H * E}, at::kBFloat16);
-  const at::Tensor q = qkv.narrow(2, 0, H * E).view({B, L, H, E}).transpose(1, 2);
-  torch::jit::Stack stack{q, q, q, 0.0, false, false, c10::IValue()};
-  CHECK_THROWS(call_on_meta(resolve_operator("aten::_scaled_dot_product_flash_attention"), stack));
+  auto third = [&](int64_t i) { return qkv.narrow(2, i * H * E, H * E).view({B, L, H, E}).transpose(1, 2); };
+  const at::Tensor q = third(0), k = third(1), v = third(2);
+  torch::jit::Stack flash =
+      run("aten::_scaled_dot_product_flash_attention", {q, k, v, 0.0, true, false, c10::IValue()});
+  CHECK(strides(flash[0]) == sequence_major_q);
+  torch::jit::Stack cudnn_bwd =
+      run("aten::_scaled_dot_product_cudnn_attention_backward",
+          {flash[0], q, k, v, flash[0], meta({B, H, L, 1}), meta({}, at::kLong), meta({}, at::kLong), at::Tensor(),
+           at::Tensor(), at::Tensor(), L, L, 0.0, true, c10::IValue()});
+  for (size_t i = 0; i < 3; ++i) CHECK(strides(cudnn_bwd[i]) == sequence_major_q);
+  torch::jit::Stack efficient =
+      run("aten::_scaled_dot_product_efficient_attention", {q, k, v, c10::IValue(), true, 0.0, true, c10::IValue()});
+  torch::jit::Stack packed{efficient[0],
+                           q,
+                           k,
+                           v,
+                           c10::IValue(),
+                           efficient[0],
+                           efficient[1],
+                           efficient[2],
+                           efficient[3],
+                           0.0,
+                           bools({true, true, true, false}),
+                           true,
+                           c10::IValue()};
+  CHECK_THROWS(call_on_meta(resolve_operator("aten::_scaled_dot_product_efficient_attention_backward"), packed));
+  const at::Tensor overlapping = meta({B, H, 1, E}, at::kBFloat16).expand({B, H, L, E});
+  torch::jit::Stack twice{overlapping, overlapping, overlapping, 0.0, false, false, c10::IValue()};
+  CHECK_THROWS(call_on_meta(resolve_operator("aten::_scaled_dot_product_flash_attention"), twice));
 }

@@ -124,8 +124,9 @@ TEST_CASE("CUDA: functionalized in-place updates of a GPU input come back as a m
 // fused kernel scaled_dot_product_attention can pick on the GPU, under bf16
 // autocast, with dropout, forward and backward, a fake-mode trace records
 // what a real-mode trace records (ops, casts, every value's metadata) and
-// replays eager's values. The kernels on thirds of one fused projection
-// (not dense) are left to a real-mode trace.
+// replays eager's values, on heads-major and sequence-major inputs and on
+// thirds of one fused projection (views of a larger buffer), whose
+// memory-efficient backward alone is left to a real-mode trace.
 TEST_CASE("CUDA: attention under bf16 autocast on fake tensors records the real trace's graph, for each fused kernel",
           "[tracer][cuda]") {
   CRUCIBLE_REQUIRE_CUDA();
@@ -174,8 +175,8 @@ TEST_CASE("CUDA: attention under bf16 autocast on fake tensors records the real 
       const bool ran = count_calls(real.graph, "aten::_scaled_dot_product_" + kernel + "_attention") == 1;
       if (layout != "fused projection") REQUIRE(ran);
       const auto r = crucible::tracer::make_fx(fn, inputs);
-      if (ran && layout == "fused projection") {
-        CHECK(r.mode == crucible::tracer::TraceMode::Real);
+      if (ran && layout == "fused projection" && kernel == "efficient") {
+        CHECK(r.mode == crucible::tracer::TraceMode::Real);  // it may pack the thirds' gradients into one buffer
         continue;
       }
       REQUIRE(r.mode == crucible::tracer::TraceMode::Fake);
