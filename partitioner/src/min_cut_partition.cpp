@@ -194,8 +194,10 @@ Cut choose_saved(const ir::Graph& g, const Values& v, const std::vector<bool>& b
       }
     }
 
+  // A result no one reads may have none (one an op did not compute, as
+  // ATen's cuDNN attention leaves cum_seq_q undefined): saving it costs nothing.
   for (size_t i = 0; i < values.size(); ++i)
-    if (!backward[i] && !free[i] && values[i]->is_tensor() && !values[i]->has_meta())
+    if (!backward[i] && !free[i] && values[i]->is_tensor() && !values[i]->has_meta() && values[i]->has_users())
       throw PartitionError(std::string(who) + ": %" + values[i]->name() +
                            " has no metadata, so what saving it costs is unknown; run the propagate_meta pass first");
 
@@ -233,7 +235,7 @@ Cut choose_saved(const ir::Graph& g, const Values& v, const std::vector<bool>& b
         net.add(in(i), out(i), kInfinity);
         net.add(in(i), sink, kInfinity);
       } else {
-        const double keep = free[i]              ? 0.0
+        const double keep = free[i] || (value->is_tensor() && !value->has_meta()) ? 0.0  // unread (above)
                             : value->is_tensor() ? static_cast<double>(value->meta().nbytes())
                                                  : kInfinity;
         net.add(in(i), out(i), keep);

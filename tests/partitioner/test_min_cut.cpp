@@ -4,6 +4,7 @@
 // on a small function whose best cut is known.
 #include <crucible/autograd/aot_function.h>
 #include <crucible/autograd/aot_module.h>
+#include <crucible/ir/parser.h>
 #include <crucible/models/zoo.h>
 #include <crucible/partitioner/default_partition.h>
 #include <crucible/partitioner/min_cut_partition.h>
@@ -286,4 +287,36 @@ TEST_CASE("min-cut: a memory budget sweep saves non-increasing bytes with eager'
     // Letting matmuls and convolutions be recomputed saves strictly less.
     CHECK(at_zero < at_one);
   }
+}
+
+// Note [Rematerialization in one graph]: a forward result that nobody reads
+// may have no metadata (ATen's cuDNN attention leaves cum_seq_q undefined,
+// and the tracer records no metadata for it); the cut neither needs nor
+// saves it.
+TEST_CASE("rematerialize: an unread forward result without metadata costs nothing", "[partitioner][min_cut]") {
+  ir::Graph g = ir::parse(R"(%x : f32[4, 8] = placeholder()
+%w : f32[8] = placeholder()
+%b : f32[8] = placeholder()
+%ln : f32[4, 8], %mean : f32[4, 1], %rstd : Tensor = aten::native_layer_norm(%x, [8], %w, %b, 1e-05)
+%relu : f32[4, 8] = aten::relu(%ln)
+%neg : f32[4, 8] = aten::neg(%ln)
+%s : f32[] = aten::sum(%relu)
+%g : f32[4, 8] = aten::mul.Tensor(%relu, %neg) {tags=[backward]}
+return (%s, %g)
+)");
+  const partitioner::RematReport r = partitioner::rematerialize(g);
+  // relu and neg are cheap: the backward recomputes both from the layer
+  // norm's output, which alone stays alive (half the bytes).
+  CHECK(r.recomputed_nodes == 2);
+  CHECK(r.kept_bytes_after == r.kept_bytes_before / 2);
+  // A read result without metadata is still an error, naming the value.
+  ir::Graph unknown = ir::parse(R"(%x : f32[4, 8] = placeholder()
+%w : f32[8] = placeholder()
+%b : f32[8] = placeholder()
+%ln : f32[4, 8], %mean : f32[4, 1], %rstd : Tensor = aten::native_layer_norm(%x, [8], %w, %b, 1e-05)
+%s : f32[] = aten::sum(%ln)
+%g : f32[4, 1] = aten::mul.Tensor(%rstd, %mean) {tags=[backward]}
+return (%s, %g)
+)");
+  CHECK_THROWS_WITH(partitioner::rematerialize(unknown), CRUCIBLE_HAS_SUBSTR("%rstd has no metadata"));
 }
