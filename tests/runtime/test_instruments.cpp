@@ -100,14 +100,13 @@ TEST_CASE("CounterRecorder: compilations, recompile reasons, graphs, cache outco
 TEST_CASE("CounterRecorder: the passes that changed a graph, by name", "[runtime][instruments]") {
   runtime::Counters counters;
   ir::Graph g = small_graph();
-  const std::vector<ir::Pass> passes = {
-      {"leaves_it", [](ir::Graph&) {}},
-      {"doubles", [](ir::Graph& graph) {
-         ir::Value* y = graph.outputs()[0];
-         ir::Node* twice = graph.add_call("aten::add.Tensor", {y, y});
-         twice->result()->set_meta(y->meta());
-         graph.set_output({twice->result()});
-       }}};
+  const std::vector<ir::Pass> passes = {{"leaves_it", [](ir::Graph&) {}},
+                                        {"doubles", [](ir::Graph& graph) {
+                                           ir::Value* y = graph.outputs()[0];
+                                           ir::Node* twice = graph.add_call("aten::add.Tensor", {y, y});
+                                           twice->result()->set_meta(y->meta());
+                                           graph.set_output({twice->result()});
+                                         }}};
   ir::PassManager(passes, {.instruments = {std::make_shared<runtime::CounterRecorder>(counters)}}).run(g);
   ir::PassManager(passes, {.instruments = {std::make_shared<runtime::CounterRecorder>(counters)}}).run(g);
   CHECK(counters.get("passes", "doubles") == 2);
