@@ -148,6 +148,13 @@ inline std::vector<std::pair<std::string, Builder>> builders() {
   fake.mode = crucible::tracer::TraceMode::Fake;
   out.emplace_back("fake", std::move(Builder().backend("interpreter").trace_options(fake)));
   out.emplace_back("pre-grad", std::move(Builder().backend("interpreter").pre_grad_passes({"fuse_attention", "cse"})));
+  // The pre-grad graph replayed under the inductor's decompositions, whose
+  // results must keep the layouts the graph's views were traced on.
+  out.emplace_back("pre-grad, core decompositions",
+                   std::move(Builder()
+                                 .decompositions(crucible::tracer::core_aten_decompositions())
+                                 .backend("interpreter")
+                                 .pre_grad_passes({"fuse_attention", "cse"})));
   return out;
 }
 

@@ -787,8 +787,10 @@ TEST_CASE("programs: a forward under bf16 autocast, the loss in float32, SGD", "
       // 16 rows, and the SGD updates move by a bf16 rounding that lands
       // otherwise here and there (2^-8 of one activation), far below 1e-3
       // (measured: 2.4e-7 on the loss, none on the parameters). That the
-      // graph computes in bf16 at all is checked on the graph below.
-      const double tol = name.starts_with("inductor") ? 1e-3 : 0.0;
+      // graph computes in bf16 at all is checked on the graph below. The core
+      // decompositions compute log_softmax and nll_loss as their math, not
+      // with eager's kernels: float32 rounding of the same sums.
+      const double tol = name.starts_with("inductor") || name.find("decompositions") != std::string::npos ? 1e-3 : 0.0;
       for (int64_t i = 0; i < 4; ++i) {
         at::manual_seed(i);
         const Batch b{at::randn({16, 12}), at::randint(5, {16}, at::kLong)};

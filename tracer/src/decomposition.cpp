@@ -69,7 +69,7 @@ void native_layer_norm_backward(const c10::OperatorHandle&, std::vector<c10::IVa
     const at::Tensor a = g * n;
     const at::Tensor b = g.sum(inner, /*keepdim=*/true);
     const at::Tensor c = x_hat * (x_hat * g).sum(inner, /*keepdim=*/true);
-    d_input = (rstd / n) * (a - b - c);
+    d_input = ((rstd / n) * (a - b - c)).contiguous();  // as ATen's kernels make it, as the forward's y
   }
   // Summing over no dims would sum over all of them in ATen.
   auto sum_outer = [&](const at::Tensor& t) { return outer.empty() ? t.clone() : t.sum(outer, /*keepdim=*/false); };
@@ -189,7 +189,9 @@ void gelu_backward(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) 
 }
 
 // native_layer_norm(x, normalized_shape, weight?, bias?, eps) -> (y, mean, rstd):
-// mean and rstd over the normalized (inner) dims, kept as size-1 dims.
+// mean and rstd over the normalized (inner) dims, kept as size-1 dims; y
+// contiguous whatever x's strides, as ATen's kernels make it (a graph traced
+// without the decomposition may view it so: a pre-grad graph replayed).
 void native_layer_norm(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
   const at::Tensor x = stack[0].toTensor();
   const auto normalized_ndim = static_cast<int64_t>(stack[1].toIntVector().size());
@@ -204,7 +206,7 @@ void native_layer_norm(const c10::OperatorHandle&, std::vector<c10::IValue>& sta
   at::Tensor y = (xc - mean) * rstd;
   if (weight && weight->defined()) y = y * *weight;
   if (bias && bias->defined()) y = y + *bias;
-  push_results(stack, {y.to(x.scalar_type()), mean, rstd});
+  push_results(stack, {y.to(x.scalar_type()).contiguous(), mean, rstd});
 }
 
 // nll_loss_forward(x, target, weight?, reduction, ignore_index) -> (loss,
