@@ -139,7 +139,7 @@ bool computes_attention(const Match& m, Scale s, Mask mask) {
   return true;
 }
 
-Rewrite attention(Scale s, Mask mask) {
+Rewrite attention(Scale s, Mask mask, bool reduced_precision_only) {
   P k_t = P::call("aten::transpose.int", {P::bind("k"), P::bind("kd0"), P::bind("kd1")});
   P scores = matmul(P::bind("q"), std::move(k_t), "scores");
   P probs = P::call("aten::_softmax", {maybe_cast(masked(scaled(std::move(scores), s), mask), "upcast"), P::bind("dim"),
@@ -173,21 +173,31 @@ Rewrite attention(Scale s, Mask mask) {
   const char* scale_name = s == Scale::Mul ? "mul" : s == Scale::Div ? "div" : "unscaled";
   const char* mask_name = mask == Mask::Fill ? "masked_fill" : mask == Mask::Add ? "additive mask" : "no mask";
   return Rewrite{std::string("attention: ") + scale_name + ", " + mask_name, std::move(out), std::move(replacement),
-                 [s, mask](const Match& m) { return computes_attention(m, s, mask); }};
+                 [s, mask, reduced_precision_only](const Match& m) {
+                   return computes_attention(m, s, mask) &&
+                          (!reduced_precision_only || c10::isReducedFloatingType(m.meta("q").dtype));
+                 }};
+}
+
+std::vector<Rewrite> rewrites(bool reduced_precision_only) {
+  std::vector<Rewrite> r;
+  for (Scale s : {Scale::Mul, Scale::Div, Scale::None})
+    for (Mask m : {Mask::Fill, Mask::Add, Mask::None}) r.push_back(attention(s, m, reduced_precision_only));
+  return r;
 }
 
 }  // namespace
 
-std::vector<Rewrite> attention_rewrites() {
-  std::vector<Rewrite> r;
-  for (Scale s : {Scale::Mul, Scale::Div, Scale::None})
-    for (Mask m : {Mask::Fill, Mask::Add, Mask::None}) r.push_back(attention(s, m));
-  return r;
-}
+std::vector<Rewrite> attention_rewrites() { return rewrites(false); }
 
 size_t fuse_attention(Graph& graph) {
-  static const std::vector<Rewrite> rewrites = attention_rewrites();
-  return apply_rewrites(graph, rewrites);
+  static const std::vector<Rewrite> all = rewrites(false);
+  return apply_rewrites(graph, all);
+}
+
+size_t fuse_reduced_precision_attention(Graph& graph) {
+  static const std::vector<Rewrite> reduced = rewrites(true);
+  return apply_rewrites(graph, reduced);
 }
 
 }  // namespace crucible::ir

@@ -76,6 +76,9 @@ TEST_CASE("fuse_attention: attention written out becomes scaled_dot_product_atte
         auto fn = [s, m](const std::vector<at::Tensor>& x) { return std::vector<at::Tensor>{written_out(x, s, m)}; };
         tracer::TraceResult r = tracer::make_fx(fn, in);
         REQUIRE(count(r.graph, "aten::_softmax") == 1);
+        // float64: the inductor's default (bf16 and f16 alone) leaves it.
+        ir::Graph reduced = r.graph.clone();
+        CHECK(ir::fuse_reduced_precision_attention(reduced) == 0);
         REQUIRE(ir::fuse_attention(r.graph) == 1);
         REQUIRE_NOTHROW(ir::verify(r.graph, ir::VerifyOptions{.check_meta = true}));
         CHECK(count(r.graph, "aten::scaled_dot_product_attention") == 1);
@@ -178,6 +181,9 @@ TEST_CASE("fuse_attention: bf16 attention whose softmax runs in float32 between 
     return std::vector<at::Tensor>{at::matmul(p, x[2])};
   };
   tracer::TraceResult r = tracer::make_fx(fn, in);
+  // The inductor's default, bf16 and f16 attention alone, fuses it too.
+  ir::Graph reduced = r.graph.clone();
+  CHECK(ir::fuse_reduced_precision_attention(reduced) == 1);
   REQUIRE(ir::fuse_attention(r.graph) == 1);
   REQUIRE_NOTHROW(ir::verify(r.graph, ir::VerifyOptions{.check_meta = true}));
   CHECK(count(r.graph, "aten::_softmax") == 0);
