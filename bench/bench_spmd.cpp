@@ -14,8 +14,9 @@
 // step's graph, Note [Rematerialization in one graph], as `crucible train
 // --partitioner min-cut --memory-budget B`), --remat-ban on|off (on: with
 // MinCutOptions::ban_materialized_backwards), --pre-grad-passes P,Q,...
-// (pre-grad passes by name, e.g. fuse_attention: Note [Pre-grad passes in a
-// training step]), --autocast off|bf16|f16 (the forward and the loss under
+// (pre-grad passes by name, e.g. fuse_attention, in place of the backend's
+// (the inductor's fuse_reduced_precision_attention); none: no pass; Note
+// [Pre-grad passes in a training step]), --autocast off|bf16|f16 (the forward and the loss under
 // autocast on the step's device, as `with torch.autocast(...)` around them;
 // runtime::AutocastGuard), --broadcast-buffers on|off (SpmdOptions::
 // broadcast_buffers: rank 0's buffers copied to every rank before each
@@ -272,7 +273,10 @@ pipeline::Builder builder() {
     std::getline(list, name, ',');
     if (!name.empty()) pre_grad.push_back(name);
   }
-  b.pre_grad_passes(pre_grad);
+  if (pre_grad == std::vector<std::string>{"none"})
+    b.pre_grad_passes({});
+  else if (!pre_grad.empty())
+    b.pre_grad_passes(pre_grad);  // else the backend's
   if (context().flags.remat != "off") {
     partitioner::MinCutOptions options;
     options.memory_budget = std::stod(context().flags.remat);

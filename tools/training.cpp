@@ -49,8 +49,11 @@ void CompileFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--passes", passes, "post-grad passes, in order, on each graph the backend compiles")
       ->delimiter(',')
       ->default_str(names);
-  cmd.add_option("--pre-grad-passes", pre_grad_passes, "passes on the forward graph before differentiation")
-      ->delimiter(',');
+  cmd.add_option("--pre-grad-passes", pre_grad_passes,
+                 "passes on the forward graph before differentiation (default: the backend's, "
+                 "fuse_reduced_precision_attention for the inductor's; none: no pass)")
+      ->delimiter(',')
+      ->each([this](const std::string&) { pre_grad_given = true; });
   cmd.add_option("--joint-passes", joint_passes, "passes on the joint (forward + backward) graph")->delimiter(',');
   cmd.add_option(
          "--trace-mode", trace_mode,
@@ -78,7 +81,10 @@ void CompileFlags::add_to(CLI::App& cmd) {
 
 void CompileFlags::apply(pipeline::Builder& builder,
                          std::function<void(const partitioner::MinCutReport&)> on_partition) const {
-  builder.passes(passes).pre_grad_passes(pre_grad_passes).joint_passes(joint_passes);
+  builder.passes(passes).joint_passes(joint_passes);
+  if (pre_grad_given)
+    builder.pre_grad_passes(pre_grad_passes == std::vector<std::string>{"none"} ? std::vector<std::string>{}
+                                                                                : pre_grad_passes);
   tracer::TraceOptions options = builder.trace_options();  // auto: the backend's decompositions
   options.mode = trace_mode == "fake"   ? tracer::TraceMode::Fake
                  : trace_mode == "real" ? tracer::TraceMode::Real

@@ -48,8 +48,9 @@ struct OptimizerFlags {
 /// phases], AotConfig::trace_mode, tracer::core_aten_decompositions, Note
 /// [Min-cut partition]).
 struct CompileFlags {
-  std::vector<std::string> passes;  ///< post-grad; default: the builder's
-  std::vector<std::string> pre_grad_passes;
+  std::vector<std::string> passes;           ///< post-grad; default: the builder's
+  std::vector<std::string> pre_grad_passes;  ///< given: replaces the backend's ("none": no pass)
+  bool pre_grad_given = false;
   std::vector<std::string> joint_passes;
   std::string trace_mode = "auto";  ///< auto, real or fake
   /// auto (core for the inductor backends, none for others), none or core

@@ -64,6 +64,7 @@ Builder& Builder::passes(const std::vector<std::string>& names) {
 
 Builder& Builder::pre_grad_passes(const std::vector<std::string>& names) {
   pre_grad_passes_ = ir::PassRegistry::builtin().passes(names);
+  pre_grad_chosen_ = true;
   return *this;
 }
 
@@ -119,6 +120,7 @@ void Builder::set_backend(const runtime::BackendInfo& info) {
   backend_cuda_graphs_ = info.cuda_graphs;
   backend_cache_dir_ = info.cache_dir;
   backend_decompositions_ = info.decompositions;
+  if (!pre_grad_chosen_) pre_grad_passes_ = ir::PassRegistry::builtin().passes(info.pre_grad_passes);
 }
 
 Builder& Builder::backend(std::string name, ir::Backend backend) {
@@ -128,6 +130,7 @@ Builder& Builder::backend(std::string name, ir::Backend backend) {
   backend_cuda_graphs_ = false;
   backend_cache_dir_.reset();
   backend_decompositions_.clear();
+  if (!pre_grad_chosen_) pre_grad_passes_.clear();
   user_compilers_ = true;
   return *this;
 }
@@ -347,16 +350,20 @@ tracer::TensorFn Builder::pre_grad_function(const tracer::TensorFn& fn, const au
       return trace(inspected, args, forward);
     }));
   } catch (const tracer::DataDependentError& e) {
-    TORCH_WARN(
-        "pre-grad passes skipped for this compilation: the forward traced without functionalization "
-        "reads tensor values (",
-        e.what(), "); Note [Pre-grad traces that read values]");
+    // The backend's own passes are an optimization the user did not ask
+    // for: skipped quietly.
+    if (pre_grad_chosen_)
+      TORCH_WARN(
+          "pre-grad passes skipped for this compilation: the forward traced without functionalization "
+          "reads tensor values (",
+          e.what(), "); Note [Pre-grad traces that read values]");
     return fn;
   }
   if (unreplayable) {
-    TORCH_WARN("pre-grad passes skipped for this compilation: ", *unreplayable,
-               ", which a graph of the forward's ops differentiated again would lose; Note [Pre-grad graphs that "
-               "autograd cannot replay]");
+    if (pre_grad_chosen_)
+      TORCH_WARN("pre-grad passes skipped for this compilation: ", *unreplayable,
+                 ", which a graph of the forward's ops differentiated again would lose; Note [Pre-grad graphs that "
+                 "autograd cannot replay]");
     return fn;
   }
   tracer::TraceResult& r = *traced;

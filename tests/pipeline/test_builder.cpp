@@ -94,6 +94,18 @@ TEST_CASE("builder: the defaults are DCE and CSE on the best registered backend,
             .decompositions(crucible::tracer::core_aten_decompositions())
             .trace_options()
             .decompositions.size() == core);
+  // The backend's pre-grad passes: the inductor fuses bf16 and f16
+  // attention, the interpreter runs none; a list chosen explicitly, the
+  // empty one included, stays whatever the backend.
+  REQUIRE(b.pre_grad_passes().size() == 1);
+  CHECK(b.pre_grad_passes()[0].name == "fuse_reduced_precision_attention");
+  CHECK_FALSE(b.pre_grad_passes_chosen());
+  CHECK(Builder().backend("interpreter").pre_grad_passes().empty());
+  CHECK(Builder().backend("interpreter").backend("inductor").pre_grad_passes().size() == 1);
+  CHECK(Builder().pre_grad_passes({}).backend("inductor").pre_grad_passes().empty());
+  CHECK(Builder().pre_grad_passes({"fuse_attention"}).backend("interpreter").pre_grad_passes()[0].name ==
+        "fuse_attention");
+  CHECK(Builder().pre_grad_passes({}).pre_grad_passes_chosen());
 }
 
 TEST_CASE("builder: unknown passes and backends are refused by name", "[pipeline][builder][errors]") {

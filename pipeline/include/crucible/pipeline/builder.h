@@ -57,7 +57,11 @@ namespace crucible::pipeline {
 //    not functionalized) before AOTAutograd and then run in its place, so
 //    AOTAutograd differentiates what the passes made of it (Note [Pre-grad
 //    graphs]). compile() applies them to its function, compile_train_step
-//    to its loss function. Empty by default: no extra trace.
+//    to its loss function. By default the backend's
+//    (runtime::BackendInfo::pre_grad_passes: the inductor's
+//    fuse_reduced_precision_attention, none for the interpreter), skipped
+//    without a warning where the forward cannot be replayed; an empty list
+//    makes no extra trace.
 //  - joint: on the joint graph before it is partitioned (compile()'s
 //    autograd path), and on the train-step graph (forward, backward and
 //    update in one) before the post-grad passes. Empty by default.
@@ -71,8 +75,9 @@ class Builder {
   /// can follow the function, Note [Auto trace mode] in tracer/src/make_fx.cpp),
   /// the passes "dce" and "cse", the
   /// default partition, the best backend of runtime::BackendRegistry::
-  /// builtin() with the decompositions it lowers from (the inductor with the
-  /// core ATen decompositions where a program links crucible-inductor, as
+  /// builtin() with the decompositions it lowers from and its pre-grad
+  /// passes (the inductor with the core ATen decompositions and bf16/f16
+  /// attention fused where a program links crucible-inductor, as
   /// torch.compile defaults to it; the interpreter, the reference, one call
   /// away: backend("interpreter")), no wrappers,
   /// runtime::default_instruments() (the process-wide timer, metrics log and
@@ -106,7 +111,9 @@ class Builder {
   /// Throws ir::IrError naming an unknown pass and listing the known ones.
   Builder& passes(const std::vector<std::string>& names);
   /// Replaces the pre-grad pass list (Note [Pass phases]), as passes() does
-  /// the post-grad one. Throws ir::IrError for an unknown pass.
+  /// the post-grad one, also where the backend has pre-grad passes of its
+  /// own (`pre_grad_passes({})`: none). Throws ir::IrError for an unknown
+  /// pass.
   Builder& pre_grad_passes(const std::vector<std::string>& names);
   /// Replaces the joint pass list (Note [Pass phases]), as passes() does the
   /// post-grad one. Throws ir::IrError for an unknown pass.
@@ -169,6 +176,10 @@ class Builder {
   const std::vector<ir::Pass>& passes() const { return passes_; }
   /// The pre-grad and joint pass lists (Note [Pass phases]).
   const std::vector<ir::Pass>& pre_grad_passes() const { return pre_grad_passes_; }
+  /// Whether pre_grad_passes(names) chose the pre-grad list; else it is the
+  /// backend's own, skipped without a warning where the forward cannot be
+  /// replayed (Note [Pass phases]).
+  bool pre_grad_passes_chosen() const { return pre_grad_chosen_; }
   const std::vector<ir::Pass>& joint_passes() const { return joint_passes_; }
   /// The backend's name: its registry name, or the one given with a user
   /// backend.
@@ -259,6 +270,7 @@ class Builder {
   std::string backend_decompositions_;  // runtime::BackendInfo::decompositions
   std::vector<std::pair<std::string, std::weak_ptr<torch::nn::Module>>> named_modules_;
   std::vector<ir::Pass> pre_grad_passes_;
+  bool pre_grad_chosen_ = false;  // pre_grad_passes() named a list (else the backend's)
   std::vector<ir::Pass> joint_passes_;
   std::vector<ir::Pass> passes_;
   bool verify_passes_ = true;

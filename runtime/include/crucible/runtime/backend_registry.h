@@ -55,6 +55,12 @@ struct BackendInfo {
   /// (Note [AOT trace cache]). Unset: the backend keeps nothing on disk,
   /// and neither does AOTAutograd.
   std::optional<std::string> cache_dir{};
+  /// The pre-grad passes (ir::PassRegistry names) a Builder runs with the
+  /// backend unless told otherwise (Builder::pre_grad_passes): the
+  /// inductor's "fuse_reduced_precision_attention", as torch.compile's
+  /// inductor replaces written-out attention by default. Empty: none, and
+  /// no pre-grad trace.
+  std::vector<std::string> pre_grad_passes{};
   /// The decompositions the backend lowers from, by name: "core" for
   /// tracer::core_aten_decompositions() (as torch/_inductor lowers from its
   /// decomposition table), "" for none. A Builder traces with them unless
