@@ -20,6 +20,8 @@
 #include <crucible/ir/graph.h>
 #include <crucible/ir/propagate_meta.h>
 
+#include <ATen/TensorIterator.h>
+
 #include "catch.h"
 #include "graph_testing.h"
 #include "testing.h"
@@ -414,6 +416,18 @@ TEST_CASE("lowering: non-scalar operands broadcast like ATen", "[inductor][lower
   }
 }
 
+TEST_CASE("lowering: C++ loops run in parallel from ATen's grain size", "[inductor][lowering]") {
+  // Below at::internal::GRAIN_SIZE elements ATen's loops run on one thread,
+  // and so do the generated ones: the kernel's parallel region is
+  // conditional on that same size.
+  const at::Tensor x = at::randn({at::internal::GRAIN_SIZE});
+  Builder g;
+  ir::Value* y = g.call("aten::tanh", {g.input(x)});
+  check(g, {pointwise("tanh", y, at::tanh(x))});
+  const inductor::GeneratedCode code = inductor::generate_code(g.g);
+  if (!code.cuda) CHECK(code.source.find(" >= " + std::to_string(at::internal::GRAIN_SIZE) + ")") != std::string::npos);
+}
+
 TEST_CASE("lowering: transposed and permuted operands, and inputs with transposed strides", "[inductor][lowering]") {
   for (auto dtype : {at::kFloat, at::kDouble}) {
     CAPTURE(dtype);
@@ -688,8 +702,8 @@ TEST_CASE("lowering: amax and amin propagate NaN like ATen", "[inductor][lowerin
 
 TEST_CASE("lowering: reductions of every element of a large tensor, split across threads on the CPU",
           "[inductor][lowering][reduction]") {
-  // 300 × 211 elements (not a multiple of any thread count): the C++
-  // kernels fold one chunk a thread and combine the partials in thread
+  // 300 × 211 elements (not a multiple of the chunk count): the C++
+  // kernels fold the elements in chunks and combine the partials in chunk
   // order (Note [Split reductions]); amax sees a NaN in the last chunk
   // only, amin one in the first only, so a partial that drops its NaN shows.
   for (auto dtype : {at::kFloat, at::kDouble}) {
@@ -715,51 +729,62 @@ TEST_CASE("lowering: reductions of every element of a large tensor, split across
                  exactly("amax", g.call("aten::amax", {px, Dims{}, false}), at::amax(x, at::IntArrayRef{})),
              });
     const inductor::GeneratedCode code = inductor::generate_code(g.g);
-    if (!code.cuda) CHECK(code.source.find("omp_get_thread_num()") != std::string::npos);
+    if (!code.cuda) CHECK(code.source.find("part0[") != std::string::npos);
   }
 }
 
-TEST_CASE("lowering: reductions of a few long rows, split across threads on the CPU",
+TEST_CASE("lowering: reductions of a few long rows, split into chunks, the same bits with any thread count",
           "[inductor][lowering][reduction]") {
-  // 3 rows of 40001 elements (Note [Split reductions]): with 2, 3 and 5
-  // threads a row is split across threads, one thread's chunk spans two
-  // rows, and with 5 threads some thread has part of one row only. A row's
-  // partials combine in thread order: amax's NaN in the last element of
-  // row 1 and amin's in the first of row 2 must survive their chunks. The
-  // var_mean's variance reads its row's mean, computed between the two.
-  for (int threads : {2, 3, 5}) {
-    for (auto dtype : {at::kFloat, at::kDouble}) {
+  // 3 rows of 40001 elements (Note [Split reductions]): 14 chunks of about
+  // 8572 elements, so chunks span two rows and hold part of one row only.
+  // A row's partials combine in chunk order: amax's NaN in the last element
+  // of row 1 and amin's in the first of row 2 must survive their chunks.
+  // The var_mean's variance reads its row's mean, computed between the
+  // two. With 1, 2, 3 and 5 threads (a thread folds several chunks, or one)
+  // the results are bitwise those of 1 thread: a thread count chosen per
+  // call (Note [Threads on a shared machine]) never changes a value.
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    const at::Tensor x = at::randn({3, 40001}, of(dtype)) + 2;
+    at::Tensor with_nan = x.clone();
+    with_nan[1][40000].fill_(kNaN);
+    with_nan[2][0].fill_(kNaN);
+    const auto [var_e, mean_e] = at::var_mean(x, {1}, 1, true);
+    // The variance of a row: sum((x - mean)^2) / (n - 1), each term's
+    // error red_rtol of the squares' sum (as the var_mean test bounds it).
+    const at::Tensor var_bound = reduced(dtype, (x - mean_e).square().sum(1, true) / 40000) + mag(var_e) * rtol(dtype);
+    std::vector<at::Tensor> one_thread;
+    for (int threads : {1, 2, 3, 5}) {
       CAPTURE(threads, dtype);
-      at::Tensor x = at::randn({3, 40001}, of(dtype)) + 2;
-      at::Tensor with_nan = x.clone();
-      with_nan[1][40000].fill_(kNaN);
-      with_nan[2][0].fill_(kNaN);
       Builder g;
       ir::Value *px = g.input(x), *pn = g.input(with_nan);
       ir::Value* sum = g.call("aten::sum.dim_IntList", {px, Dims{1}, false});
       ir::Value* scaled = g.call("aten::mul.Scalar", {sum, c10::Scalar(0.5)});  // a per-row epilogue
       ir::Node* vm = g.node("aten::var_mean.correction", {px, Dims{1}, c10::Scalar(1), true});
-      const auto [var_e, mean_e] = at::var_mean(x, {1}, 1, true);
-      // The variance of a row: sum((x - mean)^2) / (n - 1), each term's
-      // error red_rtol of the squares' sum (as the var_mean test bounds it).
-      const at::Tensor var_bound =
-          reduced(dtype, (x - mean_e).square().sum(1, true) / 40000) + mag(var_e) * rtol(dtype);
+      const std::vector<Expect> expects = {
+          reduction("sum", sum, x.sum(1), mag(x).sum(1)),
+          reduction("sum * 0.5", scaled, x.sum(1) * 0.5, mag(x).sum(1) * 0.5),
+          reduction("mean", vm->result(1), mean_e, mag(x).mean(1, true)),
+          {"var", vm->result(0), var_e, var_bound},
+          exactly("amax, NaN in row 1's last element", g.call("aten::amax", {pn, Dims{1}, false}),
+                  at::amax(with_nan, 1)),
+          exactly("amin, NaN in row 2's first element", g.call("aten::amin", {pn, Dims{1}, false}),
+                  at::amin(with_nan, 1)),
+      };
       inductor::InductorOptions o = options();
       o.threads = threads;
-      check(g,
-            {
-                reduction("sum", sum, x.sum(1), mag(x).sum(1)),
-                reduction("sum * 0.5", scaled, x.sum(1) * 0.5, mag(x).sum(1) * 0.5),
-                reduction("mean", vm->result(1), mean_e, mag(x).mean(1, true)),
-                {"var", vm->result(0), var_e, var_bound},
-                exactly("amax, NaN in row 1's last element", g.call("aten::amax", {pn, Dims{1}, false}),
-                        at::amax(with_nan, 1)),
-                exactly("amin, NaN in row 2's first element", g.call("aten::amin", {pn, Dims{1}, false}),
-                        at::amin(with_nan, 1)),
-            },
-            o);
+      std::vector<ir::Value*> outputs;
+      for (const Expect& e : expects) outputs.push_back(e.value);
+      const std::vector<at::Tensor> got = g.run(outputs, o);
+      if (compile_only()) continue;
+      require_expected(got, expects);
       const inductor::GeneratedCode code = inductor::generate_code(g.g);
-      if (!code.cuda) CHECK(code.source.find("omp_get_thread_num()") != std::string::npos);
+      if (code.cuda) continue;
+      CHECK(code.source.find("part0[") != std::string::npos);  // split, not one thread a row
+      if (one_thread.empty()) one_thread = got;
+      for (size_t i = 0; i < got.size(); ++i) {
+        INFO("output " << i << ": " << expects[i].what);
+        REQUIRE_EQUAL_TENSORS(got[i], one_thread[i]);
+      }
     }
   }
 }

@@ -57,6 +57,9 @@ std::string signature(const Program& p, const CBody& body, const GroupInfo& info
 
 // The work (elements times reduced elements) from which a kernel runs in
 // parallel: below it, starting the threads costs more than they save.
+// ATen's own loops split no finer: at::internal::GRAIN_SIZE, the grain
+// size of TensorIterator's loops (ATen/TensorIterator.h, a heavy header
+// for one constant; tests/inductor/test_lowering.cpp checks the two agree).
 constexpr int64_t kParallel = 32768;
 
 // A column reduction (Loop::column) and its per-outer epilogues: blocks of
@@ -112,19 +115,26 @@ std::string render_column_group(const Program& p, const Group& g, const GroupInf
 // eager's time on this 2-core machine), and 4 rows kept 4 of 16 threads
 // busy. Their work is split across the reduced range instead, as ATen's
 // parallel reductions split theirs: the rows' elements, in order, are cut
-// into one contiguous chunk a thread; a thread folds each row's part of
-// its chunk as the single loop folds a row, into a partial per (row,
-// thread), and each row's partials are combined in thread order, so a run
-// gives the same bits as any other with the same thread count. A thread
-// whose chunk holds whole rows folds them whole: with more rows than
-// threads this is the row-parallel loop. A group of such reductions (the
-// scheduler fuses every reduction of the same rows: a var_mean's mean and
-// variance) runs them one after another, each split, with the values of
-// each row between them (a mean's division, a loss's scaling) computed
-// once a row. Groups with stages over the reduced range keep the one
-// loop, and so do rows indexed through divisions (an NCHW tensor's sum over
-// N, H and W), which Note [Split loops] walks as nested affine loops.
+// into a fixed number of contiguous chunks, which the threads share; a
+// chunk folds each row's part of it as the single loop folds a row, into a
+// partial per (row, chunk), and each row's partials are combined in chunk
+// order. The chunks depend on the sizes alone, never on the thread count,
+// so every run gives the same bits whatever the threads (Note [Threads on
+// a shared machine] changes them between calls, and data-parallel ranks
+// must apply the same update). A chunk that holds whole rows folds them
+// whole: with more rows than chunks this is the row-parallel loop. A
+// group of such reductions (the scheduler fuses every reduction of the
+// same rows: a var_mean's mean and variance) runs them one after another,
+// each split, with the values of each row between them (a mean's
+// division, a loss's scaling) computed once a row. Groups with stages over
+// the reduced range keep the one loop, and so do rows indexed through
+// divisions (an NCHW tensor's sum over N, H and W), which Note [Split
+// loops] walks as nested affine loops.
 constexpr int64_t kMaxSplitRows = 64;  // rows from which the row-parallel loop gives every thread work
+// The chunks of a split reduction: one per kChunkElements elements (few
+// enough that a chunk's set-up and its row's fold are noise), at most
+// kMaxChunks (the threads that can share one reduction).
+constexpr int64_t kChunkElements = 8192, kMaxChunks = 64;
 
 bool affine(const Program& p, const Group& g, const GroupInfo& info, const LoopVars& v, const std::string& var);
 
@@ -139,8 +149,11 @@ std::string render_split_reduction(const Program& p, const Group& g, const Group
                                    int threads, KernelSignature& sig) {
   CBody body(p, g, info);
   const Expr o = Expr::var("o", g.outer);
+  const int64_t chunks = std::clamp(g.outer * g.inner / kChunkElements, int64_t{1}, kMaxChunks);
   const std::string OUTER = std::to_string(g.outer), INNER = std::to_string(g.inner),
-                    N = std::to_string(g.outer * g.inner);
+                    N = std::to_string(g.outer * g.inner), CHUNKS = std::to_string(chunks),
+                    PARTS = std::to_string(g.outer * chunks);
+  const std::string omp_threads = threads > 0 ? " num_threads(" + std::to_string(threads) + ")" : "";
   // A per-row array of `T` named `array`.
   auto rows = [&](const std::string& T, const std::string& array) {
     return "const std::unique_ptr<" + T + "[]> " + array + "(new " + T + "[" + OUTER + "]);\n";
@@ -164,21 +177,21 @@ std::string render_split_reduction(const Program& p, const Group& g, const Group
     const std::string A = T == "float" && l.rtype == ReductionType::Sum ? "double" : T;
     const std::string acc = "acc" + std::to_string(counter), part = "part" + std::to_string(counter++);
     const Combine c = combine_of(l.rtype, A, acc, v.name);
-    // A row's partials folded in thread order (a NaN a thread saw is in its
-    // flag, not its partial); a thread that saw none of the row left the
+    // A row's partials folded in chunk order (a NaN a chunk saw is in its
+    // flag, not its partial); a chunk that holds none of the row left the
     // initial value, which folds to nothing.
     const bool nan = l.rtype != ReductionType::Sum;
-    const std::string at = "[o * crucible_threads + t]";
+    const std::string at = "[o * " + CHUNKS + " + k]";
     const std::string fold = !nan ? acc + " += " + part + at + ";\n"
                                   : acc + " = " + part + at + " " + (l.rtype == ReductionType::Max ? ">" : "<") + " " +
                                         acc + " ? " + part + at + " : " + acc + ";\n" + acc + "_nan |= " + part +
                                         "_nan" + at + ";\n";
-    text += "const std::unique_ptr<" + A + "[]> " + part + "(new " + A + "[" + OUTER + " * crucible_threads]);\n";
-    text += "for (int64_t i = 0; i < " + OUTER + " * crucible_threads; ++i) " + part + "[i] = " + c.init + ";\n";
-    if (nan) text += "const std::unique_ptr<int[]> " + part + "_nan(new int[" + OUTER + " * crucible_threads]());\n";
-    text += "int " + part + "_used = 1;\n#pragma omp parallel num_threads(crucible_threads)\n{\n";
-    text += "  const int t = omp_get_thread_num(), n = omp_get_num_threads();\n";
-    text += "  const int64_t lo = " + N + " * t / n, hi = " + N + " * (t + 1) / n;\n";
+    text += "const std::unique_ptr<" + A + "[]> " + part + "(new " + A + "[" + PARTS + "]);\n";
+    text += "for (int64_t i = 0; i < " + PARTS + "; ++i) " + part + "[i] = " + c.init + ";\n";
+    if (nan) text += "const std::unique_ptr<int[]> " + part + "_nan(new int[" + PARTS + "]());\n";
+    text += "#pragma omp parallel for schedule(static)" + omp_threads + "\n";
+    text += "for (int64_t k = 0; k < " + CHUNKS + "; ++k) {\n";
+    text += "  const int64_t lo = " + N + " * k / " + CHUNKS + ", hi = " + N + " * (k + 1) / " + CHUNKS + ";\n";
     text += "  for (int64_t o = lo / " + INNER + "; o < " + OUTER + " && o * " + INNER + " < hi; ++o) {\n";
     text += "    const int64_t r_lo = lo > o * " + INNER + " ? lo - o * " + INNER + " : 0;\n";
     text += "    const int64_t r_hi = hi < (o + 1) * " + INNER + " ? hi - o * " + INNER + " : " + INNER + ";\n";
@@ -186,19 +199,17 @@ std::string render_split_reduction(const Program& p, const Group& g, const Group
     text += "    for (int64_t r = r_lo; r < r_hi; ++r) {\n" + indent(inner + c.combine, 6) + "    }\n";
     text +=
         "    " + part + at + " = " + acc + ";\n" + (nan ? "    " + part + "_nan" + at + " = " + acc + "_nan;\n" : "");
-    text += "  }\n#pragma omp single\n  " + part + "_used = n;\n}\n";
+    text += "  }\n}\n";
     std::string value = c.result.empty() ? "static_cast<" + T + ">(" + acc + ")" : c.result;
     if (!l.finalize.empty()) value = substitute(l.finalize, value);
-    std::string per_row = A + " " + acc + " = " + c.init + ";\n" + c.extra_decl + "for (int t = 0; t < " + part +
-                          "_used; ++t) {\n" + indent(fold, 2) + "}\n" + red + "[o] = " + value + ";\n";
+    std::string per_row = A + " " + acc + " = " + c.init + ";\n" + c.extra_decl + "for (int64_t k = 0; k < " + CHUNKS +
+                          "; ++k) {\n" + indent(fold, 2) + "}\n" + red + "[o] = " + value + ";\n";
     if (info.external.contains(l.buffer)) per_row += body.store(l.buffer, store_offset(p, l, o), red + "[o]");
     text += rows(T, red) + "for (int64_t o = 0; o < " + OUTER + "; ++o) {\n" + indent(per_row, 2) + "}\n";
     body.set_local(l.buffer, red + "[o]");
   }
   std::string out =
       "extern \"C\" void " + name + "(void* const* b) {\n" + indent(signature(p, body, info, sig) + body.take(0), 2);
-  out += "  const int crucible_threads = " +
-         (threads > 0 ? std::to_string(threads) : std::string("omp_get_max_threads()")) + ";\n";
   return out + indent(text, 2) + "}\n";
 }
 
