@@ -159,6 +159,8 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
     }
   }
   phase_done("run-time plan");
+  if (plan->device.is_cpu() && options.adapt_threads && options.threads == 0 && detail::openmp_threads_settable())
+    plan->threads = std::make_unique<detail::ThreadTuner>();
   plan->profile = options.profile;
   if (plan->profile) {
     plan->times.resize(plan->steps.size());

@@ -19,6 +19,8 @@ InductorOptions InductorOptions::from_environment() {
   if (const char* dir = std::getenv("CRUCIBLE_INDUCTOR_CACHE_DIR")) o.cache_dir = dir;
   if (const char* k = std::getenv("CRUCIBLE_INDUCTOR_KERNEL_CONFIG"); k && *k) o.kernel_config = std::atoi(k);
   o.force_layout_optimization = on("CRUCIBLE_INDUCTOR_FORCE_LAYOUT_OPT");
+  if (const char* a = std::getenv("CRUCIBLE_INDUCTOR_ADAPT_THREADS"); a && *a)
+    o.adapt_threads = on("CRUCIBLE_INDUCTOR_ADAPT_THREADS");
   return o;
 }
 

@@ -190,9 +190,7 @@ void run_kernel(const Plan& plan, const Step& st, std::vector<c10::IValue>& slot
   for (auto& [caller, written] : write_back) caller.copy_(written);
 }
 
-}  // namespace
-
-std::vector<at::Tensor> run_plan(Plan& plan, std::vector<at::Tensor>& inputs) {
+std::vector<at::Tensor> run_steps(Plan& plan, std::vector<at::Tensor>& inputs) {
   if (inputs.size() != plan.input_slots.size())
     throw InductorError("inductor: the compiled graph takes " + std::to_string(plan.input_slots.size()) +
                         " inputs, got " + std::to_string(inputs.size()));
@@ -234,6 +232,16 @@ std::vector<at::Tensor> run_plan(Plan& plan, std::vector<at::Tensor>& inputs) {
   std::vector<at::Tensor> out;
   out.reserve(plan.outputs.size());
   for (const Source& s : plan.outputs) out.push_back(read(s, slots).toTensor());
+  return out;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> run_plan(Plan& plan, std::vector<at::Tensor>& inputs) {
+  if (!plan.threads) return run_steps(plan, inputs);
+  TunedThreads threads(*plan.threads);  // Note [Threads on a shared machine]
+  std::vector<at::Tensor> out = run_steps(plan, inputs);
+  threads.done();
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include "codecache/cpp_builder.h"
 #include "codecache/cuda_builder.h"
 #include "runtime/host_arith.h"
+#include "runtime/threads.h"
 #include "schedule.h"
 
 #include <crucible/ir/graph.h>
@@ -124,6 +125,9 @@ struct Plan {
   mutable std::unordered_map<std::string, int> tuned;
   std::string cache_dir;
   std::string tuning_device;  // CudaLibrary::identity(), found once
+  // Note [Threads on a shared machine]: the calls' thread count on the CPU
+  // (none: OpenMP's own, or InductorOptions::threads baked into the code).
+  std::unique_ptr<ThreadTuner> threads;
 };
 
 }  // namespace crucible::inductor::detail

@@ -31,6 +31,15 @@ struct InductorOptions {
   };
   /// OpenMP threads of generated kernels; 0 leaves OpenMP's default.
   int threads = 0;
+  /// On the CPU, with `threads` 0: each compiled graph times its calls and
+  /// runs them with the calling thread's OpenMP maximum, or a halving of it
+  /// down to 1 where fewer threads run faster, as on a machine other
+  /// processes keep busy (Note [Threads on a shared machine] in
+  /// src/runtime/threads.cpp). Results do not depend on the count the
+  /// generated kernels run with; ATen's extern kernels may round
+  /// otherwise with another count, so a run that needs the same bits every
+  /// time sets `threads` or turns this off.
+  bool adapt_threads = true;
   /// Where generated sources and compiled libraries are kept. Empty: the
   /// default, $XDG_CACHE_HOME/crucible/inductor (else ~/.cache/crucible/inductor).
   /// Created with mode 0700; a directory group or others can write is refused.
@@ -88,7 +97,8 @@ struct InductorOptions {
   /// CRUCIBLE_INDUCTOR_CUDA_GRAPHS=1 (cuda_graphs),
   /// CRUCIBLE_INDUCTOR_CACHE_DIR (cache_dir),
   /// CRUCIBLE_INDUCTOR_KERNEL_CONFIG=k (kernel_config),
-  /// CRUCIBLE_INDUCTOR_FORCE_LAYOUT_OPT=1 (force_layout_optimization). What the `inductor` backend
+  /// CRUCIBLE_INDUCTOR_FORCE_LAYOUT_OPT=1 (force_layout_optimization),
+  /// CRUCIBLE_INDUCTOR_ADAPT_THREADS=0 (adapt_threads off). What the `inductor` backend
   /// of the pipeline's registry compiles with. Throws nothing.
   static InductorOptions from_environment();
 };
