@@ -27,7 +27,9 @@
 // bench/trace_overlap.py reads them: how much of the all_reduce ran under
 // the backward), --peak-tflops P (the device's peak TFLOPS for the step's
 // dtype: an H100 SXM's or H200's dense bf16 is 989, TF32 495, fp32 67;
-// BM_Step then counts MFU, the step's TFLOPS over P).
+// BM_Step then counts MFU, the step's TFLOPS over P), --busy N (N processes
+// that spin on the CPU for the whole run, as other jobs on a shared machine
+// would: Note [Threads on a shared machine] in inductor/src/runtime/threads.cpp).
 //
 // Under `crucible launch` the step rows count slowest_rank_ms: the most
 // milliseconds a step took on any rank (each row is rank 0's own time).
@@ -82,6 +84,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -95,6 +98,10 @@
 #include <string>
 #include <vector>
 
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 namespace {
 
 using namespace crucible;
@@ -103,7 +110,7 @@ struct Flags {
   std::string model = "gpt", size = "small", device = "cpu", backend = "interpreter", matmul_precision = "highest",
               memory_format = "contiguous", remat = "off", remat_ban = "off", pre_grad_passes, autocast = "off",
               broadcast_buffers = "on", trace;
-  int64_t batch = 8, steps = 20;
+  int64_t batch = 8, steps = 20, busy = 0;
   double peak_tflops = 0;  // the device's peak for the step's dtype; 0: no MFU
 };
 
@@ -122,7 +129,7 @@ Flags parse_flags(int& argc, char** argv) {
                                               {"--autocast", &f.autocast},
                                               {"--broadcast-buffers", &f.broadcast_buffers},
                                               {"--trace", &f.trace}};
-  std::map<std::string, int64_t*> ints{{"--batch", &f.batch}, {"--steps", &f.steps}};
+  std::map<std::string, int64_t*> ints{{"--batch", &f.batch}, {"--steps", &f.steps}, {"--busy", &f.busy}};
   std::map<std::string, double*> doubles{{"--peak-tflops", &f.peak_tflops}};
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
@@ -142,6 +149,33 @@ Flags parse_flags(int& argc, char** argv) {
   argc = kept;
   return f;
 }
+
+// --busy: processes that spin until this one ends (killed by the
+// destructor, or by the kernel if this process dies first).
+class BusyLoops {
+ public:
+  explicit BusyLoops(int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      const pid_t pid = fork();
+      if (pid < 0) throw std::runtime_error("--busy: fork failed");
+      if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        volatile uint64_t spin = 0;
+        for (;;) benchmark::DoNotOptimize(spin);
+      }
+      pids_.push_back(pid);
+    }
+  }
+  ~BusyLoops() {
+    for (const pid_t pid : pids_) kill(pid, SIGKILL);
+    for (const pid_t pid : pids_) waitpid(pid, nullptr, 0);
+  }
+  BusyLoops(const BusyLoops&) = delete;
+  BusyLoops& operator=(const BusyLoops&) = delete;
+
+ private:
+  std::vector<pid_t> pids_;
+};
 
 // The rows' shared set-up: the group (none in a single process), the
 // device this rank uses, and the flags.
@@ -443,6 +477,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   register_rows();
+  const BusyLoops busy(c.flags.busy);
   if (reporting) {
     benchmark::RunSpecifiedBenchmarks();
   } else {
