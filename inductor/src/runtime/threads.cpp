@@ -46,9 +46,9 @@ namespace crucible::inductor::detail {
 //   taken, more threads would spin against their owners, and the probe is
 //   skipped: on the busy machine above, a probe of 2 threads would cost a
 //   237 ms call.
-// The price is paid once: on a busy machine the first 5 calls (a warm-up
-// and the measurement) run with every thread, the slow kind of call, before
-// the first probe moves the graph to fewer.
+// - The warm-up call measures its wait too: where the cores are taken
+//   already, it stands for the measurement, and fewer threads are probed
+//   from the second call.
 // The count is set with omp_set_num_threads, the calling thread's own
 // setting: other threads keep theirs, and the caller gets its own back
 // after the call. What the count changes is speed, not results: generated
@@ -130,7 +130,7 @@ int ThreadTuner::choose(int available) {
 
 bool ThreadTuner::wants_wait() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return gate_ > 0;
+  return gate_ > 0 || phase_ == Phase::warm_up;
 }
 
 int64_t ThreadTuner::changes() const {
@@ -155,6 +155,13 @@ bool ThreadTuner::record(int threads, double seconds, double waited) {
   if (arms_.size() < 2 || threads != threads_of(phase_ == Phase::probe ? probed_ : current_)) return false;
   switch (phase_) {
     case Phase::warm_up:
+      if (waited > kMaxWait) {  // the cores are taken already: fewer threads at once
+        reference_ = seconds;
+        hold();
+        fewer_next_ = false;
+        start_probe(current_ + 1);
+        return false;
+      }
       phase_ = Phase::measure;
       return false;
     case Phase::measure:

@@ -19,7 +19,8 @@ class ThreadTuner {
   /// calling thread's OpenMP maximum (>= 1; a new value starts over).
   int choose(int available);
   /// Whether the next call should measure how long its thread waited for a
-  /// core: a probe of more threads is due (Note [Threads on a shared machine]).
+  /// core: the first call, and those before a probe of more threads (Note
+  /// [Threads on a shared machine]).
   bool wants_wait() const;
   /// Reports a call that ran with `threads` (what choose() returned):
   /// `seconds` of wall time, of which the share `waited` (0 to 1) the
