@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <numeric>
 
 namespace crucible::inductor::detail {
 
@@ -63,9 +64,7 @@ constexpr int64_t kMinPeriod = 16, kMaxPeriod = 2048;
 constexpr double kBetter = 0.95, kGiveUp = 4.0, kSlowdown = 1.5, kMaxWait = 0.1;
 
 double mean(const std::vector<double>& v) {
-  double sum = 0;
-  for (double x : v) sum += x;
-  return sum / static_cast<double>(v.size());
+  return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
 }
 
 double median(std::vector<double> v) {
@@ -73,19 +72,13 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// The OpenMP runtime LibTorch loaded, looked up rather than linked: a
-// LibTorch built with another runtime (or none) links nothing of ours.
-struct OpenMp {
-  void (*set_num_threads)(int) = nullptr;
-};
-
-const OpenMp& openmp() {
-  static const OpenMp api = [] {
-    OpenMp a;
-    a.set_num_threads = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
-    return a;
-  }();
-  return api;
+// omp_set_num_threads of the OpenMP runtime LibTorch loaded, looked up
+// rather than linked: a LibTorch built with another runtime (or none)
+// links nothing of ours. Null without one.
+using SetNumThreads = void (*)(int);
+SetNumThreads omp_set_num_threads_fn() {
+  static const auto fn = reinterpret_cast<SetNumThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+  return fn;
 }
 
 int64_t now_ns() {
@@ -243,13 +236,13 @@ TunedThreads::TunedThreads(ThreadTuner& tuner) : tuner_(tuner) {
   // the count, which would otherwise overwrite ours inside the call.
   available_ = at::get_num_threads();
   threads_ = tuner_.choose(available_);
-  if (threads_ != available_) openmp().set_num_threads(threads_);
+  if (threads_ != available_) omp_set_num_threads_fn()(threads_);
   if (tuner_.wants_wait()) waited_ns_ = waited_ns();
   start_ns_ = now_ns();
 }
 
 TunedThreads::~TunedThreads() {
-  if (threads_ != available_) openmp().set_num_threads(available_);
+  if (threads_ != available_) omp_set_num_threads_fn()(available_);
 }
 
 void TunedThreads::done() {
@@ -263,6 +256,6 @@ void TunedThreads::done() {
     runtime::default_counters().add("inductor", "thread_count_changes");
 }
 
-bool openmp_threads_settable() { return openmp().set_num_threads != nullptr; }
+bool openmp_threads_settable() { return omp_set_num_threads_fn() != nullptr; }
 
 }  // namespace crucible::inductor::detail
