@@ -62,6 +62,12 @@ std::string signature(const Program& p, const CBody& body, const GroupInfo& info
 // for one constant; tests/inductor/test_lowering.cpp checks the two agree).
 constexpr int64_t kParallel = 32768;
 
+// The OpenMP clause of a fixed thread count (InductorOptions::threads);
+// none for 0, which leaves the count to the caller's OpenMP setting.
+std::string num_threads_clause(int threads) {
+  return threads > 0 ? " num_threads(" + std::to_string(threads) + ")" : "";
+}
+
 // A column reduction (Loop::column) and its per-outer epilogues: blocks of
 // kBlock outer indices per thread; the reduced index walks outside, the
 // block inside (contiguous loads, one accumulator per outer index), then
@@ -96,8 +102,7 @@ std::string render_column_group(const Program& p, const Group& g, const GroupInf
   std::string out =
       "extern \"C\" void " + name + "(void* const* b) {\n" + indent(signature(p, body, info, sig) + body.take(0), 2);
   out += "#pragma omp parallel for schedule(static) if(" + std::to_string(g.outer * g.inner) +
-         " >= " + std::to_string(kParallel) + ")" +
-         (threads > 0 ? " num_threads(" + std::to_string(threads) + ")" : std::string()) + "\n";
+         " >= " + std::to_string(kParallel) + ")" + num_threads_clause(threads) + "\n";
   out += "  for (int64_t ob = 0; ob < " + O + "; ob += " + B + ") {\n";
   out += "    const int64_t oe = ob + " + B + " < " + O + " ? ob + " + B + " : " + O + ";\n";
   out += "    " + A + " acc[" + B + "];\n    for (int64_t i = 0; i < " + B + "; ++i) acc[i] = " + c.init + ";\n";
@@ -153,7 +158,7 @@ std::string render_split_reduction(const Program& p, const Group& g, const Group
   const std::string OUTER = std::to_string(g.outer), INNER = std::to_string(g.inner),
                     N = std::to_string(g.outer * g.inner), CHUNKS = std::to_string(chunks),
                     PARTS = std::to_string(g.outer * chunks);
-  const std::string omp_threads = threads > 0 ? " num_threads(" + std::to_string(threads) + ")" : "";
+  const std::string omp_threads = num_threads_clause(threads);
   // A per-row array of `T` named `array`.
   auto rows = [&](const std::string& T, const std::string& array) {
     return "const std::unique_ptr<" + T + "[]> " + array + "(new " + T + "[" + OUTER + "]);\n";
@@ -356,7 +361,7 @@ std::string render_cpp_group(const Program& p, const Group& g, const GroupInfo& 
   const LoopVars vars = loop_vars(g.outer, g.inner, split.outer, split.inner);
   const Expr& o = vars.o;
   const Expr& r = vars.r;
-  const std::string omp_threads = threads > 0 ? " num_threads(" + std::to_string(threads) + ")" : "";
+  const std::string omp_threads = num_threads_clause(threads);
   // The loop (or nest) over the inner range, `pragma` on its innermost loop.
   auto inner_loop = [&](const std::string& pragma, const std::string& lines) {
     if (split.inner == 0)
