@@ -126,11 +126,6 @@ bool ThreadTuner::wants_wait() const {
   return gate_ > 0 || phase_ == Phase::warm_up;
 }
 
-int64_t ThreadTuner::changes() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return changes_;
-}
-
 void ThreadTuner::hold() {
   phase_ = Phase::hold;
   samples_.clear();
@@ -143,31 +138,37 @@ void ThreadTuner::start_probe(size_t arm) {
   samples_.clear();
 }
 
+void ThreadTuner::measured(double reference) {
+  reference_ = reference;
+  recent_.clear();
+  period_ = kMinPeriod;
+  hold();
+  // Fewer threads at once: on a busy machine every call until then is the
+  // slow kind.
+  fewer_next_ = false;
+  start_probe(current_ + 1);
+}
+
+void ThreadTuner::stay(double reference) {
+  reference_ = reference;
+  period_ = std::min(2 * period_, kMaxPeriod);
+  hold();
+}
+
 bool ThreadTuner::record(int threads, double seconds, double waited) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (arms_.size() < 2 || threads != threads_of(phase_ == Phase::probe ? probed_ : current_)) return false;
   switch (phase_) {
     case Phase::warm_up:
-      if (waited > kMaxWait) {  // the cores are taken already: fewer threads at once
-        reference_ = seconds;
-        hold();
-        fewer_next_ = false;
-        start_probe(current_ + 1);
-        return false;
-      }
-      phase_ = Phase::measure;
+      if (waited > kMaxWait)  // the cores are taken already: this call stands for the measurement
+        measured(seconds);
+      else
+        phase_ = Phase::measure;
       return false;
     case Phase::measure:
       samples_.push_back(seconds);
       if (samples_.size() < kSamples) return false;
-      reference_ = mean(samples_);
-      recent_.clear();
-      period_ = kMinPeriod;
-      hold();
-      // Fewer threads at once: on a busy machine every call until then
-      // is the slow kind.
-      fewer_next_ = false;
-      start_probe(current_ + 1);
+      measured(mean(samples_));
       return false;
     case Phase::hold: {
       recent_.push_back(seconds);
@@ -176,13 +177,10 @@ bool ThreadTuner::record(int threads, double seconds, double waited) {
         waited_seconds_ += std::max(waited, 0.0) * seconds;
         gated_seconds_ += seconds;
         if (--gate_ > 0) return false;
-        if (waited_seconds_ > kMaxWait * gated_seconds_) {  // skipped, as a probe that lost
-          reference_ = mean(recent_);
-          period_ = std::min(2 * period_, kMaxPeriod);
-          since_ = 0;
-        } else {
+        if (waited_seconds_ > kMaxWait * gated_seconds_)  // skipped, as a probe that lost
+          stay(mean(recent_));
+        else
           start_probe(current_ - 1);
-        }
         return false;
       }
       // Robust to one slow call: the median of the last 3.
@@ -218,13 +216,10 @@ bool ThreadTuner::record(int threads, double seconds, double waited) {
         reference_ = probed;
         recent_.clear();
         period_ = kMinPeriod;
-        ++changes_;
         hold();
         return true;
       }
-      reference_ = base;  // the current count's time now: a slowdown no probe beat is the new normal
-      period_ = std::min(2 * period_, kMaxPeriod);
-      hold();
+      stay(base);  // the current count's time now: a slowdown no probe beat is the new normal
       return false;
     }
   }

@@ -28,14 +28,18 @@ class ThreadTuner {
   /// A report for another count than the tuner expects (a concurrent call)
   /// is ignored. Returns whether the chosen count changed.
   bool record(int threads, double seconds, double waited = -1);
-  /// How often the chosen count changed.
-  int64_t changes() const;
 
  private:
   enum class Phase { warm_up, measure, hold, probe };
   int threads_of(size_t arm) const { return arms_.at(arm); }
   void start_probe(size_t arm);
   void hold();
+  // The current count measured at `reference` seconds: hold it, and probe
+  // fewer threads first.
+  void measured(double reference);
+  // A probe lost (or was skipped): hold the current count, whose time is
+  // now `reference`, and wait twice as long for the next.
+  void stay(double reference);
 
   mutable std::mutex mutex_;
   std::vector<int> arms_;                          // thread counts: available, halved, ..., 1
@@ -44,13 +48,12 @@ class ThreadTuner {
   Phase phase_ = Phase::warm_up;                   // of current_ (warm_up, measure, hold) or probed_ (probe)
   std::vector<double> samples_;                    // of the phase's arm: measure and probe
   std::vector<double> recent_;                     // the current arm's last calls while holding
-  double reference_ = 0;                           // the current arm's median when it was measured (seconds)
+  double reference_ = 0;                           // the current arm's mean time a call (seconds)
   int64_t period_ = 0;                             // calls between probes
   int64_t since_ = 0;                              // calls held since the last probe
   bool fewer_next_ = true;                         // the direction of the next probe
   int gate_ = 0;                                   // calls left that measure their wait before a probe of more threads
   double waited_seconds_ = 0, gated_seconds_ = 0;  // their time waiting for a core, and in all
-  int64_t changes_ = 0;
 };
 
 /// For its lifetime, the calling thread's OpenMP regions (generated
