@@ -1,7 +1,9 @@
 #include "loop_ir/index.h"
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
-#include <numeric>
+#include <optional>
 
 namespace crucible::inductor::detail {
 
@@ -9,7 +11,7 @@ struct Atom {
   enum Kind { Var, FloorDiv, Mod } kind = Var;
   std::string name;  // Var
   Expr arg;          // FloorDiv, Mod
-  int64_t divisor = 1;
+  SizeExpr divisor = 1;
   int64_t lo = 0, hi = 0;
   std::string text;
 };
@@ -24,28 +26,47 @@ namespace {
 int64_t floor_div(int64_t a, int64_t c) { return a / c - (a % c != 0 && a < 0); }
 int64_t floor_mod(int64_t a, int64_t c) { return a - floor_div(a, c) * c; }
 
-std::shared_ptr<const Atom> make_atom(Atom::Kind kind, const Expr& arg, int64_t c) {
+std::shared_ptr<const Atom> make_atom(Atom::Kind kind, const Expr& arg, const SizeExpr& c) {
   auto a = std::make_shared<Atom>();
   a->kind = kind;
   a->arg = arg;
   a->divisor = c;
   std::string text = arg.str();
   if (text.find(' ') != std::string::npos) text = "(" + text + ")";
+  // A divisor that is a product or a sum is parenthesized: C++'s / and %
+  // bind as tightly as *.
+  std::string divisor = c.str();
+  if (divisor.find_first_of(" *") != std::string::npos) divisor = "(" + divisor + ")";
   if (kind == Atom::FloorDiv) {
-    a->lo = floor_div(arg.lo(), c);
-    a->hi = floor_div(arg.hi(), c);
-    a->text = "(" + text + " / " + std::to_string(c) + ")";
+    a->lo = floor_div(arg.lo(), c.value());
+    a->hi = floor_div(arg.hi(), c.value());
+    a->text = "(" + text + " / " + divisor + ")";
   } else {
     a->lo = 0;
-    a->hi = c - 1;
-    a->text = "(" + text + " % " + std::to_string(c) + ")";
+    a->hi = c.value() - 1;
+    a->text = "(" + text + " % " + divisor + ")";
   }
   return a;
 }
 
+// a / b for a b that divides a for every value of the symbols.
+SizeExpr divided(const SizeExpr& a, const SizeExpr& b) {
+  std::optional<SizeExpr> q = exact_div(a, b);
+  TORCH_INTERNAL_ASSERT(q, "index: ", b.str(), " does not divide ", a.str());
+  return *q;
+}
+
+// The term of `k`·atom that (k·atom) mod c keeps: k's remainder when both
+// are constants, 0 when c divides k, else k itself (which mod c still
+// reduces as a whole).
+SizeExpr remainder_coefficient(const SizeExpr& k, const SizeExpr& c) {
+  if (k.is_constant() && c.is_constant()) return k.value() % c.value();
+  return exact_div(k, c) ? SizeExpr(0) : k;
+}
+
 }  // namespace
 
-Expr Expr::scaled_atom(const std::shared_ptr<const Atom>& a, int64_t c) {
+Expr Expr::scaled_atom(const std::shared_ptr<const Atom>& a, const SizeExpr& c) {
   Expr e;
   e.add_term(a, c);
   return e;
@@ -66,12 +87,12 @@ Expr Expr::var(const std::string& name, int64_t extent) {
   return e;
 }
 
-void Expr::add_term(const std::shared_ptr<const Atom>& a, int64_t c) {
+void Expr::add_term(const std::shared_ptr<const Atom>& a, const SizeExpr& c) {
   if (c == 0) return;
   auto it = std::lower_bound(terms_.begin(), terms_.end(), a->text,
                              [](const auto& t, const std::string& s) { return t.first->text < s; });
   if (it != terms_.end() && it->first->text == a->text) {
-    it->second += c;
+    it->second = it->second + c;
     if (it->second == 0) terms_.erase(it);
   } else {
     terms_.insert(it, {a, c});
@@ -87,14 +108,14 @@ void Expr::normalize() {
     changed = false;
     for (size_t i = 0; i < terms_.size() && !changed; ++i) {
       const std::shared_ptr<const Atom> m = terms_[i].first;
-      const int64_t k = terms_[i].second;
+      const SizeExpr k = terms_[i].second;
       if (m->kind != Atom::Mod) continue;
       Expr quotient = floordiv(m->arg, m->divisor);
-      if (quotient.terms_.size() != 1 || quotient.constant_ != 0 || quotient.terms_[0].second != 1) continue;
+      if (quotient.terms_.size() != 1 || !(quotient.constant_ == 0) || !(quotient.terms_[0].second == 1)) continue;
       const std::string& qtext = quotient.terms_[0].first->text;
       for (size_t j = 0; j < terms_.size(); ++j) {
-        const int64_t kj = terms_[j].second;
-        if (kj != k * m->divisor) continue;
+        const SizeExpr kj = terms_[j].second;
+        if (!(kj == k * m->divisor)) continue;
         const std::shared_ptr<const Atom> other = terms_[j].first;
         Expr merged;
         if (other->text == qtext)
@@ -103,8 +124,8 @@ void Expr::normalize() {
           merged = mod(m->arg, m->divisor * other->divisor) * k;
         else
           continue;
-        add_term(m, -k);
-        add_term(other, -kj);
+        add_term(m, k * -1);
+        add_term(other, kj * -1);
         *this = *this + merged;
         changed = true;
         break;
@@ -115,13 +136,13 @@ void Expr::normalize() {
 
 Expr operator+(const Expr& a, const Expr& b) {
   Expr r = a;
-  r.constant_ += b.constant_;
+  r.constant_ = r.constant_ + b.constant_;
   for (const auto& [atom, c] : b.terms_) r.add_term(atom, c);
   r.normalize();
   return r;
 }
 
-Expr operator*(const Expr& a, int64_t c) {
+Expr operator*(const Expr& a, const SizeExpr& c) {
   Expr r;
   if (c == 0) return r;
   r.constant_ = a.constant_ * c;
@@ -131,9 +152,11 @@ Expr operator*(const Expr& a, int64_t c) {
 
 namespace {
 
-int64_t gcd_of(const Expr& e, const std::vector<std::pair<std::shared_ptr<const Atom>, int64_t>>& terms, int64_t c) {
-  int64_t g = std::gcd(e.constant(), c);
-  for (const auto& t : terms) g = std::gcd(g, t.second);
+using Terms = std::vector<std::pair<std::shared_ptr<const Atom>, SizeExpr>>;
+
+SizeExpr gcd_of(const SizeExpr& constant, const Terms& terms, const SizeExpr& c) {
+  SizeExpr g = gcd(constant, c);
+  for (const auto& t : terms) g = gcd(g, t.second);
   return g;
 }
 
@@ -141,18 +164,18 @@ int64_t gcd_of(const Expr& e, const std::vector<std::pair<std::shared_ptr<const 
 // coefficients: floor(rest / c) = floor(big / (c/g)) and rest mod c =
 // g·(big mod (c/g)) + small when g divides c (a flat index split at a
 // dimension boundary). False when no such split exists.
-bool split(const Expr& rest, const std::vector<std::pair<std::shared_ptr<const Atom>, int64_t>>& terms, int64_t c,
-           int64_t& g, Expr& big, Expr& small) {
-  std::vector<std::pair<std::shared_ptr<const Atom>, int64_t>> sorted = terms;
-  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+bool split(const SizeExpr& constant, const Terms& terms, const SizeExpr& c, SizeExpr& g, Expr& big, Expr& small) {
+  Terms sorted = terms;
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const auto& a, const auto& b) { return a.second.value() > b.second.value(); });
   for (size_t p = 1; p < sorted.size(); ++p) {
-    int64_t gp = 0;
-    for (size_t i = 0; i < p; ++i) gp = std::gcd(gp, sorted[i].second);
-    if (gp <= 1 || c % gp != 0) continue;
-    Expr b, s(rest.constant());
-    for (size_t i = 0; i < p; ++i) b = b + Expr::scaled_atom(sorted[i].first, sorted[i].second / gp);
+    SizeExpr gp = 0;
+    for (size_t i = 0; i < p; ++i) gp = gcd(gp, sorted[i].second);
+    if (gp.value() <= 1 || !exact_div(c, gp)) continue;
+    Expr b, s(constant);
+    for (size_t i = 0; i < p; ++i) b = b + Expr::scaled_atom(sorted[i].first, divided(sorted[i].second, gp));
     for (size_t i = p; i < sorted.size(); ++i) s = s + Expr::scaled_atom(sorted[i].first, sorted[i].second);
-    if (s.lo() >= 0 && s.hi() < gp) {
+    if (s.lo() >= 0 && s.hi() < gp.value()) {
       g = gp;
       big = b;
       small = s;
@@ -164,30 +187,37 @@ bool split(const Expr& rest, const std::vector<std::pair<std::shared_ptr<const A
 
 }  // namespace
 
-Expr floordiv(const Expr& a, int64_t c) {
+Expr floordiv(const Expr& a, const SizeExpr& c) {
+  TORCH_INTERNAL_ASSERT(c.value() > 0, "index: division by ", c.str());
   if (c == 1) return a;
-  if (a.lo() >= 0 && a.hi() < c) return Expr();
+  if (a.lo() >= 0 && a.hi() < c.value()) return Expr();
   // a = c·q + rest with every coefficient of rest below c's multiples.
   Expr q, rest;
-  q.constant_ = floor_div(a.constant_, c);
-  rest.constant_ = floor_mod(a.constant_, c);
+  if (a.constant_.is_constant() && c.is_constant()) {
+    q.constant_ = floor_div(a.constant_.value(), c.value());
+    rest.constant_ = floor_mod(a.constant_.value(), c.value());
+  } else if (std::optional<SizeExpr> k = exact_div(a.constant_, c)) {
+    q.constant_ = *k;
+  } else {
+    rest.constant_ = a.constant_;
+  }
   for (const auto& [atom, k] : a.terms_) {
-    if (k % c == 0)
-      q.add_term(atom, k / c);
+    if (std::optional<SizeExpr> kq = exact_div(k, c))
+      q.add_term(atom, *kq);
     else
       rest.add_term(atom, k);
   }
-  if (rest.lo() >= 0 && rest.hi() < c) return q;
-  int64_t sg = 1;
+  if (rest.lo() >= 0 && rest.hi() < c.value()) return q;
+  SizeExpr sg = 1;
   Expr big, small;
-  if (split(rest, rest.terms_, c, sg, big, small)) return q + floordiv(big, c / sg);
+  if (split(rest.constant_, rest.terms_, c, sg, big, small)) return q + floordiv(big, divided(c, sg));
   // floor(g·x / c) = floor(x / (c/g)) when g divides c and every coefficient.
-  int64_t g = gcd_of(rest, rest.terms_, c);
-  if (g > 1) {
+  const SizeExpr g = gcd_of(rest.constant_, rest.terms_, c);
+  if (g.value() > 1) {
     Expr reduced;
-    reduced.constant_ = rest.constant_ / g;
-    for (const auto& [atom, k] : rest.terms_) reduced.add_term(atom, k / g);
-    return q + floordiv(reduced, c / g);
+    reduced.constant_ = divided(rest.constant_, g);
+    for (const auto& [atom, k] : rest.terms_) reduced.add_term(atom, divided(k, g));
+    return q + floordiv(reduced, divided(c, g));
   }
   // floor(floor(y / d) / c) = floor(y / (d·c)).
   if (rest.constant_ == 0 && rest.terms_.size() == 1 && rest.terms_[0].second == 1 &&
@@ -201,26 +231,27 @@ Expr floordiv(const Expr& a, int64_t c) {
   return r;
 }
 
-Expr mod(const Expr& a, int64_t c) {
+Expr mod(const Expr& a, const SizeExpr& c) {
+  TORCH_INTERNAL_ASSERT(c.value() > 0, "index: remainder by ", c.str());
   if (c == 1) return Expr();
   Expr rest;
-  rest.constant_ = floor_mod(a.constant_, c);
-  for (const auto& [atom, k] : a.terms_)
-    if (k % c != 0) rest.add_term(atom, k % c);
-  if (rest.lo() >= 0 && rest.hi() < c) return rest;
-  int64_t sg = 1;
+  rest.constant_ = a.constant_.is_constant() && c.is_constant() ? SizeExpr(floor_mod(a.constant_.value(), c.value()))
+                                                                : remainder_coefficient(a.constant_, c);
+  for (const auto& [atom, k] : a.terms_) rest.add_term(atom, remainder_coefficient(k, c));
+  if (rest.lo() >= 0 && rest.hi() < c.value()) return rest;
+  SizeExpr sg = 1;
   Expr big, small;
-  if (split(rest, rest.terms_, c, sg, big, small)) return mod(big, c / sg) * sg + small;
-  int64_t g = gcd_of(rest, rest.terms_, c);
-  if (g > 1) {
+  if (split(rest.constant_, rest.terms_, c, sg, big, small)) return mod(big, divided(c, sg)) * sg + small;
+  const SizeExpr g = gcd_of(rest.constant_, rest.terms_, c);
+  if (g.value() > 1) {
     Expr reduced;
-    reduced.constant_ = rest.constant_ / g;
-    for (const auto& [atom, k] : rest.terms_) reduced.add_term(atom, k / g);
-    return mod(reduced, c / g) * g;
+    reduced.constant_ = divided(rest.constant_, g);
+    for (const auto& [atom, k] : rest.terms_) reduced.add_term(atom, divided(k, g));
+    return mod(reduced, divided(c, g)) * g;
   }
   // (y mod d) mod c = y mod c when c divides d.
   if (rest.constant_ == 0 && rest.terms_.size() == 1 && rest.terms_[0].second == 1 &&
-      rest.terms_[0].first->kind == Atom::Mod && rest.terms_[0].first->divisor % c == 0)
+      rest.terms_[0].first->kind == Atom::Mod && exact_div(rest.terms_[0].first->divisor, c))
     return mod(rest.terms_[0].first->arg, c);
   Expr r;
   r.add_term(make_atom(Atom::Mod, rest, c), 1);
@@ -228,14 +259,14 @@ Expr mod(const Expr& a, int64_t c) {
 }
 
 int64_t Expr::lo() const {
-  int64_t v = constant_;
-  for (const auto& [atom, k] : terms_) v += k > 0 ? k * atom->lo : k * atom->hi;
+  int64_t v = constant_.value();
+  for (const auto& [atom, k] : terms_) v += k.value() > 0 ? k.value() * atom->lo : k.value() * atom->hi;
   return v;
 }
 
 int64_t Expr::hi() const {
-  int64_t v = constant_;
-  for (const auto& [atom, k] : terms_) v += k > 0 ? k * atom->hi : k * atom->lo;
+  int64_t v = constant_.value();
+  for (const auto& [atom, k] : terms_) v += k.value() > 0 ? k.value() * atom->hi : k.value() * atom->lo;
   return v;
 }
 
@@ -256,29 +287,48 @@ std::string Expr::str() const {
   std::string s;
   for (const auto& [atom, k] : terms_) {
     if (!s.empty()) s += " + ";
-    if (k != 1) s += std::to_string(k) + "*";
+    if (!(k == 1)) s += k.factor_str() + "*";
     s += atom->text;
   }
-  if (constant_ != 0 || s.empty()) s += (s.empty() ? "" : " + ") + std::to_string(constant_);
+  if (!(constant_ == 0) || s.empty()) s += (s.empty() ? "" : " + ") + constant_.str();
   return s;
 }
 
-std::vector<Expr> unravel(const Expr& flat, const std::vector<int64_t>& sizes) {
+std::vector<Expr> unravel(const Expr& flat, const std::vector<SizeExpr>& sizes) {
   std::vector<Expr> idx(sizes.size());
-  int64_t stride = 1;
+  SizeExpr stride = 1;
   for (size_t k = sizes.size(); k-- > 0;) {
     // (A size-0 tensor has no elements: any index is as good, but it must
     // keep mentioning the loop variable.)
-    idx[k] = sizes[k] == 1 ? Expr() : sizes[k] == 0 ? floordiv(flat, stride) : mod(floordiv(flat, stride), sizes[k]);
-    stride *= std::max<int64_t>(sizes[k], 1);
+    const int64_t n = sizes[k].value();
+    idx[k] = n == 1 ? Expr() : n == 0 ? floordiv(flat, stride) : mod(floordiv(flat, stride), sizes[k]);
+    if (n != 0) stride = stride * sizes[k];
   }
   return idx;
 }
 
-Expr dot(const std::vector<Expr>& index, const std::vector<int64_t>& strides, int64_t offset) {
+std::vector<Expr> unravel(const Expr& flat, const std::vector<int64_t>& sizes) {
+  return unravel(flat, std::vector<SizeExpr>(sizes.begin(), sizes.end()));
+}
+
+Expr dot(const std::vector<Expr>& index, const std::vector<SizeExpr>& strides, const SizeExpr& offset) {
   Expr e(offset);
   for (size_t k = 0; k < index.size(); ++k) e = e + index[k] * strides[k];
   return e;
+}
+
+Expr dot(const std::vector<Expr>& index, const std::vector<int64_t>& strides, int64_t offset) {
+  return dot(index, std::vector<SizeExpr>(strides.begin(), strides.end()), offset);
+}
+
+std::vector<SizeExpr> contiguous_strides(const std::vector<SizeExpr>& sizes) {
+  std::vector<SizeExpr> s(sizes.size());
+  SizeExpr acc = 1;
+  for (size_t k = sizes.size(); k-- > 0;) {
+    s[k] = acc;
+    if (sizes[k].value() != 0) acc = acc * sizes[k];
+  }
+  return s;
 }
 
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& sizes) {

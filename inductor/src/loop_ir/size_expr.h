@@ -1,0 +1,73 @@
+// Private: sizes over size symbols, the integers of index expressions
+// (loop_ir/index.h) — torch/_inductor/sizevars.py's sympy integers over
+// s0, s1, ... with their size hints.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace crucible::inductor::detail {
+
+/// Note [Size symbols]
+/// A size, stride or offset of a lowered graph: a polynomial with integer
+/// coefficients over size symbols s0, s1, ..., each standing for a
+/// dimension whose size a kernel takes as an argument instead of as a
+/// literal, together with its value at the sizes being compiled (the
+/// symbols' values). Decisions read value() (a range check, a threshold);
+/// kernel text renders str(). The simplifications that need one size to
+/// divide another (exact_div, gcd) hold for every value of the symbols;
+/// those that compare values (a remainder within its divisor's range) hold
+/// at the sizes being compiled. A kernel's text is therefore right for the
+/// symbol values its graph was lowered with; two lowerings at other sizes
+/// that print the same text each vouch for their own values, which is what
+/// lets them share one compiled kernel. A constant is a polynomial without
+/// symbols.
+class SizeExpr {
+ public:
+  SizeExpr(int64_t c = 0);  // NOLINT: constants read as sizes
+
+  /// The symbol `s<index>`, whose value at the sizes being compiled is
+  /// `value`.
+  static SizeExpr symbol(int index, int64_t value);
+
+  /// The value at the sizes being compiled.
+  int64_t value() const { return value_; }
+  /// True when no symbol appears.
+  bool is_constant() const;
+  /// True when the polynomial has at most one term (c·s0·s1, or a constant).
+  bool is_monomial() const { return terms_.size() <= 1; }
+  /// C++ text over the symbols, e.g. `64*s0 + 3`, `s0*s1`, `-2*s1`, `7`.
+  std::string str() const;
+  /// str(), parenthesized when it holds more than one term.
+  std::string factor_str() const;
+
+  friend SizeExpr operator+(const SizeExpr& a, const SizeExpr& b);
+  friend SizeExpr operator-(const SizeExpr& a, const SizeExpr& b);
+  friend SizeExpr operator*(const SizeExpr& a, const SizeExpr& b);
+  /// a / b where b divides a for every value of the symbols: b a nonzero
+  /// monomial dividing every term of a, or a itself; nullopt otherwise.
+  friend std::optional<SizeExpr> exact_div(const SizeExpr& a, const SizeExpr& b);
+  /// The largest monomial with a positive coefficient dividing both for
+  /// every value of the symbols: the coefficients' gcd times each symbol
+  /// to its lowest power; gcd(0, b) is b's (as std::gcd's).
+  friend SizeExpr gcd(const SizeExpr& a, const SizeExpr& b);
+
+  /// The same polynomial (and so the same value).
+  friend bool operator==(const SizeExpr& a, const SizeExpr& b) { return a.terms_ == b.terms_; }
+
+ private:
+  // A product of symbols: (symbol index, exponent) pairs, sorted by index.
+  using Monomial = std::vector<std::pair<int, int>>;
+  void add_term(const Monomial& m, int64_t c);
+  // Adds the symbol values `o` knows to this one's.
+  void merge_values(const SizeExpr& o);
+
+  std::vector<std::pair<Monomial, int64_t>> terms_;  // sorted by monomial; no zero coefficient
+  std::vector<std::pair<int, int64_t>> symbols_;     // (index, value) of the symbols it was made of, sorted
+  int64_t value_ = 0;
+};
+
+}  // namespace crucible::inductor::detail
