@@ -81,7 +81,8 @@ class Encoder {
   size_t used_ = 0;
 };
 
-void encode(Encoder& e, const Literal& l) {
+// `ints` off: an integer counts by its kind alone (HashOptions::sizes).
+void encode(Encoder& e, const Literal& l, bool ints) {
   e.u64(static_cast<uint64_t>(l.kind));
   switch (l.kind) {
     case Literal::Kind::None:
@@ -90,7 +91,7 @@ void encode(Encoder& e, const Literal& l) {
       e.u64(l.b);
       break;
     case Literal::Kind::Int:
-      e.i64(l.i);
+      if (ints) e.i64(l.i);
       break;
     case Literal::Kind::Float:
       e.u64(std::bit_cast<uint64_t>(l.f));
@@ -103,7 +104,7 @@ void encode(Encoder& e, const Literal& l) {
       break;  // no Value literal reaches here (see Hasher::arg)
     case Literal::Kind::List:
       e.u64(l.items.size());
-      for (const Literal& item : l.items) encode(e, item);
+      for (const Literal& item : l.items) encode(e, item, ints);
       break;
   }
 }
@@ -112,9 +113,13 @@ void encode(Encoder& e, const Literal& l) {
 c10::Device hashed(const c10::Device& d, const HashOptions& o) { return o.device_index ? d : c10::Device(d.type()); }
 
 void encode(Encoder& e, const TensorMeta& m, const HashOptions& o) {
-  e.ints(m.sizes);
-  e.ints(m.strides);
-  e.i64(m.storage_offset);
+  if (o.sizes) {
+    e.ints(m.sizes);
+    e.ints(m.strides);
+    e.i64(m.storage_offset);
+  } else {
+    e.u64(m.sizes.size());
+  }
   e.str(c10::toString(m.dtype));
   e.str(hashed(m.device, o).str());
   e.u64(m.requires_grad);
@@ -160,7 +165,8 @@ class Hasher {
       e_.tag(Tag::Constant);
       try {
         const c10::IValue& c = a.constant();
-        encode(e_, detail::literal_of(c.isDevice() ? c10::IValue(hashed(c.toDevice(), o_)) : c, formal.real_type()));
+        encode(e_, detail::literal_of(c.isDevice() ? c10::IValue(hashed(c.toDevice(), o_)) : c, formal.real_type()),
+               o_.sizes);
       } catch (const IrError& err) {
         throw IrError("argument '" + formal.name() + "': " + err.what());
       }
@@ -171,7 +177,7 @@ class Hasher {
     const c10::IValue& c = n->constant_value();
     if (!c.isTensor()) {
       e_.tag(Tag::Constant);
-      encode(e_, detail::literal_of(c, n->result()->type()));
+      encode(e_, detail::literal_of(c, n->result()->type()), o_.sizes);
       return;
     }
     e_.tag(Tag::TensorData);

@@ -96,6 +96,21 @@ TEST_CASE("graph_hash without device indices sees cuda:0 and cuda:1 alike, and c
   CHECK(graph_hash(on("cuda:0"), any_index) != graph_hash(on("cpu"), any_index));
 }
 
+TEST_CASE("graph_hash without sizes sees a graph at other sizes alike, and other ops or ranks apart", "[ir][hash]") {
+  // A reshape to [B*T, C] at two sequence lengths: sizes, strides and the
+  // view's integers differ; the structure does not.
+  auto at = [](int t, const std::string& op = "aten::relu", const std::string& rank = "") {
+    const std::string bt = std::to_string(2 * t), sizes = "2, " + std::to_string(t) + ", 4" + rank;
+    return parse("%x : f32[" + sizes + "] = placeholder()\n%v : f32[" + bt + ", 4" + rank + "] = aten::view(%x, [" +
+                 bt + ", 4" + rank + "])\n%y : f32[" + bt + ", 4" + rank + "] = " + op + "(%v)\nreturn (%y)\n");
+  };
+  const HashOptions no_sizes{.sizes = false};
+  CHECK(graph_hash(at(3)) != graph_hash(at(5)));
+  CHECK(graph_hash(at(3), no_sizes) == graph_hash(at(5), no_sizes));
+  CHECK(graph_hash(at(3), no_sizes) != graph_hash(at(3, "aten::tanh"), no_sizes));
+  CHECK(graph_hash(at(3), no_sizes) != graph_hash(at(3, "aten::relu", ", 1"), no_sizes));
+}
+
 TEST_CASE("graph_hash covers every part of the sample graph and is deterministic", "[ir][hash]") {
   const Graph g = crucible::testing::sample_graph();
   const GraphHash h = graph_hash(g);

@@ -57,6 +57,13 @@ struct HashOptions {
   /// the ranks of a data-parallel step, each tracing on its own GPU, compare
   /// the computation they will run, not where (spmd::compile).
   bool device_index = true;
+  /// Whether sizes count: tensors' sizes, strides and storage offsets, and
+  /// the integers among call arguments (a view's sizes, a slice's end).
+  /// Off, a tensor counts by its rank and an integer by its being one: the
+  /// graphs one program traces at other batch sizes or sequence lengths
+  /// hash alike, which is how the inductor recognizes them (Note [Dynamic
+  /// sizes] in inductor/src/dynamic_sizes.cpp).
+  bool sizes = true;
 };
 
 /// The digest of `graph` (Note [Graph hash]). Linear in the graph's size
