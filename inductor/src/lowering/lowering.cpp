@@ -323,16 +323,20 @@ void Lowerer::realize_if_costly(const ir::Value* out) {
     realize(out);
 }
 
-// The buffers of the lazy's size (not broadcast) its inlined body reads:
-// inlined into several readers, each of them reads all of these again,
-// where a realized value costs one write and one read per reader.
+// The buffers its inlined body reads as many elements of as it has (not
+// broadcast): inlined into several readers, each of them reads all of
+// these again, where a realized value costs one write and one read per
+// reader. What a read spans, not its buffer's size, tells: a causal mask
+// sliced to [T, T] from a [1024, 1024] buffer is broadcast over batch and
+// heads whatever T is, so the choice does not change with T (Note
+// [Dynamic sizes]).
 int Lowerer::full_loads(const Lazy& l) const {
   Loop probe;
   probe.sizes = l.sizes;
   probe.fn = l.fn;
   std::unordered_set<int> seen;
   for (const Read& r : reads_of(p_, probe, probe.numel(), 1))
-    if (p_.buffers[r.buffer].numel() >= probe.numel()) seen.insert(r.buffer);
+    if (r.flat.hi() - r.flat.lo() + 1 >= probe.numel()) seen.insert(r.buffer);
   return static_cast<int>(seen.size());
 }
 
