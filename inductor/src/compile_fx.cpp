@@ -9,6 +9,7 @@
 #include "codecache/cuda_builder.h"
 #include "codecache/graph_cache.h"
 #include "codegen/codegen.h"
+#include "dynamic_sizes.h"
 #include "fx_passes/fx_passes.h"
 #include "runtime/cuda_graphs.h"
 #include "runtime/kernel_runner.h"
@@ -93,9 +94,14 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
   plan->graph = std::make_shared<ir::Graph>(prepared(graph, options));
   if (!plan->graph->output_node())
     throw InductorError("inductor: the graph has no output node; call Graph::set_output first");
+  // Note [Dynamic sizes]: CPU kernels take the sizes that vary as arguments.
+  const detail::SizeTable sizes = options.automatic_dynamic_shapes && detail::loop_device(*plan->graph).is_cpu()
+                                      ? detail::dynamic_sizes(*plan->graph)
+                                      : detail::SizeTable{};
+  plan->size_symbols = sizes.symbol_values;
   // See codecache/graph_cache.h; counted as torch/_inductor counts its FxGraphCache.
   runtime::Counters& counters = runtime::default_counters();
-  const std::optional<std::string> key = detail::graph_cache_key(*plan->graph, options);
+  const std::optional<std::string> key = detail::graph_cache_key(*plan->graph, options, sizes);
   std::optional<detail::CompiledSchedule> cached;
   try {
     if (key) cached = detail::load_schedule(*key, *plan->graph, options);
@@ -110,7 +116,7 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
     s = std::move(*cached);
   } else {
     try {
-      s = detail::compiled_schedule(detail::compile_schedule(*plan->graph, options.threads));
+      s = detail::compiled_schedule(detail::compile_schedule(*plan->graph, options.threads, sizes));
     } catch (const std::exception& e) {
       // A node lowering did not expect (an argument of an unusual kind): the
       // graph is still valid, so it runs on the interpreter rather than fail.

@@ -21,8 +21,9 @@ namespace {
 // The structured binding names every field: a field added to InductorOptions
 // stops the build here until it joins the key.
 std::string compiler_key(const InductorOptions& options) {
-  const auto& [compiler, flags, threads, adapt_threads, cache_dir, cuda_arch, fallback_to_eager, print_generated_code,
-               profile, cuda_graphs, kernel_config, force_layout_optimization] = options;
+  const auto& [compiler, flags, threads, adapt_threads, automatic_dynamic_shapes, cache_dir, cuda_arch,
+               fallback_to_eager, print_generated_code, profile, cuda_graphs, kernel_config,
+               force_layout_optimization] = options;
   std::string key = "backend=inductor.compile_fx;passes=";
   for (size_t i = 0; i < post_grad_passes().size(); ++i) key += (i ? "," : "") + post_grad_passes()[i];
   // Lengths before the strings the caller chose: no two option sets print alike.
@@ -33,6 +34,7 @@ std::string compiler_key(const InductorOptions& options) {
   for (const std::string& flag : flags) add("flag", flag);
   add("threads", std::to_string(threads));
   add("adapt_threads", adapt_threads ? "1" : "0");
+  add("automatic_dynamic_shapes", automatic_dynamic_shapes ? "1" : "0");
   add("cache_dir", cache_dir);
   add("cuda_arch", cuda_arch);
   add("fallback_to_eager", fallback_to_eager ? "1" : "0");

@@ -21,6 +21,8 @@ InductorOptions InductorOptions::from_environment() {
   o.force_layout_optimization = on("CRUCIBLE_INDUCTOR_FORCE_LAYOUT_OPT");
   if (const char* a = std::getenv("CRUCIBLE_INDUCTOR_ADAPT_THREADS"); a && *a)
     o.adapt_threads = on("CRUCIBLE_INDUCTOR_ADAPT_THREADS");
+  if (const char* a = std::getenv("CRUCIBLE_INDUCTOR_AUTOMATIC_DYNAMIC_SHAPES"); a && *a)
+    o.automatic_dynamic_shapes = on("CRUCIBLE_INDUCTOR_AUTOMATIC_DYNAMIC_SHAPES");
   return o;
 }
 

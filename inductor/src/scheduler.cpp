@@ -215,7 +215,7 @@ class Scheduler {
       const Buffer& buf = p_.buffers[r.buffer];
       if (buf.loop < 0 || std::find(t.loops.begin(), t.loops.end(), buf.loop) == t.loops.end()) continue;
       Stage s = stage_of(p_.loops[buf.loop], t);
-      Expr row = s == Stage::Inner ? floordiv(r.flat, t.inner) : r.flat;
+      Expr row = s == Stage::Inner ? floordiv(r.flat, spelled(t.inner)) : r.flat;
       if (!(row == o)) return false;
     }
     // A loop writing a graph input in place (Note [In-place write-backs]):
@@ -226,7 +226,7 @@ class Scheduler {
       for (int other : t.loops)
         for (const Read& r : reads_of(p_, p_.loops[other], t.outer, t.inner)) {
           if (r.buffer != l.buffer) continue;
-          Expr row = s == Stage::Inner ? floordiv(r.flat, t.inner) : r.flat;
+          Expr row = s == Stage::Inner ? floordiv(r.flat, spelled(t.inner)) : r.flat;
           if (!(row == o)) return false;
         }
     }

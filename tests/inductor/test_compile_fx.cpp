@@ -21,8 +21,10 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <random>
 #include <sstream>
+#include <tuple>
 
 using namespace crucible;
 namespace fs = std::filesystem;
@@ -253,6 +255,82 @@ TEST_CASE("the kernel cache: a second compile loads the library without running 
   got = run(inductor::compile_fx_inner(g, {x, b}, o), {x, b});
   REQUIRE(runs() == 2);
   REQUIRE_CLOSE(got[0], chain_eager(x, b)[0], 1e-5, 1e-6);
+}
+
+namespace {
+
+// The shapes of a sequence model's step: x [B, T, C], a position table
+// [16, C] and a causal mask [16, 16] sliced to T, a layer norm, masked
+// softmax attention (the matmuls are extern kernels), a reshape to
+// [B*T, C] and a sum over the rows.
+std::vector<at::Tensor> sequence_step(const std::vector<at::Tensor>& in) {
+  const at::Tensor& x = in[0];
+  const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
+  const at::Tensor h = x + in[1].slice(0, 0, t);
+  const at::Tensor n = (h - h.mean(-1, true)) * at::rsqrt(h.var(-1, /*unbiased=*/false, true) + 1e-5);
+  at::Tensor s = at::matmul(n, n.transpose(1, 2)) / std::sqrt(static_cast<double>(c));
+  s = s.masked_fill(in[2].slice(0, 0, t).slice(1, 0, t) == 0, -std::numeric_limits<double>::infinity());
+  const at::Tensor y = at::matmul(at::softmax(s, -1), n).reshape({b * t, c});
+  return {y, y.sum(0)};
+}
+
+}  // namespace
+
+TEST_CASE("dynamic sizes: after a second sequence length, every later length reuses the kernels compiled for it",
+          "[inductor][dynamic]") {
+  const CountingCompiler cc("dynamic");
+  inductor::InductorOptions o;
+  o.cache_dir = cc.cache();
+  o.compiler = cc.script().string();
+  const at::Tensor pos = at::randn({16, 16}, at::kDouble), mask = at::ones({16, 16}, at::kDouble).tril();
+  // Each (batch, length) is traced and compiled on its own, as every new
+  // shape is; the kernels' text is what is shared. Expected C++ compiles:
+  // the first graph's static kernels, then one build once T varies, one
+  // more once B does too (a smaller last batch), then none.
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {{5, 6, 1},  {5, 9, 2}, {5, 11, 2}, {5, 7, 2},
+                                                                     {5, 13, 2}, {3, 9, 3}, {3, 12, 3}, {4, 14, 3}};
+  for (const auto& [b, t, builds] : shapes) {
+    CAPTURE(b, t);
+    const std::vector<at::Tensor> in = {at::randn({b, t, 16}, at::kDouble), pos, mask};
+    const auto traced = tracer::make_fx(sequence_step, in);
+    ir::CompiledFn fn = inductor::compile_fx_inner(traced.graph, in, o);
+    const std::vector<at::Tensor> got = run(fn, in), want = sequence_step(in);
+    REQUIRE_CLOSE(got[0], want[0], rtol(at::kDouble), atol(at::kDouble));
+    REQUIRE_CLOSE(got[1], want[1], rtol(at::kDouble), atol(at::kDouble));
+    CHECK(cc.runs() == builds);
+  }
+}
+
+TEST_CASE("dynamic sizes: off, each sequence length compiles its own kernels", "[inductor][dynamic]") {
+  const CountingCompiler cc("static");
+  inductor::InductorOptions o;
+  o.cache_dir = cc.cache();
+  o.compiler = cc.script().string();
+  o.automatic_dynamic_shapes = false;
+  const at::Tensor pos = at::randn({16, 16}, at::kDouble), mask = at::ones({16, 16}, at::kDouble).tril();
+  for (int64_t t : {4, 8, 10}) {
+    const std::vector<at::Tensor> in = {at::randn({2, t, 16}, at::kDouble), pos, mask};
+    ir::CompiledFn fn = inductor::compile_fx_inner(tracer::make_fx(sequence_step, in).graph, in, o);
+    REQUIRE_CLOSE(run(fn, in)[0], sequence_step(in)[0], rtol(at::kDouble), atol(at::kDouble));
+  }
+  CHECK(cc.runs() == 3);
+}
+
+TEST_CASE("dynamic sizes: a length of 1, or one equal to a static size, still computes what eager does",
+          "[inductor][dynamic]") {
+  // Sizes 0 and 1 are never symbols, and a length equal to the width (16)
+  // is a value two spellings claim: both compile kernels of their own,
+  // whose results must still be eager's.
+  inductor::InductorOptions o = options();
+  const at::Tensor pos = at::randn({16, 16}, at::kDouble), mask = at::ones({16, 16}, at::kDouble).tril();
+  for (int64_t t : {3, 5, 1, 16, 2}) {
+    CAPTURE(t);
+    const std::vector<at::Tensor> in = {at::randn({6, t, 16}, at::kDouble), pos, mask};
+    ir::CompiledFn fn = inductor::compile_fx_inner(tracer::make_fx(sequence_step, in).graph, in, o);
+    const std::vector<at::Tensor> got = run(fn, in), want = sequence_step(in);
+    REQUIRE_CLOSE(got[0], want[0], rtol(at::kDouble), atol(at::kDouble));
+    REQUIRE_CLOSE(got[1], want[1], rtol(at::kDouble), atol(at::kDouble));
+  }
 }
 
 TEST_CASE("the graph cache: a graph compiled before skips lowering; a corrupt entry is compiled again", "[inductor]") {

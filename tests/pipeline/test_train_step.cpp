@@ -25,9 +25,12 @@
 #include <torch/utils.h>
 
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "catch.h"
 #include "data_dir.h"
@@ -230,6 +233,42 @@ TEST_CASE("train step through inductor: the GPT trains as eager with AdamW", "[p
         return synthetic_token_batch({config.vocab_size, config.block_size, 4, 0}, i);
       },
       20, kFusedRtol, kFusedAtol, inductor_builder());
+}
+
+TEST_CASE("train step through inductor: the GPT over changing lengths and a smaller last batch trains as eager",
+          "[pipeline][train_step][inductor][dynamic]") {
+  // Each new (batch, length) traces and compiles its step again; the C++
+  // kernels are built for the first shape, once more when the length
+  // changes (Note [Dynamic sizes]) and once more when the batch does, and
+  // every later shape reuses them.
+  const GptConfig config{.vocab_size = 32, .block_size = 24, .n_layer = 1, .n_head = 2, .n_embd = 32};
+  crucible::inductor::InductorOptions o;
+  o.cache_dir = crucible::testing::temp_dir("crucible-dynamic-train");
+  const Builder builder =
+      std::move(Builder()
+                    .decompositions(crucible::tracer::core_aten_decompositions())
+                    .backend("inductor, own cache", [o](const crucible::ir::Graph& g, const auto& examples) {
+                      return crucible::inductor::compile_fx_inner(g, examples, o);
+                    }));
+  Twins t = twins(in_double([&] { return make_gpt(config); }));
+  torch::optim::AdamW compiled_opt(t.compiled.module->parameters(), torch::optim::AdamWOptions(3e-3));
+  torch::optim::AdamW eager_opt(t.eager.module->parameters(), torch::optim::AdamWOptions(3e-3));
+  TrainStep step = builder.compile_train_step(t.compiled.module, compiled_opt, loss_of(t.compiled));
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{5, 7},  {5, 13}, {5, 9},  {5, 15}, {5, 11},
+                                                           {5, 17}, {5, 19}, {3, 13}, {3, 21}, {5, 7}};
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto [b, len] = shapes[i];
+    Batch batch = synthetic_token_batch({config.vocab_size, config.block_size, b, 0}, static_cast<int64_t>(i));
+    batch = {batch.inputs.slice(1, 0, len), batch.targets.slice(1, 0, len)};
+    INFO("step " << i << ": batch " << b << ", length " << len);
+    REQUIRE_CLOSE(step({batch.inputs, batch.targets}), eager_train_step(t.eager, eager_opt, batch), kFusedRtol,
+                  kFusedAtol);
+  }
+  require_same_state(t.compiled, t.eager, kFusedRtol, kFusedAtol);
+  CHECK(step.num_compilations() == shapes.size() - 1);  // the last shape is the first's
+  int64_t libraries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(o.cache_dir)) libraries += e.path().extension() == ".so";
+  CHECK(libraries == 3);
 }
 
 // The AOT path with min-cut and inductor (inductor::compile_fx: core

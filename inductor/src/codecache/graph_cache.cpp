@@ -100,7 +100,8 @@ CompiledSchedule compiled_schedule(const Schedule& s) {
   return c;
 }
 
-std::optional<std::string> graph_cache_key(const ir::Graph& graph, const InductorOptions& options) {
+std::optional<std::string> graph_cache_key(const ir::Graph& graph, const InductorOptions& options,
+                                           const SizeTable& sizes) {
   if (generator_identity().empty()) return std::nullopt;
   std::string hash;
   try {
@@ -109,7 +110,7 @@ std::optional<std::string> graph_cache_key(const ir::Graph& graph, const Inducto
     return std::nullopt;
   }
   return cache_key("graph " + hash + " threads " + std::to_string(options.threads) + " build-id " +
-                   generator_identity());
+                   generator_identity() + " sizes " + std::to_string(sizes.symbol_values.size()) + "\n" + sizes.str());
 }
 
 void store_schedule(const std::string& key, const CompiledSchedule& s, const ir::Graph& graph,

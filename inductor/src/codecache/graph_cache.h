@@ -6,6 +6,7 @@
 // a key of the graph and the options, and a compile that finds it skips them.
 #pragma once
 
+#include "loop_ir/size_expr.h"
 #include "schedule.h"
 
 #include <crucible/inductor/options.h>
@@ -51,14 +52,16 @@ struct CompiledSchedule {
 CompiledSchedule compiled_schedule(const Schedule& s);
 
 /// The key of `graph` (the graph compile_fx_inner lowers) compiled with
-/// `options`: a hash of ir::graph_hash (everything a backend computes
-/// with), the OpenMP thread count, the code generator's version and the GNU
+/// `options` and spelled with `sizes`: a hash of ir::graph_hash (everything
+/// a backend computes with), the spellings (Note [Dynamic sizes]), the
+/// OpenMP thread count, the code generator's version and the GNU
 /// build ID of the binary it runs from (another build never reads this
 /// one's entries). The compiler and its flags are not part of it: they key
 /// the kernel cache, which builds the source. nullopt, and the graph
 /// bypasses the cache, when the graph cannot be hashed (a constant the text
 /// form cannot hold) or the binary has no build ID.
-std::optional<std::string> graph_cache_key(const ir::Graph& graph, const InductorOptions& options);
+std::optional<std::string> graph_cache_key(const ir::Graph& graph, const InductorOptions& options,
+                                           const SizeTable& sizes);
 
 /// The schedule stored under `key`, with its nodes and values resolved in
 /// `graph` by position. nullopt when there is none, or the entry is

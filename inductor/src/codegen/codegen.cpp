@@ -81,7 +81,8 @@ std::string canonical_kernel_text(const Program& p, const std::string& text, con
 
 }  // namespace
 
-Schedule compile_schedule(const ir::Graph& graph, int threads) {
+Schedule compile_schedule(const ir::Graph& graph, int threads, const SizeTable& sizes) {
+  const SizeScope scope(sizes);
   Schedule s;
   s.program = lower(graph);
   Program& p = s.program;
@@ -107,8 +108,8 @@ Schedule compile_schedule(const ir::Graph& graph, int threads) {
     return text;
   };
   auto shape = [&](const Group& g) {
-    return g.tiled ? "outer " + std::to_string(g.outer) + " × inner " + std::to_string(g.inner)
-                   : std::to_string(g.outer) + " elements";
+    return g.tiled ? "outer " + spelled(g.outer).str() + " × inner " + spelled(g.inner).str()
+                   : spelled(g.outer).str() + " elements";
   };
   // Note [Identical kernels]: canonical text -> the kernel defined with it.
   // Its names (the kernel's and its variants'), in order.

@@ -4,6 +4,7 @@
 // distinct kernel defined once, after its target's prelude.
 #pragma once
 
+#include "loop_ir/size_expr.h"
 #include "schedule.h"
 
 #include <crucible/ir/graph.h>
@@ -15,7 +16,9 @@ namespace crucible::inductor::detail {
 /// OpenMP thread count of every parallel loop), as CUDA C++ on a CUDA
 /// device, with runs of independent pointwise kernels launched as one
 /// (Note [Combined launches]) and a kernel equal to an earlier one defined
-/// once (Note [Identical kernels]).
-Schedule compile_schedule(const ir::Graph& graph, int threads);
+/// once (Note [Identical kernels]). Sizes are spelled as `sizes` spells
+/// them (Note [Dynamic sizes]; CPU graphs only: a CUDA graph's table must
+/// be empty).
+Schedule compile_schedule(const ir::Graph& graph, int threads, const SizeTable& sizes = {});
 
 }  // namespace crucible::inductor::detail

@@ -10,7 +10,32 @@ namespace crucible::inductor::detail {
 
 namespace {
 
-std::string literal_int(int64_t v) { return std::to_string(v); }
+// A size in kernel text: its spelling over the size symbols, else its
+// digits (Note [Dynamic sizes] in dynamic_sizes.cpp).
+std::string size_text(int64_t v) { return spelled(v).str(); }
+
+// A kernel's first line and the size symbols it reads from `s`, the
+// run-time sizes the plan passes (Note [Dynamic sizes]); every kernel of a
+// graph takes them all, so that its text does not depend on which it uses.
+std::string kernel_head(const std::string& name) {
+  std::string out = "extern \"C\" void " + name + "(void* const* b, const int64_t* s) {\n";
+  const SizeTable* table = SizeScope::current();
+  const size_t n = table ? table->symbol_values.size() : 0;
+  if (n == 0) out += "  (void)s;\n";
+  for (size_t i = 0; i < n; ++i)
+    out += "  [[maybe_unused]] const int64_t s" + std::to_string(i) + " = s[" + std::to_string(i) + "];\n";
+  return out;
+}
+
+// The number of elements of an outer × inner range, spelled.
+std::string product_text(int64_t outer, int64_t inner) { return (spelled(outer) * spelled(inner)).str(); }
+
+// outer / k for a k that divides it, spelled: the symbolic quotient where
+// k's spelling divides outer's, else the quotient's own spelling.
+std::string quotient_text(int64_t outer, int64_t k) {
+  const std::optional<SizeExpr> q = exact_div(spelled(outer), spelled(k));
+  return q ? q->str() : size_text(outer / k);
+}
 
 // How a reduction combines: the accumulator's initial value, the statement
 // that folds `v` in, the OpenMP clause that lets the loop vectorize, and the
@@ -98,16 +123,15 @@ std::string render_column_group(const Program& p, const Group& g, const GroupInf
   std::string value = result.empty() ? "static_cast<" + T + ">(acc[o - ob])" : result;
   if (!red.finalize.empty()) value = substitute(red.finalize, value);
   const std::string epilogue = column_epilogue(body, p, g, info, T, value);
-  const std::string B = std::to_string(kBlock), O = std::to_string(g.outer);
-  std::string out =
-      "extern \"C\" void " + name + "(void* const* b) {\n" + indent(signature(p, body, info, sig) + body.take(0), 2);
-  out += "#pragma omp parallel for schedule(static) if(" + std::to_string(g.outer * g.inner) +
+  const std::string B = std::to_string(kBlock), O = size_text(g.outer);
+  std::string out = kernel_head(name) + indent(signature(p, body, info, sig) + body.take(0), 2);
+  out += "#pragma omp parallel for schedule(static) if(" + product_text(g.outer, g.inner) +
          " >= " + std::to_string(kParallel) + ")" + num_threads_clause(threads) + "\n";
   out += "  for (int64_t ob = 0; ob < " + O + "; ob += " + B + ") {\n";
   out += "    const int64_t oe = ob + " + B + " < " + O + " ? ob + " + B + " : " + O + ";\n";
   out += "    " + A + " acc[" + B + "];\n    for (int64_t i = 0; i < " + B + "; ++i) acc[i] = " + c.init + ";\n";
   out += indent(nan_decl, 4);
-  out += "    for (int64_t r = 0; r < " + std::to_string(g.inner) + "; ++r) {\n#pragma omp simd\n";
+  out += "    for (int64_t r = 0; r < " + size_text(g.inner) + "; ++r) {\n#pragma omp simd\n";
   out += "      for (int64_t o = ob; o < oe; ++o) {\n" + indent(inner + combine, 8) + "      }\n    }\n";
   out += "    for (int64_t o = ob; o < oe; ++o) {\n" + indent(epilogue, 6) + "    }\n  }\n}\n";
   return out;
@@ -154,16 +178,17 @@ std::string render_split_reduction(const Program& p, const Group& g, const Group
                                    int threads, KernelSignature& sig) {
   CBody body(p, g, info);
   const Expr o = Expr::var("o", g.outer);
-  const int64_t chunks = std::clamp(g.outer * g.inner / kChunkElements, int64_t{1}, kMaxChunks);
-  const std::string OUTER = std::to_string(g.outer), INNER = std::to_string(g.inner),
-                    N = std::to_string(g.outer * g.inner), CHUNKS = std::to_string(chunks),
-                    PARTS = std::to_string(g.outer * chunks);
+  // The chunk count is computed in the kernel, from the sizes it runs at.
+  const std::string OUTER = size_text(g.outer), INNER = size_text(g.inner), N = product_text(g.outer, g.inner),
+                    CHUNKS = "chunks", PARTS = spelled(g.outer).factor_str() + " * chunks";
   const std::string omp_threads = num_threads_clause(threads);
   // A per-row array of `T` named `array`.
   auto rows = [&](const std::string& T, const std::string& array) {
     return "const std::unique_ptr<" + T + "[]> " + array + "(new " + T + "[" + OUTER + "]);\n";
   };
-  std::string text;
+  const std::string per_chunk = "(" + N + ") / " + std::to_string(kChunkElements);
+  std::string text = "const int64_t chunks = " + per_chunk + " < 1 ? 1 : " + per_chunk + " > " +
+                     std::to_string(kMaxChunks) + " ? " + std::to_string(kMaxChunks) + " : " + per_chunk + ";\n";
   int counter = 0;
   for (int li : g.loops) {
     const Loop& l = p.loops[li];
@@ -196,7 +221,7 @@ std::string render_split_reduction(const Program& p, const Group& g, const Group
     if (nan) text += "const std::unique_ptr<int[]> " + part + "_nan(new int[" + PARTS + "]());\n";
     text += "#pragma omp parallel for schedule(static)" + omp_threads + "\n";
     text += "for (int64_t k = 0; k < " + CHUNKS + "; ++k) {\n";
-    text += "  const int64_t lo = " + N + " * k / " + CHUNKS + ", hi = " + N + " * (k + 1) / " + CHUNKS + ";\n";
+    text += "  const int64_t lo = (" + N + ") * k / " + CHUNKS + ", hi = (" + N + ") * (k + 1) / " + CHUNKS + ";\n";
     text += "  for (int64_t o = lo / " + INNER + "; o < " + OUTER + " && o * " + INNER + " < hi; ++o) {\n";
     text += "    const int64_t r_lo = lo > o * " + INNER + " ? lo - o * " + INNER + " : 0;\n";
     text += "    const int64_t r_hi = hi < (o + 1) * " + INNER + " ? hi - o * " + INNER + " : " + INNER + ";\n";
@@ -213,8 +238,7 @@ std::string render_split_reduction(const Program& p, const Group& g, const Group
     text += rows(T, red) + "for (int64_t o = 0; o < " + OUTER + "; ++o) {\n" + indent(per_row, 2) + "}\n";
     body.set_local(l.buffer, red + "[o]");
   }
-  std::string out =
-      "extern \"C\" void " + name + "(void* const* b) {\n" + indent(signature(p, body, info, sig) + body.take(0), 2);
+  std::string out = kernel_head(name) + indent(signature(p, body, info, sig) + body.take(0), 2);
   return out + indent(text, 2) + "}\n";
 }
 
@@ -244,7 +268,7 @@ class OffsetBody : public Body {
     const Buffer& buf = p_.buffers[b];
     const bool in_registers =
         info_.produced.contains(b) && (!info_.external.contains(b) || stage_of(p_.loops[buf.loop], g_) != Stage::Inner);
-    if (!in_registers && !buf.host_scalar) offsets.push_back(dot(index, buf.strides));
+    if (!in_registers && !buf.host_scalar) offsets.push_back(dot(index, spelled_strides(buf)));
     return {"x", 0};
   }
   Val compute(const std::string&, int, const std::string&) override { return {"x", 0}; }
@@ -266,7 +290,7 @@ bool affine(const Program& p, const Group& g, const GroupInfo& info, const LoopV
     if (l.reduction || l.numel() == g.outer)
       body.offsets.push_back(store_offset(p, l, v.o));
     else
-      body.offsets.push_back(store_offset(p, l, v.o * g.inner + v.r));
+      body.offsets.push_back(store_offset(p, l, v.o * spelled(g.inner) + v.r));
   }
   return std::all_of(body.offsets.begin(), body.offsets.end(), [&](const Expr& e) { return e.affine_in(var); });
 }
@@ -365,9 +389,9 @@ std::string render_cpp_group(const Program& p, const Group& g, const GroupInfo& 
   // The loop (or nest) over the inner range, `pragma` on its innermost loop.
   auto inner_loop = [&](const std::string& pragma, const std::string& lines) {
     if (split.inner == 0)
-      return pragma + "for (int64_t r = 0; r < " + literal_int(g.inner) + "; ++r) {\n" + indent(lines, 2) + "}\n";
-    return "for (int64_t rh = 0; rh < " + literal_int(g.inner / split.inner) + "; ++rh) {\n" +
-           indent(pragma + "for (int64_t rl = 0; rl < " + literal_int(split.inner) + "; ++rl) {\n" + indent(lines, 2) +
+      return pragma + "for (int64_t r = 0; r < " + size_text(g.inner) + "; ++r) {\n" + indent(lines, 2) + "}\n";
+    return "for (int64_t rh = 0; rh < " + quotient_text(g.inner, split.inner) + "; ++rh) {\n" +
+           indent(pragma + "for (int64_t rl = 0; rl < " + size_text(split.inner) + "; ++rl) {\n" + indent(lines, 2) +
                       "}\n",
                   2) +
            "}\n";
@@ -397,7 +421,7 @@ std::string render_cpp_group(const Program& p, const Group& g, const GroupInfo& 
       std::string inner_lines = body.take(2);
       once(body.take(1));
       if (external) {
-        Expr at = store_offset(p, l, o * g.inner + r);
+        Expr at = store_offset(p, l, o * spelled(g.inner) + r);
         inner_lines += body.store(l.buffer, at, v.name);
         body.stored(l.buffer);
       } else {
@@ -437,29 +461,28 @@ std::string render_cpp_group(const Program& p, const Group& g, const GroupInfo& 
                                     return KeptSlot{"keep_" + d.name + at_r, "keep_" + d.name + at_r};
                                   }));
   std::string decls = signature(p, body, info, sig);
-  std::string out = "extern \"C\" void " + name + "(void* const* b) {\n" + indent(decls + body.take(0), 2);
-  const int64_t work = g.outer * g.inner;
-  const std::string parallel_if = " if(" + literal_int(work) + " >= " + literal_int(kParallel) + ")";
+  std::string out = kernel_head(name) + indent(decls + body.take(0), 2);
+  const std::string parallel_if = " if(" + product_text(g.outer, g.inner) + " >= " + std::to_string(kParallel) + ")";
   if (!g.tiled && split.outer) {
     out += "#pragma omp parallel for schedule(static)" + parallel_if + omp_threads + "\n";
-    out += "  for (int64_t oh = 0; oh < " + literal_int(g.outer / split.outer) + "; ++oh) {\n" + indent(per_outer, 4);
-    out += "#pragma omp simd\n    for (int64_t ol = 0; ol < " + literal_int(split.outer) + "; ++ol) {\n" +
+    out += "  for (int64_t oh = 0; oh < " + quotient_text(g.outer, split.outer) + "; ++oh) {\n" + indent(per_outer, 4);
+    out += "#pragma omp simd\n    for (int64_t ol = 0; ol < " + size_text(split.outer) + "; ++ol) {\n" +
            indent(per_inner, 6) + "    }\n  }\n";
   } else if (!g.tiled) {
     out += "#pragma omp parallel for simd schedule(static)" + parallel_if + omp_threads + "\n";
-    out += "  for (int64_t o = 0; o < " + literal_int(g.outer) + "; ++o) {\n" + indent(per_outer, 4) + "  }\n";
+    out += "  for (int64_t o = 0; o < " + size_text(g.outer) + "; ++o) {\n" + indent(per_outer, 4) + "  }\n";
   } else {
     out += "#pragma omp parallel" + parallel_if + omp_threads + "\n  {\n";
     // A per-thread row of `inner` elements of C++ type T, named `name` (an
     // array, not a std::vector: a std::vector<bool> has no data()).
     auto row = [&](const std::string& T, const std::string& name) {
-      return "    const std::unique_ptr<" + T + "[]> " + name + "_storage(new " + T + "[" + literal_int(g.inner) +
+      return "    const std::unique_ptr<" + T + "[]> " + name + "_storage(new " + T + "[" + size_text(g.inner) +
              "]);\n    " + T + "* __restrict " + name + " = " + name + "_storage.get();\n";
     };
     for (int b : body.scratch_) out += row(ctype_of(p.buffers[b].dtype), "row_" + p.buffers[b].name);
     for (const CBody::Def& d : kept_rows) out += row(d.ctype, "keep_" + d.name);  // Note [Kept row values]
     out += "#pragma omp for schedule(static)\n";
-    out += "    for (int64_t o = 0; o < " + literal_int(g.outer) + "; ++o) {\n" + indent(per_outer, 6) + "    }\n  }\n";
+    out += "    for (int64_t o = 0; o < " + size_text(g.outer) + "; ++o) {\n" + indent(per_outer, 6) + "    }\n  }\n";
   }
   out += "}\n";
   return out;

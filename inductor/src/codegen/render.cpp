@@ -18,7 +18,7 @@ Val CBody::load(int b, const std::vector<Expr>& index) {
     const Loop& l = p_.loops[buf.loop];
     if (stage_of(l, g_) == Stage::Inner) {
       Expr flat = iteration_position(p_, b, index);
-      Expr at = mod(flat, g_.inner);
+      Expr at = mod(flat, spelled(g_.inner));
       // The thread's own element of a persistent row: still in a register.
       if (auto it = row_locals_.find(b); it != row_locals_.end() && at.str() == row_element_) return it->second;
       return guarded(scratch(b) + "[" + at.str() + "]", level_of(at), T, /*memory=*/false);
@@ -27,7 +27,7 @@ Val CBody::load(int b, const std::vector<Expr>& index) {
   }
   // A buffer this group writes is read back no earlier than the outer
   // iteration that wrote it.
-  Expr storage = dot(index, buf.strides);
+  Expr storage = dot(index, spelled_strides(buf));
   int level = std::max(level_of(storage), info_.produced.contains(b) ? 1 : 0);
   // A mask that may change within a vector makes the load one element's.
   const Val* m = mask();

@@ -66,11 +66,12 @@ class Expr {
   std::vector<std::pair<std::shared_ptr<const Atom>, SizeExpr>> terms_;
 };
 
-/// The multi-index of the row-major position `flat` in a tensor of `sizes`.
+/// The multi-index of the row-major position `flat` in a tensor of `sizes`
+/// (integer sizes as spelled() spells them).
 std::vector<Expr> unravel(const Expr& flat, const std::vector<SizeExpr>& sizes);
 std::vector<Expr> unravel(const Expr& flat, const std::vector<int64_t>& sizes);
 
-/// Σ index[k]·strides[k] (+ offset).
+/// Σ index[k]·strides[k] (+ offset) (integers as spelled() spells them).
 Expr dot(const std::vector<Expr>& index, const std::vector<SizeExpr>& strides, const SizeExpr& offset = 0);
 Expr dot(const std::vector<Expr>& index, const std::vector<int64_t>& strides, int64_t offset = 0);
 

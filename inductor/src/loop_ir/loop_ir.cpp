@@ -110,14 +110,14 @@ class RecordingBody : public Body {
 LoopVars loop_vars(int64_t outer, int64_t inner, int64_t osplit, int64_t rsplit) {
   auto var = [](const std::string& name, int64_t extent, int64_t split) {
     if (split <= 0) return Expr::var(name, extent);
-    return Expr::var(name + "h", extent / split) * split + Expr::var(name + "l", split);
+    return Expr::var(name + "h", extent / split) * spelled(split) + Expr::var(name + "l", split);
   };
   return {outer, inner, var("o", outer, osplit), var("r", inner, rsplit)};
 }
 
 Val body_value(Body& b, const Loop& loop, const LoopVars& v) {
   if (loop.reduction) return loop.rfn(b, unravel(v.o, loop.sizes), unravel(v.r, loop.rsizes));
-  Expr flat = loop.numel() == v.outer ? v.o : v.o * v.inner + v.r;
+  Expr flat = loop.numel() == v.outer ? v.o : v.o * spelled(v.inner) + v.r;
   return loop.fn(b, loop_index(loop, flat));
 }
 
@@ -125,10 +125,18 @@ Val body_value(Body& b, const Loop& loop, int64_t outer, int64_t inner) {
   return body_value(b, loop, loop_vars(outer, inner));
 }
 
+std::vector<SizeExpr> spelled_strides(const Buffer& b) {
+  if (std::optional<std::vector<SizeExpr>> s = layout_strides(b.value, b.strides)) return *s;
+  if (b.strides == contiguous_strides(b.sizes)) return contiguous_strides(spelled_sizes(b.value, b.sizes));
+  std::vector<SizeExpr> out;
+  for (int64_t s : b.strides) out.push_back(spelled(s));
+  return out;
+}
+
 Expr iteration_position(const Program& p, int b, const std::vector<Expr>& index) {
   const Buffer& buf = p.buffers[static_cast<size_t>(b)];
   const bool in_memory_order = buf.loop >= 0 && !p.loops[static_cast<size_t>(buf.loop)].order.empty();
-  return dot(index, in_memory_order ? buf.strides : contiguous_strides(buf.sizes));
+  return dot(index, in_memory_order ? spelled_strides(buf) : contiguous_strides(spelled_sizes(buf.value, buf.sizes)));
 }
 
 std::vector<Expr> loop_index(const Loop& loop, const Expr& flat) {
@@ -142,7 +150,7 @@ std::vector<Expr> loop_index(const Loop& loop, const Expr& flat) {
 }
 
 Expr store_offset(const Program& p, const Loop& loop, const Expr& flat) {
-  return dot(loop_index(loop, flat), p.buffers[static_cast<size_t>(loop.buffer)].strides);
+  return dot(loop_index(loop, flat), spelled_strides(p.buffers[static_cast<size_t>(loop.buffer)]));
 }
 
 std::vector<Read> reads_of(const Program& p, const Loop& loop, int64_t outer, int64_t inner) {

@@ -177,6 +177,12 @@ std::string to_storage(c10::ScalarType t, const std::string& value);
 /// ctype_of(t): what an explicit conversion to bf16 or f16 computes.
 std::string round_to(c10::ScalarType t, const std::string& value);
 
+/// Buffer `b`'s strides as kernel text spells them: its tensor's spelled
+/// layout (Note [Dynamic sizes]) where the buffer has that tensor's
+/// strides, the row-major strides of its spelled sizes where it is laid out
+/// row-major, else each stride as spelled() spells it.
+std::vector<SizeExpr> spelled_strides(const Buffer& b);
+
 /// The loop level an index expression needs: 2 if it uses an innermost
 /// variable (`r`, `rh`, `rl`, `ol`), 1 if `o` or `oh`, else 0.
 int level_of(const Expr& e);

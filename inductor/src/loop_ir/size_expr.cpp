@@ -142,4 +142,82 @@ std::string SizeExpr::str() const {
 
 std::string SizeExpr::factor_str() const { return terms_.size() > 1 ? "(" + str() + ")" : str(); }
 
+void SizeTable::add(const SizeExpr& e) {
+  // 0 and 1 are never symbols' values (specialized): a size of either is a
+  // literal wherever it comes from.
+  if (e.value() == 0 || e.value() == 1) return;
+  auto [it, fresh] = spellings_.emplace(e.value(), e);
+  if (!fresh && it->second && !(*it->second == e)) it->second.reset();
+}
+
+SizeExpr SizeTable::spell(int64_t v) const {
+  auto it = spellings_.find(v);
+  return it != spellings_.end() && it->second ? *it->second : SizeExpr(v);
+}
+
+void SizeTable::add_layout(const ir::Value* v, size_t position, SpelledLayout layout) {
+  std::string text;
+  bool symbolic = false;
+  for (const std::vector<SizeExpr>* list : {&layout.sizes, &layout.strides}) {
+    text += text.empty() ? "[" : "] [";
+    for (size_t i = 0; i < list->size(); ++i) {
+      text += (i ? ", " : "") + (*list)[i].str();
+      symbolic |= !(*list)[i].is_constant();
+    }
+  }
+  if (symbolic) layout_text_[position] = text + "]";
+  layouts_[v] = std::move(layout);
+}
+
+const SpelledLayout* SizeTable::layout(const ir::Value* v) const {
+  auto it = layouts_.find(v);
+  return it == layouts_.end() ? nullptr : &it->second;
+}
+
+std::string SizeTable::str() const {
+  std::string out;
+  for (const auto& [v, e] : spellings_)
+    if (e && !e->is_constant()) out += std::to_string(v) + " = " + e->str() + "\n";
+  for (const auto& [position, text] : layout_text_) out += "value " + std::to_string(position) + ": " + text + "\n";
+  return out;
+}
+
+namespace {
+thread_local const SizeTable* current_table = nullptr;
+}  // namespace
+
+SizeExpr spelled(int64_t v) { return current_table ? current_table->spell(v) : SizeExpr(v); }
+
+namespace {
+
+bool same_values(const std::vector<SizeExpr>& spelled, const std::vector<int64_t>& values) {
+  return spelled.size() == values.size() && std::equal(spelled.begin(), spelled.end(), values.begin(),
+                                                       [](const SizeExpr& e, int64_t v) { return e.value() == v; });
+}
+
+const SpelledLayout* layout_in_force(const ir::Value* v) {
+  return current_table && v ? current_table->layout(v) : nullptr;
+}
+
+}  // namespace
+
+std::vector<SizeExpr> spelled_sizes(const ir::Value* v, const std::vector<int64_t>& sizes) {
+  if (const SpelledLayout* l = layout_in_force(v); l && same_values(l->sizes, sizes)) return l->sizes;
+  std::vector<SizeExpr> out;
+  out.reserve(sizes.size());
+  for (int64_t s : sizes) out.push_back(spelled(s));
+  return out;
+}
+
+std::optional<std::vector<SizeExpr>> layout_strides(const ir::Value* v, const std::vector<int64_t>& strides) {
+  if (const SpelledLayout* l = layout_in_force(v); l && same_values(l->strides, strides)) return l->strides;
+  return std::nullopt;
+}
+
+SizeScope::SizeScope(const SizeTable& table) : previous_(current_table) { current_table = &table; }
+
+SizeScope::~SizeScope() { current_table = previous_; }
+
+const SizeTable* SizeScope::current() { return current_table; }
+
 }  // namespace crucible::inductor::detail

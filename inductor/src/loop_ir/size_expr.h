@@ -4,10 +4,16 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
+
+namespace crucible::ir {
+class Value;
+}
 
 namespace crucible::inductor::detail {
 
@@ -68,6 +74,74 @@ class SizeExpr {
   std::vector<std::pair<Monomial, int64_t>> terms_;  // sorted by monomial; no zero coefficient
   std::vector<std::pair<int, int64_t>> symbols_;     // (index, value) of the symbols it was made of, sorted
   int64_t value_ = 0;
+};
+
+/// A tensor's sizes and strides, spelled.
+struct SpelledLayout {
+  std::vector<SizeExpr> sizes, strides;
+};
+
+/// The spellings of a graph's sizes while it is lowered and rendered
+/// (Note [Dynamic sizes] in dynamic_sizes.cpp): each tensor's sizes and
+/// strides (its layout), and for each integer a tensor's size or element
+/// count takes at the sizes being compiled (what loops' extents are), the
+/// polynomial over the size symbols it stands for, unless two different
+/// polynomials take that value (a static extent equal to a dynamic one's
+/// value here): such a value, and any other, is a literal.
+class SizeTable {
+ public:
+  /// Records `e` as a spelling of e.value().
+  void add(const SizeExpr& e);
+  /// The spelling of `v`: the one recorded, else the literal v.
+  SizeExpr spell(int64_t v) const;
+  /// Records the layout of the tensor `v`, the `position`-th value of its
+  /// graph (what str() names it by).
+  void add_layout(const ir::Value* v, size_t position, SpelledLayout layout);
+  /// The layout recorded for `v`; null when none was.
+  const SpelledLayout* layout(const ir::Value* v) const;
+  /// The recorded spellings, one per line ("1664 = 64*s0", ambiguous
+  /// values left out), then the symbolic layouts by value position: what
+  /// the kernels' text depends on, for a cache key.
+  std::string str() const;
+
+  /// The symbols' values at the sizes being compiled, s0's first: what
+  /// the kernels are called with. Empty: every size is a literal.
+  std::vector<int64_t> symbol_values;
+
+ private:
+  std::map<int64_t, std::optional<SizeExpr>> spellings_;  // nullopt: two spellings claim the value
+  std::unordered_map<const ir::Value*, SpelledLayout> layouts_;
+  std::map<size_t, std::string> layout_text_;  // by position: the symbolic layouts, printed
+};
+
+/// The spelling of `v` in the table in force on this thread (SizeScope),
+/// or the literal v without one: what the loop IR's sizes become in
+/// expressions and kernel text, as torch/_inductor reads them through
+/// V.graph.sizevars.
+SizeExpr spelled(int64_t v);
+
+/// `sizes`, those of the tensor `v`, as spelled: v's spelled layout's in
+/// the table in force where they have those values, else each as spelled()
+/// spells it.
+std::vector<SizeExpr> spelled_sizes(const ir::Value* v, const std::vector<int64_t>& sizes);
+
+/// `strides`, those of the tensor `v`, as v's spelled layout in the table
+/// in force has them; nullopt where it has no such strides.
+std::optional<std::vector<SizeExpr>> layout_strides(const ir::Value* v, const std::vector<int64_t>& strides);
+
+/// Puts a table in force on this thread for the scope's lifetime (the
+/// previous one comes back after it).
+class SizeScope {
+ public:
+  explicit SizeScope(const SizeTable& table);
+  ~SizeScope();
+  /// The table in force on this thread; null when none is.
+  static const SizeTable* current();
+  SizeScope(const SizeScope&) = delete;
+  SizeScope& operator=(const SizeScope&) = delete;
+
+ private:
+  const SizeTable* previous_;
 };
 
 }  // namespace crucible::inductor::detail

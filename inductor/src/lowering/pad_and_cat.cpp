@@ -93,12 +93,11 @@ void Lowerer::lower_pad(const ir::Node* n) {
         src[d] = index[d];
         continue;
       }
-      const int64_t size = in.sizes[d];
-      src[d] = mod(index[d] + (size - before[d]), size);
+      const SizeExpr size = spelled(in.sizes[d]), pad = spelled(before[d]);
+      src[d] = mod(index[d] + (size - pad), size);
       const std::string i = "(" + index[d].str() + ")";
-      const std::string lower = before[d] > 0 ? i + " >= " + std::to_string(before[d]) + " && " : "";
-      inside +=
-          std::string(inside.empty() ? "" : " && ") + "(" + lower + i + " < " + std::to_string(before[d] + size) + ")";
+      const std::string lower = before[d] > 0 ? i + " >= " + pad.factor_str() + " && " : "";
+      inside += std::string(inside.empty() ? "" : " && ") + "(" + lower + i + " < " + (pad + size).factor_str() + ")";
       level = std::max(level, level_of(index[d]));
     }
     Val v = in.fn(b, src);
@@ -171,7 +170,7 @@ void Lowerer::lower_cat(const ir::Node* n) {
       // i - offset; where size divides offset, i mod size, the same where
       // chosen and simpler to index with (equal inputs: a reshape of q,
       // k or v reads its heads at i mod C).
-      src[dim] = p.offset % p.size == 0 ? mod(i, p.size) : i + (-p.offset);
+      src[dim] = p.offset % p.size == 0 ? mod(i, spelled(p.size)) : i + spelled(p.offset) * -1;
       std::string inside;
       if (i.lo() < p.offset) inside = at + " >= " + std::to_string(p.offset / g);
       if (i.hi() >= end) inside += std::string(inside.empty() ? "" : " && ") + at + " < " + std::to_string(end / g);

@@ -146,7 +146,7 @@ void Lowerer::lower_reduction(const ir::Node* n) {
     p_.items.push_back({nullptr, static_cast<int>(p_.loops.size())});
     p_.loops.push_back(std::move(loop));
   };
-  std::string mean = "$ / " + T + "(" + std::to_string(count) + ")";
+  std::string mean = "$ / " + T + "(" + spelled(count).str() + ")";
   if (t == "aten::sum.dim_IntList" || t == "aten::sum") {
     add_loop(n->result(), ReductionType::Sum, operand, "");
     p_.loops.back().online_max = softmax_max_loop(n);

@@ -17,7 +17,8 @@ void Lowerer::lower_view(const ir::Node* n) {
     const std::vector<int64_t>& os = out->meta().sizes;
     std::function<std::vector<Expr>(const std::vector<Expr>&)> map;
     if (t == "aten::view" || t == "aten::_unsafe_view" || t == "aten::reshape") {
-      map = [is, os](const std::vector<Expr>& i) { return unravel(dot(i, contiguous_strides(os)), is); };
+      map = [in_sizes = spelled_sizes(base, is), out_strides = contiguous_strides(spelled_sizes(out, os))](
+                const std::vector<Expr>& i) { return unravel(dot(i, out_strides), in_sizes); };
     } else if (t == "aten::expand") {
       map = [is](const std::vector<Expr>& i) { return broadcast(is, i); };
     } else if (t == "aten::permute" || t == "aten::transpose.int" || t == "aten::t") {
@@ -80,7 +81,7 @@ void Lowerer::lower_view(const ir::Node* n) {
       }
       map = [dim, start, step](const std::vector<Expr>& i) {
         std::vector<Expr> r = i;
-        r[dim] = i[dim] * step + Expr(start);
+        r[dim] = i[dim] * step + Expr(spelled(start));
         return r;
       };
     } else if (t == "aten::select.int" || t == "aten::unbind.int") {
@@ -89,7 +90,7 @@ void Lowerer::lower_view(const ir::Node* n) {
       if (index < 0) index += is[dim];
       map = [dim, index](const std::vector<Expr>& i) {
         std::vector<Expr> r = i;
-        r.insert(r.begin() + dim, Expr(index));
+        r.insert(r.begin() + dim, Expr(spelled(index)));
         return r;
       };
     } else {  // alias, detach, lift_fresh

@@ -162,7 +162,7 @@ void run_kernel(const Plan& plan, const Step& st, std::vector<c10::IValue>& slot
     slots[a.slot] = std::move(t);
   }
   if (st.fn) {
-    st.fn(ptrs.data());
+    st.fn(ptrs.data(), plan.size_symbols.data());
   } else {
     // On the caller's current stream, after the extern kernels queued there.
     void* stream = c10::impl::getDeviceGuardImpl(c10::kCUDA)->getStream(plan.device).native_handle();

@@ -51,8 +51,9 @@ struct Source {
   std::vector<Source> elements;  // lists; a None element is a Constant of None
 };
 
-/// A generated C++ kernel: its buffers' pointers, in signature order.
-using KernelFn = void (*)(void* const*);
+/// A generated C++ kernel: its buffers' pointers, in signature order, and
+/// the values of the graph's size symbols (Note [Dynamic sizes]).
+using KernelFn = void (*)(void* const*, const int64_t*);
 
 /// One buffer of a generated kernel's signature: read from a slot (checked
 /// against the layout the code was generated for) or written into a fresh
@@ -117,6 +118,9 @@ struct Plan {
   std::vector<uint32_t> input_slots;
   std::vector<Step> steps;
   std::vector<Source> outputs;
+  /// The values of the size symbols s0, s1, ... the graph was lowered at,
+  /// which its C++ kernels take (Note [Dynamic sizes]); empty: none.
+  std::vector<int64_t> size_symbols;
   bool profile = false;
   std::vector<StepTime> times;   // per step, with profile
   std::vector<double> first_ms;  // per step, the first call's share of times (the warm-up)

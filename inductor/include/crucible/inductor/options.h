@@ -40,6 +40,15 @@ struct InductorOptions {
   /// otherwise with another count, so a run that needs the same bits every
   /// time sets `threads` or turns this off.
   bool adapt_threads = true;
+  /// On the CPU: once a graph of the same structure as an earlier one
+  /// comes with other sizes (a new sequence length, a smaller last batch),
+  /// the placeholder dimensions that changed become symbols that the
+  /// generated kernels take as arguments, so that later sizes reuse the
+  /// kernels compiled for the first of them instead of compiling their
+  /// own (torch._dynamo's automatic_dynamic_shapes; Note [Dynamic sizes]
+  /// in src/dynamic_sizes.cpp). Each size is still traced and lowered on
+  /// its own. Off: every size is a literal of the kernels.
+  bool automatic_dynamic_shapes = true;
   /// Where generated sources and compiled libraries are kept. Empty: the
   /// default, $XDG_CACHE_HOME/crucible/inductor (else ~/.cache/crucible/inductor).
   /// Created with mode 0700; a directory group or others can write is refused.
@@ -98,7 +107,9 @@ struct InductorOptions {
   /// CRUCIBLE_INDUCTOR_CACHE_DIR (cache_dir),
   /// CRUCIBLE_INDUCTOR_KERNEL_CONFIG=k (kernel_config),
   /// CRUCIBLE_INDUCTOR_FORCE_LAYOUT_OPT=1 (force_layout_optimization),
-  /// CRUCIBLE_INDUCTOR_ADAPT_THREADS=0 (adapt_threads off). What the `inductor` backend
+  /// CRUCIBLE_INDUCTOR_ADAPT_THREADS=0 (adapt_threads off),
+  /// CRUCIBLE_INDUCTOR_AUTOMATIC_DYNAMIC_SHAPES=0 (automatic_dynamic_shapes
+  /// off). What the `inductor` backend
   /// of the pipeline's registry compiles with. Throws nothing.
   static InductorOptions from_environment();
 };
