@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -104,38 +105,43 @@ void dynamic_loop(benchmark::State& state, const std::string& mode) {
   }
 }
 
-void dynamic_step(benchmark::State& state, bool dynamic) {
-  at::manual_seed(0);
-  models::Model m = models::make_gpt(kConfig);
-  torch::optim::AdamW opt(m.module->parameters(), torch::optim::AdamWOptions(1e-3));
-  const std::string dir = fresh_dir();
-  const pipeline::TrainStep step = inductor_builder(dir, dynamic).compile_train_step(m.module, opt, models::loss_of(m));
-  for (int64_t len : {48, 56}) {
-    const data::Batch b = batch_of(8, len, 0);
-    step({b.inputs, b.targets});
+// A seeded GPT, its AdamW and its step through the inductor over a cache
+// directory of its own (removed with it), compiled for batch 8 at
+// `lengths` first.
+struct CompiledGpt {
+  CompiledGpt(bool dynamic, std::initializer_list<int64_t> lengths)
+      : model((at::manual_seed(0), models::make_gpt(kConfig))),
+        opt(model.module->parameters(), torch::optim::AdamWOptions(1e-3)),
+        dir(fresh_dir()),
+        step(inductor_builder(dir, dynamic).compile_train_step(model.module, opt, models::loss_of(model))) {
+    for (int64_t len : lengths) {
+      const data::Batch b = batch_of(8, len, 0);
+      step.compile({b.inputs, b.targets});
+    }
   }
+  ~CompiledGpt() { std::filesystem::remove_all(dir); }
+  CompiledGpt(const CompiledGpt&) = delete;
+  CompiledGpt& operator=(const CompiledGpt&) = delete;
+
+  models::Model model;
+  torch::optim::AdamW opt;
+  std::string dir;
+  pipeline::TrainStep step;
+};
+
+void dynamic_step(benchmark::State& state, bool dynamic) {
+  const CompiledGpt gpt(dynamic, {48, 56, 72});
   const data::Batch b = batch_of(8, 72, 0);
-  step({b.inputs, b.targets});
-  for (auto _ : state) benchmark::DoNotOptimize(step({b.inputs, b.targets}).item<double>());
-  std::filesystem::remove_all(dir);
+  for (auto _ : state) benchmark::DoNotOptimize(gpt.step({b.inputs, b.targets}).item<double>());
 }
 
 void dynamic_new_length(benchmark::State& state, bool dynamic) {
-  at::manual_seed(0);
-  models::Model m = models::make_gpt(kConfig);
-  torch::optim::AdamW opt(m.module->parameters(), torch::optim::AdamWOptions(1e-3));
-  const std::string dir = fresh_dir();
-  const pipeline::TrainStep step = inductor_builder(dir, dynamic).compile_train_step(m.module, opt, models::loss_of(m));
-  for (int64_t len : {31, 77}) {
-    const data::Batch b = batch_of(8, len, 0);
-    step.compile({b.inputs, b.targets});
-  }
+  const CompiledGpt gpt(dynamic, {31, 77});
   int64_t len = 41;
   for (auto _ : state) {
     const data::Batch b = batch_of(8, len++, 0);
-    step.compile({b.inputs, b.targets});
+    gpt.step.compile({b.inputs, b.targets});
   }
-  std::filesystem::remove_all(dir);
 }
 
 [[maybe_unused]] const bool registered = [] {
