@@ -38,13 +38,13 @@ namespace crucible::inductor::detail {
 //    graphs of the structure (up to kKept of them), at the symbols' values
 //    in each: a sequence's [B, T, 64] activations give 64·s0 (a stride)
 //    and 64·s1·s0 (their count). The SizeTable (loop_ir/size_expr.h)
-//    keeps each tensor's fitted sizes and strides (its layout), which the
-//    index arithmetic of its buffer and its views reads, and maps each
-//    size's and count's value to its fit, which loops' extents read by
-//    value: a value two fits claim (a static 64 and a T of 64) and a value
-//    nothing fits are literals there. Strides stay out of that map: a
-//    weight's stride of 96 and a stride 32·B of 96 at B = 3 keep their
-//    own spellings in their own layouts.
+//    keeps each tensor's fitted sizes and strides (its layout): its
+//    buffer's and its views' index arithmetic, the extents of the loop
+//    that writes it and of the reductions over it read them there, so a
+//    length of 64 and a width of 64 keep their own spellings. It also maps
+//    each size's and count's value to its fit, for the integers no tensor
+//    names (a split loop's factor); a value two fits claim, and a value
+//    nothing fits, is a literal there.
 //  - Generated C++ kernels take the symbols' values as an argument, which
 //    the run-time plan passes (Plan::size_symbols), so the text of a
 //    graph at one sequence length is the text at the next, and the kernel

@@ -21,6 +21,9 @@ namespace crucible::inductor::detail {
 struct Group {
   int64_t outer = 1;
   int64_t inner = 1;
+  /// outer and inner as kernel text spells them: the spelled extents of
+  /// the loops that set them (Note [Dynamic sizes]).
+  SizeExpr outer_size = 1, inner_size = 1;
   bool tiled = false;
   std::vector<int> loops;  // stage order
 };

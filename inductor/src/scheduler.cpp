@@ -72,6 +72,8 @@ class Scheduler {
       Group g;
       g.outer = l.numel();
       g.inner = l.reduction ? l.rnumel() : 1;
+      g.outer_size = spelled_numel(l);
+      g.inner_size = l.reduction ? spelled_rnumel(l) : 1;
       g.tiled = l.reduction;
       g.loops = {it.loop};
       groups.push_back(std::move(g));
@@ -202,6 +204,8 @@ class Scheduler {
       } else if (g.outer == l.numel() * l.rnumel() || g.outer == l.numel()) {
         t.outer = l.numel();
         t.inner = l.rnumel();
+        t.outer_size = spelled_numel(l);
+        t.inner_size = spelled_rnumel(l);
         t.tiled = true;
       } else {
         return false;
@@ -211,11 +215,11 @@ class Scheduler {
     }
     // Every read of a buffer the group writes must stay in its outer iteration.
     Expr o = Expr::var("o", t.outer);
-    for (const Read& r : reads_of(p_, l, t.outer, t.inner)) {
+    for (const Read& r : reads_of(p_, l, t.outer_size, t.inner_size)) {
       const Buffer& buf = p_.buffers[r.buffer];
       if (buf.loop < 0 || std::find(t.loops.begin(), t.loops.end(), buf.loop) == t.loops.end()) continue;
       Stage s = stage_of(p_.loops[buf.loop], t);
-      Expr row = s == Stage::Inner ? floordiv(r.flat, spelled(t.inner)) : r.flat;
+      Expr row = s == Stage::Inner ? floordiv(r.flat, t.inner_size) : r.flat;
       if (!(row == o)) return false;
     }
     // A loop writing a graph input in place (Note [In-place write-backs]):
@@ -224,9 +228,9 @@ class Scheduler {
     if (p_.buffers[l.buffer].kind == Buffer::Input) {
       Stage s = stage_of(l, t);
       for (int other : t.loops)
-        for (const Read& r : reads_of(p_, p_.loops[other], t.outer, t.inner)) {
+        for (const Read& r : reads_of(p_, p_.loops[other], t.outer_size, t.inner_size)) {
           if (r.buffer != l.buffer) continue;
-          Expr row = s == Stage::Inner ? floordiv(r.flat, spelled(t.inner)) : r.flat;
+          Expr row = s == Stage::Inner ? floordiv(r.flat, t.inner_size) : r.flat;
           if (!(row == o)) return false;
         }
     }
@@ -262,7 +266,7 @@ std::vector<GroupInfo> group_infos(const Program& p, const ir::Graph& graph, con
   };
   for (size_t gi = 0; gi < groups.size(); ++gi)
     for (int li : groups[gi].loops)
-      for (const Read& r : reads_of(p, p.loops[li], groups[gi].outer, groups[gi].inner))
+      for (const Read& r : reads_of(p, p.loops[li], groups[gi].outer_size, groups[gi].inner_size))
         mark(r.buffer, static_cast<int>(gi));
   for (const Schedule::Step& st : steps)
     if (st.extern_node)

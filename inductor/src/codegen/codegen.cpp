@@ -108,8 +108,8 @@ Schedule compile_schedule(const ir::Graph& graph, int threads, const SizeTable& 
     return text;
   };
   auto shape = [&](const Group& g) {
-    return g.tiled ? "outer " + spelled(g.outer).str() + " × inner " + spelled(g.inner).str()
-                   : spelled(g.outer).str() + " elements";
+    return g.tiled ? "outer " + g.outer_size.str() + " × inner " + g.inner_size.str()
+                   : g.outer_size.str() + " elements";
   };
   // Note [Identical kernels]: canonical text -> the kernel defined with it.
   // Its names (the kernel's and its variants'), in order.
@@ -189,7 +189,7 @@ Schedule compile_schedule(const ir::Graph& graph, int threads, const SizeTable& 
       const Group& g = s.groups[gi];
       std::unordered_set<int> reads, writes(info[gi].produced.begin(), info[gi].produced.end());
       for (int li : g.loops)
-        for (const Read& r : reads_of(p, p.loops[li], g.outer, g.inner)) reads.insert(r.buffer);
+        for (const Read& r : reads_of(p, p.loops[li], g.outer_size, g.inner_size)) reads.insert(r.buffer);
       bool independent = !g.tiled && run.size() < kMaxCombined;
       for (int b : reads) independent = independent && !run_writes.contains(b);
       for (int b : writes) independent = independent && !run_writes.contains(b) && !run_reads.contains(b);

@@ -27,14 +27,12 @@ std::string kernel_head(const std::string& name) {
   return out;
 }
 
-// The number of elements of an outer × inner range, spelled.
-std::string product_text(int64_t outer, int64_t inner) { return (spelled(outer) * spelled(inner)).str(); }
-
-// outer / k for a k that divides it, spelled: the symbolic quotient where
-// k's spelling divides outer's, else the quotient's own spelling.
-std::string quotient_text(int64_t outer, int64_t k) {
-  const std::optional<SizeExpr> q = exact_div(spelled(outer), spelled(k));
-  return q ? q->str() : size_text(outer / k);
+// extent / k for a k that divides it (a split loop's outer trip count),
+// spelled: the symbolic quotient where k's spelling divides the extent's,
+// else the quotient's own spelling.
+std::string quotient_text(const SizeExpr& extent, int64_t k) {
+  const std::optional<SizeExpr> q = exact_div(extent, spelled(k));
+  return q ? q->str() : size_text(extent.value() / k);
 }
 
 // How a reduction combines: the accumulator's initial value, the statement
@@ -105,7 +103,7 @@ std::string render_column_group(const Program& p, const Group& g, const GroupInf
   const Buffer& rbuf = p.buffers[red.buffer];
   const std::string T = ctype_of(rbuf.dtype);
   const std::string A = T == "float" && red.rtype == ReductionType::Sum ? "double" : T;
-  Val v = body_value(body, red, g.outer, g.inner);
+  Val v = body_value(body, red, g.outer_size, g.inner_size);
   std::string inner = body.take_inner();
   Combine c = combine_of(red.rtype, A, "acc[o - ob]", v.name);
   // Per-index accumulators: the NaN flag of max/min becomes an array too.
@@ -123,15 +121,15 @@ std::string render_column_group(const Program& p, const Group& g, const GroupInf
   std::string value = result.empty() ? "static_cast<" + T + ">(acc[o - ob])" : result;
   if (!red.finalize.empty()) value = substitute(red.finalize, value);
   const std::string epilogue = column_epilogue(body, p, g, info, T, value);
-  const std::string B = std::to_string(kBlock), O = size_text(g.outer);
+  const std::string B = std::to_string(kBlock), O = g.outer_size.str();
   std::string out = kernel_head(name) + indent(signature(p, body, info, sig) + body.take(0), 2);
-  out += "#pragma omp parallel for schedule(static) if(" + product_text(g.outer, g.inner) +
+  out += "#pragma omp parallel for schedule(static) if(" + (g.outer_size * g.inner_size).str() +
          " >= " + std::to_string(kParallel) + ")" + num_threads_clause(threads) + "\n";
   out += "  for (int64_t ob = 0; ob < " + O + "; ob += " + B + ") {\n";
   out += "    const int64_t oe = ob + " + B + " < " + O + " ? ob + " + B + " : " + O + ";\n";
   out += "    " + A + " acc[" + B + "];\n    for (int64_t i = 0; i < " + B + "; ++i) acc[i] = " + c.init + ";\n";
   out += indent(nan_decl, 4);
-  out += "    for (int64_t r = 0; r < " + size_text(g.inner) + "; ++r) {\n#pragma omp simd\n";
+  out += "    for (int64_t r = 0; r < " + g.inner_size.str() + "; ++r) {\n#pragma omp simd\n";
   out += "      for (int64_t o = ob; o < oe; ++o) {\n" + indent(inner + combine, 8) + "      }\n    }\n";
   out += "    for (int64_t o = ob; o < oe; ++o) {\n" + indent(epilogue, 6) + "    }\n  }\n}\n";
   return out;
@@ -171,7 +169,7 @@ bool split_reduction(const Program& p, const Group& g, const GroupInfo& info) {
   if (!g.tiled || g.outer >= kMaxSplitRows || g.inner < kParallel || p.loops[g.loops.front()].column) return false;
   if (std::any_of(g.loops.begin(), g.loops.end(), [&](int li) { return stage_of(p.loops[li], g) == Stage::Inner; }))
     return false;
-  return g.outer == 1 || affine(p, g, info, loop_vars(g.outer, g.inner), "r");
+  return g.outer == 1 || affine(p, g, info, loop_vars(g.outer_size, g.inner_size), "r");
 }
 
 std::string render_split_reduction(const Program& p, const Group& g, const GroupInfo& info, const std::string& name,
@@ -179,8 +177,8 @@ std::string render_split_reduction(const Program& p, const Group& g, const Group
   CBody body(p, g, info);
   const Expr o = Expr::var("o", g.outer);
   // The chunk count is computed in the kernel, from the sizes it runs at.
-  const std::string OUTER = size_text(g.outer), INNER = size_text(g.inner), N = product_text(g.outer, g.inner),
-                    CHUNKS = "chunks", PARTS = spelled(g.outer).factor_str() + " * chunks";
+  const std::string OUTER = g.outer_size.str(), INNER = g.inner_size.str(), N = (g.outer_size * g.inner_size).str(),
+                    CHUNKS = "chunks", PARTS = g.outer_size.factor_str() + " * chunks";
   const std::string omp_threads = num_threads_clause(threads);
   // A per-row array of `T` named `array`.
   auto rows = [&](const std::string& T, const std::string& array) {
@@ -194,7 +192,7 @@ std::string render_split_reduction(const Program& p, const Group& g, const Group
     const Loop& l = p.loops[li];
     const Buffer& buf = p.buffers[l.buffer];
     const std::string T = ctype_of(buf.dtype), red = "red_" + buf.name;
-    Val v = body_value(body, l, g.outer, g.inner);
+    Val v = body_value(body, l, g.outer_size, g.inner_size);
     if (!l.reduction) {  // once a row
       std::string lines = body.take_inner();
       if (info.external.contains(l.buffer)) lines += body.store(l.buffer, store_offset(p, l, o), v.name);
@@ -290,7 +288,7 @@ bool affine(const Program& p, const Group& g, const GroupInfo& info, const LoopV
     if (l.reduction || l.numel() == g.outer)
       body.offsets.push_back(store_offset(p, l, v.o));
     else
-      body.offsets.push_back(store_offset(p, l, v.o * spelled(g.inner) + v.r));
+      body.offsets.push_back(store_offset(p, l, v.o * v.inner_size + v.r));
   }
   return std::all_of(body.offsets.begin(), body.offsets.end(), [&](const Expr& e) { return e.affine_in(var); });
 }
@@ -338,18 +336,18 @@ Split split_loops(const Program& p, const Group& g, const GroupInfo& info) {
     const Loop* red = nullptr;
     for (int li : g.loops)
       if (p.loops[li].reduction && !red) red = &p.loops[li];
-    if (!red || red->rnumel() != g.inner || affine(p, g, info, loop_vars(g.outer, g.inner), "r")) return {};
+    if (!red || red->rnumel() != g.inner || affine(p, g, info, loop_vars(g.outer_size, g.inner_size), "r")) return {};
     for (int64_t k : candidates(red->rsizes))
-      if (affine(p, g, info, loop_vars(g.outer, g.inner, 0, k), "rl")) return {0, k};
+      if (affine(p, g, info, loop_vars(g.outer_size, g.inner_size, 0, k), "rl")) return {0, k};
     return {};
   }
-  if (first.numel() != g.outer || affine(p, g, info, loop_vars(g.outer, g.inner), "o")) return {};
+  if (first.numel() != g.outer || affine(p, g, info, loop_vars(g.outer_size, g.inner_size), "o")) return {};
   std::vector<int64_t> dims;
   for (size_t k = 0; k < first.sizes.size(); ++k)
     dims.push_back(first.sizes[first.order.empty() ? k : static_cast<size_t>(first.order[k])]);
   for (int64_t k : candidates(dims)) {
     if (g.outer * g.inner >= kParallel && g.outer / k < kMinRows) continue;
-    if (affine(p, g, info, loop_vars(g.outer, g.inner, k, 0), "ol")) return {k, 0};
+    if (affine(p, g, info, loop_vars(g.outer_size, g.inner_size, k, 0), "ol")) return {k, 0};
   }
   return {};
 }
@@ -382,15 +380,15 @@ std::string render_cpp_group(const Program& p, const Group& g, const GroupInfo& 
   };
   int acc_counter = 0;
   const Split split = split_loops(p, g, info);
-  const LoopVars vars = loop_vars(g.outer, g.inner, split.outer, split.inner);
+  const LoopVars vars = loop_vars(g.outer_size, g.inner_size, split.outer, split.inner);
   const Expr& o = vars.o;
   const Expr& r = vars.r;
   const std::string omp_threads = num_threads_clause(threads);
   // The loop (or nest) over the inner range, `pragma` on its innermost loop.
   auto inner_loop = [&](const std::string& pragma, const std::string& lines) {
     if (split.inner == 0)
-      return pragma + "for (int64_t r = 0; r < " + size_text(g.inner) + "; ++r) {\n" + indent(lines, 2) + "}\n";
-    return "for (int64_t rh = 0; rh < " + quotient_text(g.inner, split.inner) + "; ++rh) {\n" +
+      return pragma + "for (int64_t r = 0; r < " + g.inner_size.str() + "; ++r) {\n" + indent(lines, 2) + "}\n";
+    return "for (int64_t rh = 0; rh < " + quotient_text(g.inner_size, split.inner) + "; ++rh) {\n" +
            indent(pragma + "for (int64_t rl = 0; rl < " + size_text(split.inner) + "; ++rl) {\n" + indent(lines, 2) +
                       "}\n",
                   2) +
@@ -421,7 +419,7 @@ std::string render_cpp_group(const Program& p, const Group& g, const GroupInfo& 
       std::string inner_lines = body.take(2);
       once(body.take(1));
       if (external) {
-        Expr at = store_offset(p, l, o * spelled(g.inner) + r);
+        Expr at = store_offset(p, l, o * vars.inner_size + r);
         inner_lines += body.store(l.buffer, at, v.name);
         body.stored(l.buffer);
       } else {
@@ -462,27 +460,29 @@ std::string render_cpp_group(const Program& p, const Group& g, const GroupInfo& 
                                   }));
   std::string decls = signature(p, body, info, sig);
   std::string out = kernel_head(name) + indent(decls + body.take(0), 2);
-  const std::string parallel_if = " if(" + product_text(g.outer, g.inner) + " >= " + std::to_string(kParallel) + ")";
+  const std::string parallel_if =
+      " if(" + (g.outer_size * g.inner_size).str() + " >= " + std::to_string(kParallel) + ")";
   if (!g.tiled && split.outer) {
     out += "#pragma omp parallel for schedule(static)" + parallel_if + omp_threads + "\n";
-    out += "  for (int64_t oh = 0; oh < " + quotient_text(g.outer, split.outer) + "; ++oh) {\n" + indent(per_outer, 4);
+    out += "  for (int64_t oh = 0; oh < " + quotient_text(g.outer_size, split.outer) + "; ++oh) {\n" +
+           indent(per_outer, 4);
     out += "#pragma omp simd\n    for (int64_t ol = 0; ol < " + size_text(split.outer) + "; ++ol) {\n" +
            indent(per_inner, 6) + "    }\n  }\n";
   } else if (!g.tiled) {
     out += "#pragma omp parallel for simd schedule(static)" + parallel_if + omp_threads + "\n";
-    out += "  for (int64_t o = 0; o < " + size_text(g.outer) + "; ++o) {\n" + indent(per_outer, 4) + "  }\n";
+    out += "  for (int64_t o = 0; o < " + g.outer_size.str() + "; ++o) {\n" + indent(per_outer, 4) + "  }\n";
   } else {
     out += "#pragma omp parallel" + parallel_if + omp_threads + "\n  {\n";
     // A per-thread row of `inner` elements of C++ type T, named `name` (an
     // array, not a std::vector: a std::vector<bool> has no data()).
     auto row = [&](const std::string& T, const std::string& name) {
-      return "    const std::unique_ptr<" + T + "[]> " + name + "_storage(new " + T + "[" + size_text(g.inner) +
+      return "    const std::unique_ptr<" + T + "[]> " + name + "_storage(new " + T + "[" + g.inner_size.str() +
              "]);\n    " + T + "* __restrict " + name + " = " + name + "_storage.get();\n";
     };
     for (int b : body.scratch_) out += row(ctype_of(p.buffers[b].dtype), "row_" + p.buffers[b].name);
     for (const CBody::Def& d : kept_rows) out += row(d.ctype, "keep_" + d.name);  // Note [Kept row values]
     out += "#pragma omp for schedule(static)\n";
-    out += "    for (int64_t o = 0; o < " + size_text(g.outer) + "; ++o) {\n" + indent(per_outer, 6) + "    }\n  }\n";
+    out += "    for (int64_t o = 0; o < " + g.outer_size.str() + "; ++o) {\n" + indent(per_outer, 6) + "    }\n  }\n";
   }
   out += "}\n";
   return out;

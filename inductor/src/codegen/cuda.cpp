@@ -145,7 +145,7 @@ int64_t vector_width(const Program& p, const Group& g, int64_t count) {
     const Loop& l = p.loops[li];
     if (p.buffers[l.buffer].kind == Buffer::Input) return 1;
     narrowest = std::min<int64_t>(narrowest, c10::elementSize(p.buffers[l.buffer].dtype));
-    for (const Read& r : reads_of(p, l, g.outer, g.inner))
+    for (const Read& r : reads_of(p, l, g.outer_size, g.inner_size))
       narrowest = std::min<int64_t>(narrowest, c10::elementSize(p.buffers[r.buffer].dtype));
   }
   int64_t width = std::min<int64_t>(16 / narrowest, 8);
@@ -175,7 +175,8 @@ PointwiseText pointwise_text(const Program& p, const Group& g, const GroupInfo& 
                              const std::string& bid, const std::string& nblocks, int64_t width) {
   const bool vector = width > 1;
   CBody body(p, g, info);
-  const LoopVars vars = vector ? loop_vars(g.outer, g.inner, width, 0) : loop_vars(g.outer, g.inner);
+  const LoopVars vars =
+      vector ? loop_vars(g.outer_size, g.inner_size, width, 0) : loop_vars(g.outer_size, g.inner_size);
   if (vector) {
     body.vectorize(width);
     body.keep_inner_values();  // an element's values stay named across the group's loops
@@ -256,7 +257,7 @@ std::string render_column(const Program& p, const Group& g, const GroupInfo& inf
   const int64_t splits = column_splits(tiles, g.inner);
   const std::string S = std::to_string(splits);
   const int64_t chunk = (g.inner + splits - 1) / splits;
-  Val v = body_value(body, red, g.outer, g.inner);
+  Val v = body_value(body, red, g.outer_size, g.inner_size);
   // Lane x of the tile's row y: kept index ob + x, reduced indices y,
   // y + kColumnRows, ... (of the block's split); then the rows' partials are
   // combined in shared memory, in order, by the tile's first row.
@@ -351,7 +352,7 @@ class RowKernel {
     // A persistent row's thread holds vectors of `width` consecutive elements
     // (Note [Vectorized pointwise kernels]): r = width·rh + rl.
     width_ = persistent_ ? vector_width(p, g, std::gcd(slots_, g.inner)) : 1;
-    vars_ = loop_vars(g.outer, g.inner, 0, width_ > 1 ? width_ : 0);
+    vars_ = loop_vars(g.outer_size, g.inner_size, 0, width_ > 1 ? width_ : 0);
     if (persistent_) body_.keep_inner_values();
     if (width_ > 1) {
       body_.vectorize(width_, "rl");

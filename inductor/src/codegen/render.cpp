@@ -18,7 +18,7 @@ Val CBody::load(int b, const std::vector<Expr>& index) {
     const Loop& l = p_.loops[buf.loop];
     if (stage_of(l, g_) == Stage::Inner) {
       Expr flat = iteration_position(p_, b, index);
-      Expr at = mod(flat, spelled(g_.inner));
+      Expr at = mod(flat, g_.inner_size);
       // The thread's own element of a persistent row: still in a register.
       if (auto it = row_locals_.find(b); it != row_locals_.end() && at.str() == row_element_) return it->second;
       return guarded(scratch(b) + "[" + at.str() + "]", level_of(at), T, /*memory=*/false);
@@ -158,7 +158,7 @@ std::string column_epilogue(CBody& body, const Program& p, const Group& g, const
   body.set_local(red.buffer, red_name);
   for (size_t k = 1; k < g.loops.size(); ++k) {
     const Loop& l = p.loops[g.loops[k]];
-    Val e = body_value(body, l, g.outer, g.inner);
+    Val e = body_value(body, l, g.outer_size, g.inner_size);
     epilogue += body.take_inner();
     if (info.external.contains(l.buffer)) epilogue += body.store(l.buffer, store_offset(p, l, o), e.name);
     body.set_local(l.buffer, e.name);

@@ -107,23 +107,47 @@ class RecordingBody : public Body {
 
 }  // namespace
 
-LoopVars loop_vars(int64_t outer, int64_t inner, int64_t osplit, int64_t rsplit) {
+LoopVars loop_vars(const SizeExpr& outer, const SizeExpr& inner, int64_t osplit, int64_t rsplit) {
   auto var = [](const std::string& name, int64_t extent, int64_t split) {
     if (split <= 0) return Expr::var(name, extent);
     return Expr::var(name + "h", extent / split) * spelled(split) + Expr::var(name + "l", split);
   };
-  return {outer, inner, var("o", outer, osplit), var("r", inner, rsplit)};
+  return {outer.value(), inner.value(), inner, var("o", outer.value(), osplit), var("r", inner.value(), rsplit)};
 }
 
 Val body_value(Body& b, const Loop& loop, const LoopVars& v) {
-  if (loop.reduction) return loop.rfn(b, unravel(v.o, loop.sizes), unravel(v.r, loop.rsizes));
-  Expr flat = loop.numel() == v.outer ? v.o : v.o * spelled(v.inner) + v.r;
+  if (loop.reduction) return loop.rfn(b, unravel(v.o, spelled_sizes(loop)), unravel(v.r, spelled_rsizes(loop)));
+  Expr flat = loop.numel() == v.outer ? v.o : v.o * v.inner_size + v.r;
   return loop.fn(b, loop_index(loop, flat));
 }
 
-Val body_value(Body& b, const Loop& loop, int64_t outer, int64_t inner) {
+Val body_value(Body& b, const Loop& loop, const SizeExpr& outer, const SizeExpr& inner) {
   return body_value(b, loop, loop_vars(outer, inner));
 }
+
+namespace {
+
+// `exprs` where they spell `sizes`, else spelled() of each.
+std::vector<SizeExpr> spelled_as(const std::vector<SizeExpr>& exprs, const std::vector<int64_t>& sizes) {
+  if (exprs.size() == sizes.size()) return exprs;
+  std::vector<SizeExpr> out;
+  out.reserve(sizes.size());
+  for (int64_t s : sizes) out.push_back(spelled(s));
+  return out;
+}
+
+SizeExpr product(const std::vector<SizeExpr>& v) {
+  SizeExpr p = 1;
+  for (const SizeExpr& e : v) p = p * e;
+  return p;
+}
+
+}  // namespace
+
+std::vector<SizeExpr> spelled_sizes(const Loop& loop) { return spelled_as(loop.size_exprs, loop.sizes); }
+std::vector<SizeExpr> spelled_rsizes(const Loop& loop) { return spelled_as(loop.rsize_exprs, loop.rsizes); }
+SizeExpr spelled_numel(const Loop& loop) { return product(spelled_sizes(loop)); }
+SizeExpr spelled_rnumel(const Loop& loop) { return product(spelled_rsizes(loop)); }
 
 std::vector<SizeExpr> spelled_strides(const Buffer& b) {
   if (std::optional<std::vector<SizeExpr>> s = layout_strides(b.value, b.strides)) return *s;
@@ -140,9 +164,10 @@ Expr iteration_position(const Program& p, int b, const std::vector<Expr>& index)
 }
 
 std::vector<Expr> loop_index(const Loop& loop, const Expr& flat) {
-  if (loop.order.empty()) return unravel(flat, loop.sizes);
-  std::vector<int64_t> sizes;
-  for (int d : loop.order) sizes.push_back(loop.sizes[static_cast<size_t>(d)]);
+  const std::vector<SizeExpr> spelled = spelled_sizes(loop);
+  if (loop.order.empty()) return unravel(flat, spelled);
+  std::vector<SizeExpr> sizes;
+  for (int d : loop.order) sizes.push_back(spelled[static_cast<size_t>(d)]);
   const std::vector<Expr> in_order = unravel(flat, sizes);
   std::vector<Expr> index(loop.sizes.size());
   for (size_t k = 0; k < loop.order.size(); ++k) index[static_cast<size_t>(loop.order[k])] = in_order[k];
@@ -153,7 +178,7 @@ Expr store_offset(const Program& p, const Loop& loop, const Expr& flat) {
   return dot(loop_index(loop, flat), spelled_strides(p.buffers[static_cast<size_t>(loop.buffer)]));
 }
 
-std::vector<Read> reads_of(const Program& p, const Loop& loop, int64_t outer, int64_t inner) {
+std::vector<Read> reads_of(const Program& p, const Loop& loop, const SizeExpr& outer, const SizeExpr& inner) {
   RecordingBody b(p);
   body_value(b, loop, outer, inner);
   return std::move(b.reads);

@@ -89,6 +89,10 @@ struct Loop {
   /// The graph nodes this loop computes (inlined ones included), in graph
   /// order: what a kernel's comment lists.
   std::vector<const ir::Node*> nodes;
+  /// sizes and rsizes as kernel text spells them, from the tensors they are
+  /// the sizes of (Note [Dynamic sizes]); empty: each as spelled() spells
+  /// it (spelled_sizes, spelled_rsizes).
+  std::vector<SizeExpr> size_exprs, rsize_exprs;
   int64_t numel() const;
   int64_t rnumel() const;
 };
@@ -211,12 +215,14 @@ c10::Device loop_device(const ir::Graph& graph);
 /// (ol, rl) over K elements, so that offsets become affine in it.
 struct LoopVars {
   int64_t outer = 1, inner = 1;
+  SizeExpr inner_size = 1;  // inner, spelled
   Expr o, r;
 };
 
-/// `o` and `r` over `outer` and `inner`; a split (> 0, a divisor of the
-/// range) makes the variable two.
-LoopVars loop_vars(int64_t outer, int64_t inner, int64_t osplit = 0, int64_t rsplit = 0);
+/// `o` and `r` over `outer` and `inner` (spelled sizes; their values are
+/// the ranges); a split (> 0, a divisor of the range) makes the variable
+/// two.
+LoopVars loop_vars(const SizeExpr& outer, const SizeExpr& inner, int64_t osplit = 0, int64_t rsplit = 0);
 
 /// The value of `loop`'s element at the loop variables `o` and `r` of `v`:
 /// for a reduction, its combined operand at kept index o and reduced index
@@ -224,12 +230,19 @@ LoopVars loop_vars(int64_t outer, int64_t inner, int64_t osplit = 0, int64_t rsp
 /// index o·inner + r; for one of `outer` elements, the element at o.
 Val body_value(Body& b, const Loop& loop, const LoopVars& v);
 /// body_value with unsplit variables over `outer` and `inner`.
-Val body_value(Body& b, const Loop& loop, int64_t outer, int64_t inner);
+Val body_value(Body& b, const Loop& loop, const SizeExpr& outer, const SizeExpr& inner);
 
 /// The loads `loop` makes when rendered with the outer variable `o` over
 /// `outer` and the inner `r` over `inner` (the flat index is o·inner + r for
 /// a loop of outer·inner elements, o for one of `outer` elements).
-std::vector<Read> reads_of(const Program& p, const Loop& loop, int64_t outer, int64_t inner);
+std::vector<Read> reads_of(const Program& p, const Loop& loop, const SizeExpr& outer, const SizeExpr& inner);
+
+/// loop.sizes and loop.rsizes as kernel text spells them (Loop::size_exprs).
+std::vector<SizeExpr> spelled_sizes(const Loop& loop);
+std::vector<SizeExpr> spelled_rsizes(const Loop& loop);
+/// Their products: the loop's elements and reduced elements, spelled.
+SizeExpr spelled_numel(const Loop& loop);
+SizeExpr spelled_rnumel(const Loop& loop);
 
 /// The IR as text: each buffer, each loop's body in the ops above, each
 /// extern kernel, in run order.

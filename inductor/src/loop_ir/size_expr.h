@@ -83,11 +83,11 @@ struct SpelledLayout {
 
 /// The spellings of a graph's sizes while it is lowered and rendered
 /// (Note [Dynamic sizes] in dynamic_sizes.cpp): each tensor's sizes and
-/// strides (its layout), and for each integer a tensor's size or element
-/// count takes at the sizes being compiled (what loops' extents are), the
-/// polynomial over the size symbols it stands for, unless two different
-/// polynomials take that value (a static extent equal to a dynamic one's
-/// value here): such a value, and any other, is a literal.
+/// strides (its layout), and, for the integers no tensor names, the
+/// polynomial over the size symbols that a value some tensor's size or
+/// element count takes at the sizes being compiled stands for, unless two
+/// different polynomials take that value: such a value, and any other, is
+/// a literal.
 class SizeTable {
  public:
   /// Records `e` as a spelling of e.value().

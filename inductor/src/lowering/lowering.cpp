@@ -74,6 +74,9 @@ Program Lowerer::run() {
   if (const ir::Node* out = g_.output_node())
     for (const ir::Value* v : out->inputs()) ensure_tensor(v);
   sink_waits();
+  // Each loop counts its buffer's elements: spelled as that tensor's sizes
+  // are (Note [Dynamic sizes]).
+  for (Loop& l : p_.loops) l.size_exprs = spelled_sizes(p_.buffers[static_cast<size_t>(l.buffer)].value, l.sizes);
   return std::move(p_);
 }
 

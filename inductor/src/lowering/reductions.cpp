@@ -89,10 +89,13 @@ void Lowerer::lower_reduction(const ir::Node* n) {
   std::vector<int64_t> dims = reduced_dims(n, xs.size());
   std::vector<bool> reduced(xs.size(), false);
   std::vector<int64_t> rsizes;
+  std::vector<SizeExpr> rsize_exprs;  // spelled as the operand's sizes are (Note [Dynamic sizes])
+  const std::vector<SizeExpr> xs_spelled = spelled_sizes(xv, xs);
   for (int64_t d : dims)
     if (d < static_cast<int64_t>(xs.size())) {
       reduced[d] = true;
       rsizes.push_back(xs[d]);
+      rsize_exprs.push_back(xs_spelled[d]);
     }
   bool keepdim = false;
   if (t == "aten::sum.dim_IntList" || t == "aten::mean.dim" || t == "aten::amax" || t == "aten::amin")
@@ -116,8 +119,8 @@ void Lowerer::lower_reduction(const ir::Node* n) {
     }
     return x.fn(b, in);
   };
-  int64_t count = 1;
-  for (int64_t s : rsizes) count *= s;
+  SizeExpr count = 1;
+  for (const SizeExpr& s : rsize_exprs) count = count * s;
   std::string T = ctype_of(x.dtype);
   bool column = false;
   {
@@ -136,6 +139,7 @@ void Lowerer::lower_reduction(const ir::Node* n) {
     loop.sizes = v->meta().sizes;
     loop.reduction = true;
     loop.rsizes = rsizes;
+    loop.rsize_exprs = rsize_exprs;
     loop.rtype = type;
     loop.rfn = std::move(fn);
     loop.finalize = std::move(finalize);
@@ -146,7 +150,7 @@ void Lowerer::lower_reduction(const ir::Node* n) {
     p_.items.push_back({nullptr, static_cast<int>(p_.loops.size())});
     p_.loops.push_back(std::move(loop));
   };
-  std::string mean = "$ / " + T + "(" + spelled(count).str() + ")";
+  std::string mean = "$ / " + T + "(" + count.str() + ")";
   if (t == "aten::sum.dim_IntList" || t == "aten::sum") {
     add_loop(n->result(), ReductionType::Sum, operand, "");
     p_.loops.back().online_max = softmax_max_loop(n);
@@ -174,8 +178,17 @@ void Lowerer::lower_reduction(const ir::Node* n) {
       Val d = b.compute("(" + xv2.name + " - " + m.name + ")", std::max(xv2.level, m.level), T);
       return b.compute("(" + d.name + " * " + d.name + ")", d.level, T);
     };
-    char div[64];
-    std::snprintf(div, sizeof div, "%.17g", std::max(0.0, static_cast<double>(count) - correction));
+    char corr[64];
+    std::snprintf(corr, sizeof corr, "%.17g", correction);
+    std::string div;
+    if (count.is_constant()) {
+      char literal[64];
+      std::snprintf(literal, sizeof literal, "%.17g", std::max(0.0, static_cast<double>(count.value()) - correction));
+      div = literal;
+    } else {  // a count over size symbols: clamped where the kernel runs
+      const std::string c = "double(" + count.str() + ")";
+      div = "(" + c + " > " + corr + " ? " + c + " - " + corr + " : 0.0)";
+    }
     add_loop(var, ReductionType::Sum, squared, "$ / " + T + "(" + div + ")");
   }
 }
