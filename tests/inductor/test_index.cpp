@@ -161,15 +161,15 @@ TEST_CASE("index: unravelling over symbolic sizes and ravelling again gives the 
   const std::vector<SizeExpr> sizes = {b, t, 64};
   const std::vector<Expr> index = unravel(y, sizes);
   REQUIRE(index.size() == 3);
-  CHECK(index[0].str() == "(y / (64*s0))");
-  CHECK(index[1].str() == "(((y / 64)) % s0)");
+  CHECK(index[0].str() == "crucible_div(y, 64*s0)");
+  CHECK(index[1].str() == "crucible_mod((y / 64), s0)");
   CHECK(index[2].str() == "(y % 64)");
   const std::vector<SizeExpr> strides = contiguous_strides(sizes);
   CHECK(strides[0].str() == "64*s0");
   CHECK(dot(index, strides) == y);
   // A broadcast [T, 64] operand of the same loop (a learned position
   // embedding): its row is the flat index's middle dimension.
-  CHECK(dot({index[1], index[2]}, contiguous_strides(std::vector<SizeExpr>{t, 64})).str() == "(y % (64*s0))");
+  CHECK(dot({index[1], index[2]}, contiguous_strides(std::vector<SizeExpr>{t, 64})).str() == "crucible_mod(y, 64*s0)");
 }
 
 TEST_CASE("index: range decisions read the values being compiled", "[index][size_symbols]") {
@@ -181,4 +181,15 @@ TEST_CASE("index: range decisions read the values being compiled", "[index][size
   CHECK(floordiv(var("o", 4) * t + r, t).str() == "o");
   // A value that only happens to divide (64·26 by 13) leaves an atom.
   CHECK(floordiv(var("x", 4) * (t * 64), 13).str() == "(64*s0*x / 13)");
+}
+
+TEST_CASE("index: a run-time divisor divides by multiplying where both fit 32 bits", "[index][size_symbols]") {
+  // Note [Run-time divisors]: crucible_div and crucible_mod of the C++
+  // prelude; an index that may reach 2^32 keeps C++'s / and %.
+  const SizeExpr t = SizeExpr::symbol(0, 26);
+  CHECK(floordiv(var("y", 1000), t).str() == "crucible_div(y, s0)");
+  CHECK(mod(var("y", 1000), t * 3).str() == "crucible_mod(y, 3*s0)");
+  const Expr big = var("y", int64_t{1} << 33);
+  CHECK(floordiv(big, t).str() == "(y / s0)");
+  CHECK(mod(big, t * 3).str() == "(y % (3*s0))");
 }

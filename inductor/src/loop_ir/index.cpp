@@ -31,21 +31,29 @@ std::shared_ptr<const Atom> make_atom(Atom::Kind kind, const Expr& arg, const Si
   a->kind = kind;
   a->arg = arg;
   a->divisor = c;
+  if (kind == Atom::FloorDiv) {
+    a->lo = floor_div(arg.lo(), c.value());
+    a->hi = floor_div(arg.hi(), c.value());
+  } else {
+    a->lo = 0;
+    a->hi = c.value() - 1;
+  }
+  // A divisor known only at run time divides by multiplying where the
+  // operands fit 32 bits (Note [Run-time divisors] in
+  // codegen/preludes/cpu.h).
+  constexpr int64_t k32 = int64_t{1} << 32;
+  if (!c.is_constant() && arg.lo() >= 0 && arg.hi() < k32 && c.value() < k32) {
+    a->text =
+        std::string(kind == Atom::FloorDiv ? "crucible_div(" : "crucible_mod(") + arg.str() + ", " + c.str() + ")";
+    return a;
+  }
   std::string text = arg.str();
   if (text.find(' ') != std::string::npos) text = "(" + text + ")";
   // A divisor that is a product or a sum is parenthesized: C++'s / and %
   // bind as tightly as *.
   std::string divisor = c.str();
   if (divisor.find_first_of(" *") != std::string::npos) divisor = "(" + divisor + ")";
-  if (kind == Atom::FloorDiv) {
-    a->lo = floor_div(arg.lo(), c.value());
-    a->hi = floor_div(arg.hi(), c.value());
-    a->text = "(" + text + " / " + divisor + ")";
-  } else {
-    a->lo = 0;
-    a->hi = c.value() - 1;
-    a->text = "(" + text + " % " + divisor + ")";
-  }
+  a->text = "(" + text + (kind == Atom::FloorDiv ? " / " : " % ") + divisor + ")";
   return a;
 }
 

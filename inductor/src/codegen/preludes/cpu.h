@@ -18,6 +18,28 @@
 // so that with -fno-trapping-math `omp simd` loops vectorize them (5-7x
 // libm's scalar calls on this machine). Doubles keep libm.
 
+// Note [Run-time divisors]
+// A kernel over size symbols (Note [Size symbols] in loop_ir/size_expr.h)
+// divides its flat index by sizes known only at run time, and a hardware
+// 64-bit division costs tens of cycles per element where a literal
+// divisor costs a multiplication: a permuting copy ran 1.8x slower. Where
+// the index and the divisor fit 32 bits (the renderer checks both ranges)
+// the division is a multiplication by the divisor's 64-bit inverse
+// M = floor((2^64 - 1) / d) + 1, exact for every such pair (Lemire, Kaser
+// and Kurz, "Faster remainder by direct computation", 2019). M depends on
+// the divisor alone, which does not change inside a loop, so the compiler
+// computes it once outside it.
+static inline int64_t crucible_div(int64_t x, int64_t d) {
+  const uint64_t m = UINT64_MAX / static_cast<uint64_t>(d) + 1;
+  return static_cast<int64_t>((static_cast<unsigned __int128>(m) * static_cast<uint64_t>(x)) >> 64);
+}
+
+static inline int64_t crucible_mod(int64_t x, int64_t d) {
+  const uint64_t m = UINT64_MAX / static_cast<uint64_t>(d) + 1;
+  const uint64_t low = m * static_cast<uint64_t>(x);
+  return static_cast<int64_t>((static_cast<unsigned __int128>(low) * static_cast<uint64_t>(d)) >> 64);
+}
+
 static inline float crucible_exp(float x) {
   // Clamped where exp over- or underflows anyway (89 -> inf, -104 -> 0
   // through the scale below); a NaN passes the clamp and the last term.
