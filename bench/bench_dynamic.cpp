@@ -7,7 +7,11 @@
 //                  the time. <mode>: eager; inductor (automatic dynamic
 //                  sizes, the default); inductor_static (off: every shape
 //                  builds its own kernels). Counter kernel_libraries: the
-//                  C++ builds the loop ran.
+//                  C++ builds the loop ran. Cold only once per process: the
+//                  inductor remembers the graph structures it has seen and
+//                  which sizes varied (as torch._dynamo does), so a later
+//                  repetition starts with its sizes dynamic; run it in
+//                  separate processes (bench/results/dynamic.md).
 //   BM_DynamicNewLength/<mode>  compiling the step for one more length
 //                  (41, 42, ...) after lengths 31 and 77: <mode> dynamic
 //                  (the symbolic library is loaded) or static (a build).
