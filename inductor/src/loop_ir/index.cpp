@@ -315,18 +315,7 @@ std::vector<Expr> unravel(const Expr& flat, const std::vector<SizeExpr>& sizes) 
   return idx;
 }
 
-namespace {
-std::vector<SizeExpr> spelled_all(const std::vector<int64_t>& v) {
-  std::vector<SizeExpr> out;
-  out.reserve(v.size());
-  for (int64_t x : v) out.push_back(spelled(x));
-  return out;
-}
-}  // namespace
-
-std::vector<Expr> unravel(const Expr& flat, const std::vector<int64_t>& sizes) {
-  return unravel(flat, spelled_all(sizes));
-}
+std::vector<Expr> unravel(const Expr& flat, const std::vector<int64_t>& sizes) { return unravel(flat, spelled(sizes)); }
 
 Expr dot(const std::vector<Expr>& index, const std::vector<SizeExpr>& strides, const SizeExpr& offset) {
   Expr e(offset);
@@ -335,7 +324,7 @@ Expr dot(const std::vector<Expr>& index, const std::vector<SizeExpr>& strides, c
 }
 
 Expr dot(const std::vector<Expr>& index, const std::vector<int64_t>& strides, int64_t offset) {
-  return dot(index, spelled_all(strides), spelled(offset));
+  return dot(index, spelled(strides), spelled(offset));
 }
 
 std::vector<SizeExpr> contiguous_strides(const std::vector<SizeExpr>& sizes) {

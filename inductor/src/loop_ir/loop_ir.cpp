@@ -2,6 +2,9 @@
 
 #include <crucible/ir/tensor_meta.h>
 
+#include <algorithm>
+#include <optional>
+
 namespace crucible::inductor::detail {
 
 int64_t Buffer::numel() const {
@@ -129,11 +132,10 @@ namespace {
 
 // `exprs` where they spell `sizes`, else spelled() of each.
 std::vector<SizeExpr> spelled_as(const std::vector<SizeExpr>& exprs, const std::vector<int64_t>& sizes) {
-  if (exprs.size() == sizes.size()) return exprs;
-  std::vector<SizeExpr> out;
-  out.reserve(sizes.size());
-  for (int64_t s : sizes) out.push_back(spelled(s));
-  return out;
+  const bool same =
+      exprs.size() == sizes.size() && std::equal(exprs.begin(), exprs.end(), sizes.begin(),
+                                                 [](const SizeExpr& e, int64_t v) { return e.value() == v; });
+  return same ? exprs : spelled(sizes);
 }
 
 SizeExpr product(const std::vector<SizeExpr>& v) {
@@ -152,9 +154,7 @@ SizeExpr spelled_rnumel(const Loop& loop) { return product(spelled_rsizes(loop))
 std::vector<SizeExpr> spelled_strides(const Buffer& b) {
   if (std::optional<std::vector<SizeExpr>> s = layout_strides(b.value, b.strides)) return *s;
   if (b.strides == contiguous_strides(b.sizes)) return contiguous_strides(spelled_sizes(b.value, b.sizes));
-  std::vector<SizeExpr> out;
-  for (int64_t s : b.strides) out.push_back(spelled(s));
-  return out;
+  return spelled(b.strides);
 }
 
 Expr iteration_position(const Program& p, int b, const std::vector<Expr>& index) {

@@ -188,6 +188,13 @@ thread_local const SizeTable* current_table = nullptr;
 
 SizeExpr spelled(int64_t v) { return current_table ? current_table->spell(v) : SizeExpr(v); }
 
+std::vector<SizeExpr> spelled(const std::vector<int64_t>& v) {
+  std::vector<SizeExpr> out;
+  out.reserve(v.size());
+  for (int64_t x : v) out.push_back(spelled(x));
+  return out;
+}
+
 namespace {
 
 bool same_values(const std::vector<SizeExpr>& spelled, const std::vector<int64_t>& values) {
@@ -203,10 +210,7 @@ const SpelledLayout* layout_in_force(const ir::Value* v) {
 
 std::vector<SizeExpr> spelled_sizes(const ir::Value* v, const std::vector<int64_t>& sizes) {
   if (const SpelledLayout* l = layout_in_force(v); l && same_values(l->sizes, sizes)) return l->sizes;
-  std::vector<SizeExpr> out;
-  out.reserve(sizes.size());
-  for (int64_t s : sizes) out.push_back(spelled(s));
-  return out;
+  return spelled(sizes);
 }
 
 std::optional<std::vector<SizeExpr>> layout_strides(const ir::Value* v, const std::vector<int64_t>& strides) {

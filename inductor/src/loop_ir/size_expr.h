@@ -119,6 +119,8 @@ class SizeTable {
 /// expressions and kernel text, as torch/_inductor reads them through
 /// V.graph.sizevars.
 SizeExpr spelled(int64_t v);
+/// spelled() of each.
+std::vector<SizeExpr> spelled(const std::vector<int64_t>& v);
 
 /// `sizes`, those of the tensor `v`, as spelled: v's spelled layout's in
 /// the table in force where they have those values, else each as spelled()
