@@ -280,10 +280,13 @@ autograd::AotConfig Builder::aot_config() const {
 // masked_fill for a subclass-like one. AOTAutograd's trace is functionalized
 // (or on fake tensors), so it takes the second kernel; the pre-grad trace,
 // not functionalized, gets real tensors and the first, which no graph can
-// hold. The passes are rewrites that keep the function's values, so where
-// the pre-grad trace meets a data-dependent op the compilation goes on
-// without them (with a warning) and AOTAutograd traces the function itself:
-// it compiles if its own trace avoids the op, and refuses it by name if not.
+// hold. ATen's cuDNN RNN on a GPU, likewise, points its weights at a
+// flattened Storage with set_, which only a functionalized trace can hold.
+// The passes are rewrites that keep the function's values, so where the
+// pre-grad trace meets either the compilation goes on without them (with a
+// warning where the user chose them) and AOTAutograd traces the function
+// itself: it compiles if its own trace avoids the op, and refuses it by
+// name if not.
 //
 // Note [Pre-grad graphs that autograd cannot replay]
 // A pre-grad graph is differentiated by autograd recording the ATen ops the
@@ -342,6 +345,15 @@ tracer::TensorFn Builder::pre_grad_function(const tracer::TensorFn& fn, const au
     unreplayable = unreplayable_autograd(out);
     return out;
   };
+  // Note [Pre-grad traces that read values]: what only a functionalized
+  // trace holds. The backend's own passes are an optimization the user
+  // did not ask for: skipped quietly.
+  auto skipped = [&](const char* what, const tracer::TraceError& e) {
+    if (pre_grad_chosen_)
+      TORCH_WARN("pre-grad passes skipped for this compilation: the forward traced without functionalization ", what,
+                 " (", e.what(), "); Note [Pre-grad traces that read values]");
+    return fn;
+  };
   try {
     traced.emplace(this->trace("pre_grad", [&](const tracer::TraceOptions& options) {
       tracer::TraceOptions forward = options;
@@ -350,14 +362,9 @@ tracer::TensorFn Builder::pre_grad_function(const tracer::TensorFn& fn, const au
       return trace(inspected, args, forward);
     }));
   } catch (const tracer::DataDependentError& e) {
-    // The backend's own passes are an optimization the user did not ask
-    // for: skipped quietly.
-    if (pre_grad_chosen_)
-      TORCH_WARN(
-          "pre-grad passes skipped for this compilation: the forward traced without functionalization "
-          "reads tensor values (",
-          e.what(), "); Note [Pre-grad traces that read values]");
-    return fn;
+    return skipped("reads tensor values", e);
+  } catch (const tracer::NeedsFunctionalizationError& e) {
+    return skipped("points a tensor at a Storage", e);
   }
   if (unreplayable) {
     if (pre_grad_chosen_)

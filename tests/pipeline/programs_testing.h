@@ -161,11 +161,11 @@ inline std::vector<std::pair<std::string, Builder>> builders() {
 // What a program does that some builders cannot follow on a GPU.
 struct GpuLimits {
   // It runs cuDNN's RNN, which points a tensor at its flattened weights'
-  // Storage (set_): the pre-grad builder's forward trace, not
-  // functionalized, records that, which a graph cannot hold, and the tracer
-  // refuses it by name (not fixed yet; the case says so as a skip). A fake
-  // tensor's Storage holds no data, so the fake builder refuses it too, with
-  // an error that says to trace in real mode (TraceMode::Auto does).
+  // Storage (set_): a forward trace that is not functionalized (the
+  // pre-grad passes', which the inductor backends run by default) cannot
+  // hold that, so those passes are skipped and the step compiles without
+  // them. A fake tensor's Storage holds no data, so the fake builder refuses
+  // it, with an error that says to trace in real mode (TraceMode::Auto does).
   bool cudnn_rnn = false;
   // It branches on at::equal of two tensors' values (Note [Guarded equal]):
   // a fake-mode trace has no values, and refuses it with a clear error.
@@ -176,8 +176,6 @@ inline void for_each_backend(const std::function<void(const Builder&)>& body, Gp
   const bool gpu = crucible::testing::test_device().is_cuda();
   for (const auto& [name, builder] : builders()) {
     SECTION(name) {
-      if (gpu && limits.cudnn_rnn && name == "pre-grad")
-        CRUCIBLE_SKIP("pre-grad passes over cuDNN's RNN on a GPU: its weight flattening is refused by the tracer");
       if (gpu && limits.cudnn_rnn && name == "fake")
         REQUIRE_THROWS_WITH(body(builder), CRUCIBLE_HAS_SUBSTR("aten::set") && CRUCIBLE_HAS_SUBSTR("real mode"));
       else if (limits.reads_values && name == "fake")

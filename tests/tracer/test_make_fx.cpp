@@ -396,6 +396,10 @@ TEST_CASE("make_fx: tensors the function makes itself, real or fake, functionali
                                               : mode == crucible::tracer::TraceMode::Fake
                                                   ? "at the Storage of a fake or meta tensor, which holds no data"
                                                   : "at a Storage, which a graph cannot hold"));
+      // Its own type where functionalizing would hold it: the pre-grad
+      // passes' trace goes on without them (pipeline/builder.cpp).
+      if (!functionalize && mode == crucible::tracer::TraceMode::Real)
+        REQUIRE_THROWS_AS(make_fx(set_storage, {x}, o), crucible::tracer::NeedsFunctionalizationError);
     }
   }
 }

@@ -693,10 +693,11 @@ void TraceSession::check_uninitialized_reads(const c10::OperatorHandle& op, cons
     } else if (op.schema().name() == "aten::set_") {
       // Not a read: set_ points the tensor at other memory, here a Storage
       // the graph has no value for.
-      throw TraceError(ir::operator_name(op) + " points %" + it->second.node->result()->name() +
-                       " at a Storage, which a graph cannot hold (ATen's cuDNN RNN does so with its flattened "
-                       "weights in a trace that is not functionalized, such as the pre-grad passes' forward "
-                       "trace); trace the function functionalized, or run it without those passes");
+      throw NeedsFunctionalizationError(
+          ir::operator_name(op) + " points %" + it->second.node->result()->name() +
+          " at a Storage, which a graph cannot hold (ATen's cuDNN RNN does so with its flattened "
+          "weights in a trace that is not functionalized, such as the pre-grad passes' forward "
+          "trace); trace the function functionalized, or run it without those passes");
     } else if (!alias || alias->isWrite()) {
       throw TraceError(ir::operator_name(op) + " reads %" + it->second.node->result()->name() +
                        ", a tensor made by aten::empty that no traced op has written: its values were written "

@@ -22,4 +22,14 @@ class DataDependentError : public TraceError {
   using TraceError::TraceError;
 };
 
+/// A TraceError for what only a functionalized trace can hold: a tensor
+/// pointed by set_ at the Storage of a tensor no traced op wrote (ATen's
+/// cuDNN RNN does so with its flattened weights). Its own type because a
+/// caller that traced without functionalization may go on without that
+/// trace (Note [Pre-grad traces that read values] in pipeline/builder.cpp).
+class NeedsFunctionalizationError : public TraceError {
+ public:
+  using TraceError::TraceError;
+};
+
 }  // namespace crucible::tracer
