@@ -69,14 +69,19 @@ struct Measures {
   std::vector<std::vector<int64_t>> inputs;
 };
 
-Measures measure(const ir::Graph& g) {
+// Every node's results, in graph order: the Values Measures index.
+std::vector<const ir::Value*> values_of(const ir::Graph& g) {
+  std::vector<const ir::Value*> out;
+  for (const ir::Node* n : g.nodes())
+    for (size_t r = 0; r < n->num_results(); ++r) out.push_back(n->result(r));
+  return out;
+}
+
+Measures measure(const ir::Graph& g, const std::vector<const ir::Value*>& values) {
   Measures m;
-  for (const ir::Node* n : g.nodes()) {
-    for (size_t r = 0; r < n->num_results(); ++r) {
-      const ir::Value* v = n->result(r);
-      m.sizes.push_back(v->has_meta() ? v->meta().sizes : std::vector<int64_t>{});
-      m.strides.push_back(v->has_meta() ? v->meta().strides : std::vector<int64_t>{});
-    }
+  for (const ir::Value* v : values) {
+    m.sizes.push_back(v->has_meta() ? v->meta().sizes : std::vector<int64_t>{});
+    m.strides.push_back(v->has_meta() ? v->meta().strides : std::vector<int64_t>{});
   }
   for (const ir::Value* p : g.placeholders())
     m.inputs.push_back(p->has_meta() ? p->meta().sizes : std::vector<int64_t>{});
@@ -172,7 +177,8 @@ SizeTable dynamic_sizes(const ir::Graph& graph) {
   } catch (const std::exception&) {
     return {};
   }
-  Measures now = measure(graph);
+  const std::vector<const ir::Value*> at = values_of(graph);
+  Measures now = measure(graph, at);
   std::lock_guard<std::mutex> lock(mu);
   Structure& s = seen[key];
   if (!s.graphs.empty() && !same_ranks(s.graphs.front(), now)) return {};  // a hash collision of structures
@@ -188,16 +194,24 @@ SizeTable dynamic_sizes(const ir::Graph& graph) {
     const int64_t v = now.inputs[i][d];
     if (v > 1 && symbol_of.emplace(v, symbol_dims.size()).second) symbol_dims.push_back({i, d});
   }
-  std::vector<Measures> graphs = s.graphs;
-  if (s.graphs.size() == kKept) s.graphs.erase(s.graphs.begin() + 1);
-  s.graphs.push_back(now);
+  // Remembered once the table is made: the first graph, then the latest.
+  auto remember = [&] {
+    if (s.graphs.size() == kKept) s.graphs.erase(s.graphs.begin() + 1);
+    s.graphs.push_back(std::move(now));
+  };
   SizeTable table;
-  if (symbol_dims.empty()) return table;
-  graphs.push_back(std::move(now));
+  if (symbol_dims.empty()) {
+    remember();
+    return table;
+  }
+  // The graphs fitted to: those remembered, then this one.
+  std::vector<const Measures*> graphs;
+  for (const Measures& g : s.graphs) graphs.push_back(&g);
+  graphs.push_back(&now);
   std::vector<std::vector<int64_t>> values;
-  for (const Measures& g : graphs) {
+  for (const Measures* g : graphs) {
     values.emplace_back();
-    for (const auto& [i, d] : symbol_dims) values.back().push_back(g.inputs[i][d]);
+    for (const auto& [i, d] : symbol_dims) values.back().push_back(g->inputs[i][d]);
   }
   for (size_t k = 0; k < symbol_dims.size(); ++k) {
     table.symbol_values.push_back(values.back()[k]);
@@ -207,16 +221,12 @@ SizeTable dynamic_sizes(const ir::Graph& graph) {
   std::vector<int64_t> xs(graphs.size());
   // The fit of what `value_in` reads of each graph, else the literal.
   auto fit = [&](auto&& value_in) {
-    for (size_t g = 0; g < graphs.size(); ++g) xs[g] = value_in(graphs[g]);
+    for (size_t g = 0; g < graphs.size(); ++g) xs[g] = value_in(*graphs[g]);
     const std::optional<SizeExpr> f = fitter.fit(xs);
     return f ? *f : SizeExpr(xs.back());
   };
-  const Measures& last = graphs.back();
-  std::vector<const ir::Value*> at;
-  for (const ir::Node* n : graph.nodes())
-    for (size_t r = 0; r < n->num_results(); ++r) at.push_back(n->result(r));
-  for (size_t v = 0; v < last.sizes.size(); ++v) {
-    const size_t rank = last.sizes[v].size();
+  for (size_t v = 0; v < now.sizes.size(); ++v) {
+    const size_t rank = now.sizes[v].size();
     SpelledLayout layout;
     for (size_t d = 0; d < rank; ++d) {
       layout.sizes.push_back(fit([&](const Measures& g) { return g.sizes[v][d]; }));
@@ -231,6 +241,7 @@ SizeTable dynamic_sizes(const ir::Graph& graph) {
     }));
     if (rank > 0) table.add_layout(at[v], v, std::move(layout));
   }
+  remember();
   return table;
 }
 

@@ -43,8 +43,6 @@ class SizeExpr {
   int64_t value() const { return value_; }
   /// True when no symbol appears.
   bool is_constant() const;
-  /// True when the polynomial has at most one term (c·s0·s1, or a constant).
-  bool is_monomial() const { return terms_.size() <= 1; }
   /// C++ text over the symbols, e.g. `64*s0 + 3`, `s0*s1`, `-2*s1`, `7`.
   std::string str() const;
   /// str(), parenthesized when it holds more than one term.
