@@ -1,5 +1,6 @@
 #include "meta_functions.h"
 
+#include <ATen/OpMathType.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/native/ConvUtils.h>
 #include <ATen/ops/empty.h>
@@ -229,6 +230,43 @@ bool cudnn_batch_norm_backward(torch::jit::Stack& stack, size_t base) {
   stack.emplace_back(grad_input);
   stack.emplace_back(grad_weight);
   stack.emplace_back(grad_bias);
+  return true;
+}
+
+// The CUDA kernels of a batch norm's statistics and of its backward's sums,
+// which the core decompositions call on a GPU (Note [Batch norm on cuDNN] in
+// tracer/src/decomposition.cpp): LibTorch has no Meta kernel for them.
+// batch_norm_stats(input, eps) -> (mean, invstd): [C] each, in float for a
+// half or bfloat16 input.
+bool batch_norm_stats(torch::jit::Stack& stack, size_t base) {
+  const at::Tensor& input = stack[base].toTensor();
+  if (input.dim() < 2 || !at::isFloatingType(input.scalar_type())) return false;
+  const auto options = input.options().device(c10::kMeta).dtype(at::toOpMathType(input.scalar_type()));
+  const int64_t channels = input.size(1);
+  stack.resize(base);  // `input` is gone
+  stack.emplace_back(at::empty({channels}, options));
+  stack.emplace_back(at::empty({channels}, options));
+  return true;
+}
+
+// batch_norm_backward_reduce(grad_out, input, mean, invstd, weight?, input_g, weight_g, bias_g)
+//   -> (sum_dy, sum_dy_xmu, grad_weight, grad_bias): the sums like mean (when input_g), the
+// gradients like weight (when asked), else undefined.
+bool batch_norm_backward_reduce(torch::jit::Stack& stack, size_t base) {
+  const at::Tensor& input = stack[base + 1].toTensor();
+  const at::Tensor& mean = stack[base + 2].toTensor();
+  const auto weight = stack[base + 4].toOptional<at::Tensor>();
+  const bool input_g = stack[base + 5].toBool(), weight_g = stack[base + 6].toBool(), bias_g = stack[base + 7].toBool();
+  if (input.dim() < 2 || !at::isFloatingType(input.scalar_type()) ||
+      ((weight_g || bias_g) && !(weight && weight->defined())))
+    return false;
+  const at::Tensor sums = empty_meta(mean.sizes(), mean);
+  const at::Tensor grads = weight && weight->defined() ? empty_meta({input.size(1)}, *weight) : at::Tensor();
+  stack.resize(base);  // `input`, `mean` and `weight` are gone
+  stack.push_back(maybe(input_g, sums));
+  stack.push_back(maybe(input_g, sums));
+  stack.push_back(maybe(weight_g, grads));
+  stack.push_back(maybe(bias_g, grads));
   return true;
 }
 
@@ -524,6 +562,8 @@ const std::unordered_map<std::string_view, MetaFunction>& table() {
       {"aten::convolution_backward", convolution_backward},
       {"aten::native_batch_norm", native_batch_norm},
       {"aten::native_batch_norm_backward", native_batch_norm_backward},
+      {"aten::batch_norm_stats", batch_norm_stats},
+      {"aten::batch_norm_backward_reduce", batch_norm_backward_reduce},
       {"aten::cudnn_batch_norm", cudnn_batch_norm},
       {"aten::cudnn_batch_norm_backward", cudnn_batch_norm_backward},
       {"crucible::cudnn_batch_norm_functional", cudnn_batch_norm_functional},

@@ -181,6 +181,33 @@ TEST_CASE("meta functions: cuDNN's batch norm and its backward keep their input'
   }
 }
 
+TEST_CASE("meta functions: the CUDA batch-norm statistics and backward sums give [C] float statistics",
+          "[ir][meta][meta_functions]") {
+  // CUDA kernels only, as ATen's allocate them: the statistics in the
+  // input's op-math type, the sums like the mean, gradients only when asked.
+  // The CUDA tracer tests run the kernels and compare their values.
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor input = meta({2, 3, 4, 5}, dtype), w = meta({3});
+    torch::jit::Stack stats{input, 1e-5};
+    REQUIRE(call_on_meta(resolve_operator("aten::batch_norm_stats"), stats) == MetaPath::Function);
+    REQUIRE(stats.size() == 2);
+    for (const c10::IValue& s : stats) {
+      CHECK(s.toTensor().sizes() == c10::IntArrayRef{3});
+      CHECK(s.toTensor().scalar_type() == at::kFloat);
+    }
+    const at::Tensor mean = stats[0].toTensor();
+    for (const bool weight_g : {false, true}) {
+      torch::jit::Stack back{input, input, mean, mean, w, true, weight_g, weight_g};
+      REQUIRE(call_on_meta(resolve_operator("aten::batch_norm_backward_reduce"), back) == MetaPath::Function);
+      REQUIRE(back.size() == 4);
+      CHECK(back[0].toTensor().sizes() == c10::IntArrayRef{3});
+      CHECK(back[1].toTensor().scalar_type() == at::kFloat);
+      CHECK(back[2].toTensor().defined() == weight_g);
+      CHECK(back[3].toTensor().defined() == weight_g);
+    }
+  }
+}
+
 TEST_CASE("meta functions: var_mean over dims, kept or not, of contiguous and transposed inputs",
           "[ir][meta][meta_functions]") {
   for (const at::ScalarType dtype : {at::kFloat, at::kDouble, at::kBFloat16})

@@ -7,6 +7,7 @@
 #include "tracer_testing.h"
 
 #include <crucible/models/zoo.h>
+#include <crucible/tracer/decomposition.h>
 #include <crucible/tracer/functional_call.h>
 #include <crucible/tracer/make_fx.h>
 
@@ -16,6 +17,7 @@
 #include <ATen/Context.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/utils.h>
 
 using crucible::testing::count_calls;
@@ -95,6 +97,95 @@ TEST_CASE("CUDA: factories in a fake-mode trace are where eager puts them", "[tr
   CHECK(count_calls(fake.graph, "aten::_to_copy") == 1);
   REQUIRE(crucible::ir::to_text(fake.graph) == crucible::ir::to_text(real.graph));
   REQUIRE_EQUAL_TENSORS(run_traced(fake, inputs)[0], fn(inputs)[0]);
+}
+
+// Note [Batch norm on cuDNN]: with the core table, cuDNN's batch norm and
+// its backward are traced as the math they compute (ATen's CUDA kernels for
+// the statistics and the backward's sums), in float and half (cuDNN takes
+// half with float weights, not bfloat16), contiguous and channels-last, and
+// the graph gives cuDNN's values: statistics summed in another order (rtol
+// 1e-4 in float). In half the outputs are rounded once from float, and
+// cuDNN's sums over half inputs differ from ATen's float ones by up to
+// 2e-4 relative (seen on an H100): half's precision, 2^-9 relative allowed.
+TEST_CASE("CUDA: cuDNN's batch norm and its backward decompose, with cuDNN's values and running statistics",
+          "[tracer][cuda][decomp]") {
+  CRUCIBLE_REQUIRE_CUDA();
+  at::manual_seed(3);
+  for (const at::ScalarType dtype : {at::kFloat, at::kHalf})
+    for (const bool channels_last : {false, true}) {
+      INFO(c10::toString(dtype) << (channels_last ? " channels-last" : " contiguous"));
+      const auto format = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+      const at::Tensor x = (at::randn({4, 6, 5, 7}, at::kCUDA) * 3 + 1).to(dtype).contiguous(format);
+      const at::Tensor grad = at::randn({4, 6, 5, 7}, at::kCUDA).to(dtype).contiguous(format);
+      const auto f32 = at::TensorOptions().device(at::kCUDA);
+      const Tensors inputs = {
+          x, grad, at::rand({6}, f32) + 0.5, at::randn({6}, f32), at::randn({6}, f32), at::rand({6}, f32) + 0.5};
+      // The running statistics (inputs 4 and 5) are written in place.
+      auto fn = [](const Tensors& t) {
+        auto [y, save_mean, save_invstd, reserve] = at::cudnn_batch_norm(t[0], t[2], t[3], t[4], t[5], true, 0.1, 1e-5);
+        auto [dx, dw, db] =
+            at::cudnn_batch_norm_backward(t[0], t[1], t[2], t[4], t[5], save_mean, save_invstd, 1e-5, reserve);
+        return Tensors{y, save_mean, save_invstd, dx, dw, db, t[4].clone(), t[5].clone()};
+      };
+      crucible::tracer::TraceOptions options;
+      options.decompositions = crucible::tracer::core_aten_decompositions();
+      const auto r = crucible::tracer::make_fx(fn, crucible::testing::clones(inputs), options);
+      CHECK(count_calls(r.graph, "aten::cudnn_batch_norm") == 0);
+      CHECK(count_calls(r.graph, "aten::cudnn_batch_norm_backward") == 0);
+      const Tensors expected = fn(crucible::testing::clones(inputs));
+      const Tensors actual = run_traced(r, crucible::testing::clones(inputs));
+      REQUIRE(actual.size() == expected.size());
+      for (size_t i = 0; i < expected.size(); ++i) {
+        INFO("output " << i);
+        REQUIRE(actual[i].scalar_type() == expected[i].scalar_type());
+        REQUIRE(actual[i].sizes() == expected[i].sizes());
+        const bool half = dtype == at::kHalf;
+        REQUIRE_CLOSE(actual[i].to(at::kFloat), expected[i].to(at::kFloat), half ? 1.0 / 512 : 1e-4,
+                      half ? 1.0 / 256 : 1e-5);
+      }
+      CHECK(actual[0].is_contiguous(format));
+    }
+}
+
+// A BatchNorm2d in training, functionalized with its backward (Note [Ops
+// with hidden writes]: cuDNN's functional variant, decomposed): the output,
+// the new running statistics and the gradients are cuDNN's (tolerances as
+// above).
+TEST_CASE("CUDA: a functionalized BatchNorm2d's joint trace with the core table gives cuDNN's values",
+          "[tracer][cuda][decomp]") {
+  CRUCIBLE_REQUIRE_CUDA();
+  torch::manual_seed(4);
+  auto bn = std::make_shared<torch::nn::BatchNorm2dImpl>(6);
+  bn->to(torch::kCUDA);
+  bn->train();
+  const at::Tensor x = at::randn({4, 6, 5, 7}, at::kCUDA) * 3 + 1;
+  // A weighted sum: each gradient a sum of terms of one sign's size, not a
+  // cancellation (the bias gradient of a squared norm is zero up to noise).
+  const at::Tensor weights = at::randn({4, 6, 5, 7}, at::kCUDA);
+  auto step = [&](torch::nn::Module&, const Tensors& in) {
+    auto loss = (bn->forward(in[0]) * in[1]).sum();
+    loss.backward();
+    return Tensors{loss.detach()};
+  };
+  crucible::tracer::ModuleTraceOptions options;
+  options.gradients_as_outputs = true;
+  options.trace.functionalize = true;
+  options.trace.decompositions = crucible::tracer::core_aten_decompositions();
+  const auto r = crucible::tracer::functional_call(*bn, step, {x, weights}, options);
+  for (const char* op :
+       {"aten::cudnn_batch_norm", "aten::cudnn_batch_norm_backward", "crucible::cudnn_batch_norm_functional"})
+    CHECK(count_calls(r.graph, op) == 0);
+  const Tensors actual = run_traced(r, module_graph_inputs(*bn, {x, weights}));
+  const at::Tensor loss = step(*bn, {x, weights})[0];
+  REQUIRE_CLOSE(actual[0], loss, 1e-4, 1e-5);
+  const auto& sig = r.graph.signature();
+  const auto mutated = sig.outputs_of(ir::OutputKind::MutatedInput);
+  REQUIRE(mutated.size() == 3);  // running_mean, running_var, num_batches_tracked
+  REQUIRE_CLOSE(actual[mutated[0]], bn->running_mean, 1e-4, 1e-5);
+  REQUIRE_CLOSE(actual[mutated[1]], bn->running_var, 1e-4, 1e-5);
+  const auto params = bn->parameters();
+  for (size_t g : sig.outputs_of(ir::OutputKind::Gradient))
+    REQUIRE_CLOSE(actual[g], params[*sig.outputs[g].input_index].grad(), 1e-4, 1e-5);
 }
 
 TEST_CASE("CUDA: functionalized in-place updates of a GPU input come back as a mutated-input output",

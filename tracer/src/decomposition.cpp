@@ -5,6 +5,12 @@
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
 
+#include <array>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
 namespace crucible::tracer {
 namespace {
 
@@ -362,53 +368,83 @@ ChannelDims channel_dims(const at::Tensor& x) {
   return c;
 }
 
-// native_batch_norm_backward(grad, x, weight?, running_mean?, running_var?,
-// save_mean?, save_invstd?, train, eps, output_mask): with the per-channel
-// sums over every dim but 1 (N values each), in training
+// A batch norm's backward, with the per-channel sums over every dim but 1
+// (N values each): in training
 //   dx = (grad - (x - mean) * invstd^2 * sum(grad (x - mean)) / N - sum(grad) / N) * invstd * weight,
 // in eval dx = grad * invstd * weight with the running statistics;
-// dweight = sum(grad (x - mean)) * invstd, dbias = sum(grad).
-void native_batch_norm_backward(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
-  const at::Tensor grad = stack[0].toTensor(), x = stack[1].toTensor();
-  const auto weight = stack[2].toOptional<at::Tensor>();
-  const auto running_mean = stack[3].toOptional<at::Tensor>(), running_var = stack[4].toOptional<at::Tensor>();
-  const auto save_mean = stack[5].toOptional<at::Tensor>(), save_invstd = stack[6].toOptional<at::Tensor>();
-  const bool train = stack[7].toBool();
-  const double eps = stack[8].toDouble();
-  const auto mask = stack[9].toBoolList();
+// dweight = sum(grad (x - mean)) * invstd, dbias = sum(grad). Results the
+// mask leaves out are undefined.
+std::vector<at::Tensor> batch_norm_backward(const at::Tensor& grad, const at::Tensor& x,
+                                            const std::optional<at::Tensor>& weight,
+                                            const std::optional<at::Tensor>& running_mean,
+                                            const std::optional<at::Tensor>& running_var,
+                                            const std::optional<at::Tensor>& save_mean,
+                                            const std::optional<at::Tensor>& save_invstd, bool train, double eps,
+                                            std::array<bool, 3> mask) {
   const auto [axes, shape] = channel_dims(x);
   const double n = static_cast<double>(x.numel()) / static_cast<double>(x.size(1));
   const at::Tensor xc = upcast(x), g = upcast(grad);
   const at::Tensor mean = train ? *save_mean : upcast(*running_mean);
   const at::Tensor invstd = train ? *save_invstd : at::rsqrt(upcast(*running_var) + eps);
   const at::Tensor centered = xc - mean.reshape(shape);
-  const at::Tensor grad_sum = g.sum(axes);
-  const at::Tensor dot = (g * centered).sum(axes);
+  at::Tensor grad_sum, dot;
+  if (train && x.is_cuda()) {
+    // Both sums in one pass over grad and x (Note [Batch norm on cuDNN]).
+    auto sums = at::batch_norm_backward_reduce(grad, x, mean, invstd, std::nullopt, /*input_g=*/true,
+                                               /*weight_g=*/false, /*bias_g=*/false);
+    grad_sum = std::get<0>(sums);
+    dot = std::get<1>(sums);
+  } else {
+    grad_sum = g.sum(axes);
+    dot = (g * centered).sum(axes);
+  }
   const bool has_weight = weight && weight->defined();
   const at::Tensor scale = has_weight ? invstd * upcast(*weight) : invstd;
   at::Tensor dx, dw, db;
-  if (mask.get(0)) {
+  if (mask[0]) {
     dx = train ? (g - centered * (invstd * invstd * dot / n).reshape(shape) - (grad_sum / n).reshape(shape)) *
                      scale.reshape(shape)
                : g * scale.reshape(shape);
     dx = cast_to(dx, x.scalar_type());
   }
-  if (mask.get(1) && has_weight) dw = cast_to(dot * invstd, weight->scalar_type());
-  if (mask.get(2) && has_weight) db = cast_to(grad_sum, weight->scalar_type());
-  push_results(stack, {dx, dw, db});
+  if (mask[1] && has_weight) dw = cast_to(dot * invstd, weight->scalar_type());
+  if (mask[2] && has_weight) db = cast_to(grad_sum, weight->scalar_type());
+  return {dx, dw, db};
+}
+
+// native_batch_norm_backward(grad, x, weight?, running_mean?, running_var?,
+// save_mean?, save_invstd?, train, eps, output_mask).
+void native_batch_norm_backward(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
+  const auto mask = stack[9].toBoolList();
+  const std::vector<at::Tensor> r = batch_norm_backward(
+      stack[0].toTensor(), stack[1].toTensor(), stack[2].toOptional<at::Tensor>(), stack[3].toOptional<at::Tensor>(),
+      stack[4].toOptional<at::Tensor>(), stack[5].toOptional<at::Tensor>(), stack[6].toOptional<at::Tensor>(),
+      stack[7].toBool(), stack[8].toDouble(), {mask.get(0), mask.get(1), mask.get(2)});
+  push_results(stack, {r[0], r[1], r[2]});
 }
 
 // Note [Batch norm on cuDNN]
-// On CUDA, float and half batch norms run cuDNN's kernels (cudnn_batch_norm
-// and its backward), which this table leaves alone. Decomposed as below,
-// ResNet-18's channels-last training step took 9.30 ms on an H100 against
-// 9.13 with cuDNN: its statistics are column reductions, which the CUDA
-// renderer runs one to a kernel, so the mean and the variance read the
-// activations twice (no Welford pass), the backward's two sums are two
-// kernels, and ReLU's backward, read by three of them, is written out
-// first. On the CPU (NCHW, row-like reductions that fuse), the same
-// decomposition fuses ReLU into the normalization and took the forward's
-// batch norms and ReLUs from 5.5 to 1.6 ms a step (bench/results/inductor.md).
+// On CUDA, float and half batch norms run cuDNN's kernels (cudnn_batch_norm,
+// its functional variant and its backward); bfloat16 ones ATen's native
+// kernels. Kept whole, cuDNN's batch norm is an extern kernel whose output
+// the backward cannot make again: a training step keeps both a convolution's
+// output (which the backward's statistics read) and the ReLU after the batch
+// norm (which the next convolution's weight gradient reads), ResNet-18's
+// largest tensors twice. Both are decomposed as below instead, as
+// torch._decomp decomposes every batch norm for TorchInductor: the
+// normalization, its ReLU and the running statistics are pointwise ops that
+// fuse, and what the backward needs is the convolution's output and two [C]
+// statistics. On a GPU the reductions are ATen's CUDA kernels rather than
+// generated ones: batch_norm_stats (the mean and invstd in one Welford pass
+// over the input, in its layout) and batch_norm_backward_reduce (both of the
+// backward's sums in one pass), the kernels SyncBatchNorm runs; generated,
+// the statistics were column reductions read twice (no Welford pass) and
+// ResNet-18's fp32 step took 8.26 against 7.75 ms with cuDNN. With them it
+// takes 7.36 ms (torch.compile's: 7.95) at 1476 against 1677 MiB
+// (bench/results/memory.md). On the CPU (NCHW, row-like reductions that
+// fuse) the generated reductions fuse ReLU into the normalization and took
+// the forward's batch norms and ReLUs from 5.5 to 1.6 ms a step
+// (bench/results/inductor.md).
 
 // Batch norm's forward over every dim but 1 (N values a channel), as
 // torch._decomp's native_batch_norm_helper: in training with the batch's
@@ -432,9 +468,16 @@ BatchNorm batch_norm(const at::Tensor& x, const std::optional<at::Tensor>& weigh
   BatchNorm r;
   at::Tensor mean, invstd;
   if (training) {
-    auto [var, batch_mean] = at::var_mean(xc, axes, /*correction=*/0, /*keepdim=*/false);
-    mean = batch_mean;
-    invstd = at::rsqrt(var + eps);
+    at::Tensor var;
+    if (x.is_cuda()) {
+      // One Welford pass (Note [Batch norm on cuDNN]); the biased variance
+      // again from invstd = rsqrt(var + eps), for the running statistics.
+      std::tie(mean, invstd) = at::batch_norm_stats(x, eps);
+      var = at::reciprocal(invstd * invstd) - eps;
+    } else {
+      std::tie(var, mean) = at::var_mean(xc, axes, /*correction=*/0, /*keepdim=*/false);
+      invstd = at::rsqrt(var + eps);
+    }
     r.save_mean = mean;
     r.save_invstd = invstd;
     const double n = static_cast<double>(x.numel()) / static_cast<double>(x.size(1));
@@ -482,6 +525,45 @@ void native_batch_norm_functional(const c10::OperatorHandle&, std::vector<c10::I
   if (!r.running_mean.defined()) r.running_mean = running_mean.clone();
   if (!r.running_var.defined()) r.running_var = running_var.clone();
   push_results(stack, {r.out, r.save_mean, r.save_invstd, r.running_mean, r.running_var});
+}
+
+// cuDNN's batch norm (Note [Batch norm on cuDNN]): cudnn_batch_norm(x,
+// weight, bias?, running_mean?, running_var?, training, momentum, eps) ->
+// (out, save_mean, save_invstd, reserve), updating the running statistics in
+// place in training, and crucible::cudnn_batch_norm_functional (x, weight,
+// bias?, running_mean, running_var, momentum, eps) -> (..., running_mean_out,
+// running_var_out), its functional variant in training (Note [Ops with
+// hidden writes]). cuDNN's reserve space becomes an empty byte tensor, which
+// the backward below does not read.
+at::Tensor no_reserve(const at::Tensor& x) { return at::empty({0}, x.options().dtype(at::kByte)); }
+
+void cudnn_batch_norm(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
+  const auto running_mean = stack[3].toOptional<at::Tensor>(), running_var = stack[4].toOptional<at::Tensor>();
+  const at::Tensor x = stack[0].toTensor();
+  const BatchNorm r = batch_norm(x, stack[1].toOptional<at::Tensor>(), stack[2].toOptional<at::Tensor>(), running_mean,
+                                 running_var, stack[5].toBool(), stack[6].toDouble(), stack[7].toDouble());
+  if (r.running_mean.defined()) running_mean->copy_(r.running_mean);
+  if (r.running_var.defined()) running_var->copy_(r.running_var);
+  push_results(stack, {r.out, r.save_mean, r.save_invstd, no_reserve(x)});
+}
+
+void cudnn_batch_norm_functional(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
+  const at::Tensor x = stack[0].toTensor();
+  const BatchNorm r =
+      batch_norm(x, stack[1].toOptional<at::Tensor>(), stack[2].toOptional<at::Tensor>(), stack[3].toTensor(),
+                 stack[4].toTensor(), /*training=*/true, stack[5].toDouble(), stack[6].toDouble());
+  push_results(stack, {r.out, r.save_mean, r.save_invstd, no_reserve(x), r.running_mean, r.running_var});
+}
+
+// cudnn_batch_norm_backward(x, grad, weight, running_mean?, running_var?,
+// save_mean?, save_invstd?, eps, reserve): autograd calls it for a batch
+// norm in training only.
+void cudnn_batch_norm_backward(const c10::OperatorHandle&, std::vector<c10::IValue>& stack) {
+  const std::vector<at::Tensor> r = batch_norm_backward(
+      stack[1].toTensor(), stack[0].toTensor(), stack[2].toTensor(), stack[3].toOptional<at::Tensor>(),
+      stack[4].toOptional<at::Tensor>(), stack[5].toOptional<at::Tensor>(), stack[6].toOptional<at::Tensor>(),
+      /*train=*/true, stack[7].toDouble(), {true, true, true});
+  push_results(stack, {r[0], r[1], r[2]});
 }
 
 }  // namespace
@@ -536,6 +618,9 @@ DecompositionTable core_aten_decompositions() {
       {"aten::native_batch_norm_backward", native_batch_norm_backward},
       {"aten::native_batch_norm", native_batch_norm},
       {"aten::_native_batch_norm_legit_functional", native_batch_norm_functional},
+      {"aten::cudnn_batch_norm", cudnn_batch_norm},
+      {"crucible::cudnn_batch_norm_functional", cudnn_batch_norm_functional},
+      {"aten::cudnn_batch_norm_backward", cudnn_batch_norm_backward},
   };
   DecompositionTable table;
   for (const auto& [name, decomposition] : entries)

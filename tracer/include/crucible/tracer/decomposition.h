@@ -43,9 +43,11 @@ DecompositionTable spmd_decomposition_table();
 /// native_batch_norm (and its functional variant, what a training step
 /// records) and its backward, embedding_dense_backward, nll_loss_forward
 /// and nll_loss_backward (cross_entropy is log_softmax then nll_loss).
-/// cuDNN's batch norm (CUDA, float and half) is left to cuDNN: decomposed,
-/// ResNet-18's step was slower on an H100 (Note [Batch norm on cuDNN] in
-/// decomposition.cpp). Values agree with the fused kernels up to the
+/// cuDNN's batch norm (CUDA, float and half), its functional variant and
+/// its backward too; on a GPU a batch norm's statistics and its backward's
+/// sums are ATen's one-pass CUDA kernels (batch_norm_stats,
+/// batch_norm_backward_reduce), the rest generated math (Note [Batch norm
+/// on cuDNN] in decomposition.cpp). Values agree with the fused kernels up to the
 /// order of floating-point sums, not bitwise (Note [Core ATen decompositions] in decomposition.cpp): use it for a
 /// fusing backend, not where bitwise equality with eager is wanted. Give it to Builder::decompositions or
 /// TraceOptions::decompositions; extend it as spmd_decomposition_table.
