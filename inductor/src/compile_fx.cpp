@@ -39,11 +39,14 @@ namespace {
 // The graph compile_fx_inner lowers: a copy of the caller's, with the
 // matmuls cuBLAS runs slowly padded (Note [Padding matmuls]) and the
 // convolutions in cuDNN's fastest layout (Note [Channels-last convolutions]),
-// its outputs in the caller's layouts (Note [Eager's strides at the outputs]).
+// its outputs in the caller's layouts (Note [Eager's strides at the outputs]),
+// and a training step's max-pool indices kept in 32 bits (Note [Narrow
+// max-pool indices]).
 ir::Graph prepared(const ir::Graph& graph, const InductorOptions& options) {
   ir::Graph g = graph.clone();
   detail::pad_mm(g);
   detail::channels_last_convolutions(g, options.force_layout_optimization);
+  detail::narrow_max_pool_indices(g);
   return g;
 }
 

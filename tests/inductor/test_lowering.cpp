@@ -1490,6 +1490,37 @@ TEST_CASE("lowering: max_pool2d_with_indices and its backward, padded, strided, 
   }
 }
 
+TEST_CASE("lowering: a training step's max-pool indices are kept as int32 between its forward and backward",
+          "[inductor][lowering]") {
+  // Note [Narrow max-pool indices]: the backward (tagged so, as autograd's
+  // nodes are in a training step's graph) gets the indices widened from an
+  // int32 copy, with ATen's gradient (as in the test above); indices that
+  // the graph returns, or that a forward node reads, stay int64.
+  at::manual_seed(12);
+  const at::Tensor x = at::randn({2, 3, 9, 10});
+  const Dims kernel = {3, 3}, stride = {2, 2}, padding = {1, 1}, dilation = {1, 1};
+  auto [want, want_idx] = at::max_pool2d_with_indices(x, kernel, stride, padding, dilation, false);
+  const at::Tensor grad = at::randn(want.sizes());
+  const at::Tensor want_dx =
+      at::max_pool2d_with_indices_backward(grad, x, kernel, stride, padding, dilation, false, want_idx);
+  for (const bool returned : {false, true}) {
+    INFO((returned ? "indices returned" : "indices read by the backward only"));
+    Builder g;
+    ir::Value *px = g.input(x), *pg = g.input(grad);
+    ir::Node* pool = g.node("aten::max_pool2d_with_indices", {px, kernel, stride, padding, dilation, false});
+    ir::Node* backward = g.node("aten::max_pool2d_with_indices_backward",
+                                {pg, px, kernel, stride, padding, dilation, false, pool->result(1)});
+    backward->add_tag("backward");
+    std::vector<Expect> expected = {exactly("values", pool->result(0), want),
+                                    pointwise("the backward", backward->result(), want_dx)};
+    if (returned) expected.push_back(exactly("indices", pool->result(1), want_idx));
+    check(g, expected);
+    const std::string ir = inductor::loop_ir(g.g);
+    INFO(ir);
+    CHECK((ir.find(" : Int[2, 3, 5, 5]") != std::string::npos) == !returned);
+  }
+}
+
 TEST_CASE("lowering: to.dtype and _to_copy between f32 and f64, functional copy broadcasting its source",
           "[inductor][lowering]") {
   at::Tensor x32 = at::randn({5, 3}), z64 = at::randn({5, 3}, at::kDouble);

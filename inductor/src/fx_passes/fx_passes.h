@@ -1,7 +1,8 @@
 // The graph rewrites compile_fx_inner applies to its copy of a graph before
-// lowering (torch/_inductor's post-grad passes for the GPU). Both leave a
-// graph whose loops run on the CPU as it is (unless forced), keep every
-// value, and keep the strides of what the caller sees.
+// lowering (torch/_inductor's post-grad passes). The matmul and layout
+// rewrites leave a graph whose loops run on the CPU as it is (unless
+// forced); every rewrite keeps every value the caller sees, with its
+// strides.
 #pragma once
 
 namespace crucible::ir {
@@ -29,5 +30,13 @@ void pad_mm(ir::Graph& graph);
 /// (runtime::default_counters(), "inductor" / "channels_last_rewrites").
 /// Throws nothing.
 void channels_last_convolutions(ir::Graph& graph, bool force);
+
+/// Keeps max_pool2d_with_indices's indices as int32 from the forward to
+/// the backward of a training step's graph, widened again before
+/// max_pool2d_with_indices_backward reads them (Note [Narrow max-pool
+/// indices] in fx_passes/max_pool_indices.cpp), where only backward nodes
+/// read them and an input plane has fewer than 2^31 elements. Throws
+/// nothing.
+void narrow_max_pool_indices(ir::Graph& graph);
 
 }  // namespace crucible::inductor::detail

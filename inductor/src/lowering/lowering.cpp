@@ -17,8 +17,8 @@ namespace crucible::inductor::detail {
 //  - pointwise (the table of lowering/pointwise_table.cpp): a lazy
 //    function from an index to an element, inlined into whatever reads it,
 //    or realized into a Computed buffer written by a loop when the graph
-//    returns it, an extern kernel reads it, or inlining would recompute
-//    too much;
+//    returns it, an extern kernel reads it, a graph pass asks (kRealizeTag),
+//    or inlining would recompute too much;
 //  - a reduction (sum, mean, amax, amin, var_mean): a loop over kept ×
 //    reduced indices whose operand inlines its producers (the prologue);
 //    its result is always a buffer;
@@ -310,8 +310,8 @@ bool Lowerer::needs_tensor(const ir::Value* v) const {
 }
 
 // Realizes a new pointwise value where inlining it would not pay: a
-// tensor something needs, too many ops, or too much recomputation or
-// re-reading across its readers. A write-back of the value is not a
+// tensor something needs, a value a graph pass asked for (kRealizeTag), too
+// many ops, or too much recomputation or re-reading across its readers. A write-back of the value is not a
 // reader that recomputes it: taken in place, its loop joins the other
 // readers' kernel and shares their loads (an optimizer's new momentum,
 // read by the parameter's update and written back; Note [In-place
@@ -321,7 +321,7 @@ void Lowerer::realize_if_costly(const ir::Value* out) {
   for (const ir::Node* u : out->users())
     readers += !(is_write_back(u) && u->arg(1).is_value() && u->arg(1).value() == out);
   const Lazy& made = lazy_.at(out);
-  if (needs_tensor(out) || made.ops > kMaxInlineOps ||
+  if (needs_tensor(out) || out->node()->has_tag(kRealizeTag) || made.ops > kMaxInlineOps ||
       (readers > 1 && (made.ops * static_cast<int>(readers - 1) > kMaxRecompute || full_loads(made) > 1)))
     realize(out);
 }
