@@ -19,11 +19,12 @@ namespace crucible::inductor::detail {
 // float32 and four times in bfloat16 (ResNet-18's stem at batch 64: 98 MiB).
 // An index names a position of one input plane (ih * W + iw), so it fits
 // 32 bits wherever a plane has fewer than 2^31 elements. The forward then
-// keeps an int32 copy, which the lowering computes in the pooling kernel
-// itself (a cast is a pointwise consumer of the indices: the int64 ones
-// are never written), and the backward widens it again just before its
-// first reader (a pointwise producer, inlined into the backward's loads
-// where the lowering takes the backward). TorchInductor goes further and
+// writes an int32 copy beside the int64 indices, which die there (the copy
+// is tagged kRealizeTag: inlined, the cast would be recomputed from the
+// int64 indices in the backward and keep them alive), and the backward
+// widens it again just before its first reader (a pointwise producer,
+// inlined into the backward's loads where the lowering takes the
+// backward). TorchInductor goes further and
 // keeps an int8 offset within the window
 // (_low_memory_max_pool2d_with_offsets); an int32 copy needs no new index
 // arithmetic and no 8-bit loads. Only indices that nothing but backward

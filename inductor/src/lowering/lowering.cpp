@@ -310,12 +310,12 @@ bool Lowerer::needs_tensor(const ir::Value* v) const {
 }
 
 // Realizes a new pointwise value where inlining it would not pay: a
-// tensor something needs, a value a graph pass asked for (kRealizeTag), too
-// many ops, or too much recomputation or re-reading across its readers. A write-back of the value is not a
-// reader that recomputes it: taken in place, its loop joins the other
-// readers' kernel and shares their loads (an optimizer's new momentum,
-// read by the parameter's update and written back; Note [In-place
-// write-backs]).
+// tensor something needs, a value a graph pass asked for (kRealizeTag),
+// too many ops, or too much recomputation or re-reading across its
+// readers. A write-back of the value is not a reader that recomputes it:
+// taken in place, its loop joins the other readers' kernel and shares
+// their loads (an optimizer's new momentum, read by the parameter's
+// update and written back; Note [In-place write-backs]).
 void Lowerer::realize_if_costly(const ir::Value* out) {
   size_t readers = 0;
   for (const ir::Node* u : out->users())
