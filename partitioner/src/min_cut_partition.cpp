@@ -2,6 +2,7 @@
 #include <crucible/partitioner/error.h>
 #include <crucible/partitioner/min_cut_partition.h>
 
+#include <crucible/ir/aliasing.h>
 #include <crucible/ir/effects.h>
 #include <crucible/ir/op_classes.h>
 
@@ -450,15 +451,51 @@ RematReport rematerialize(ir::Graph& graph, const MinCutOptions& options) {
   return report;
 }
 
+double estimated_peak_bytes(const ir::Graph& g) {
+  // The last node reading each storage (through its views); the graph's
+  // outputs are read at the end.
+  std::unordered_map<const ir::Value*, size_t> last;
+  size_t position = 0;
+  for (const ir::Node* n : g.nodes()) {
+    for (const ir::Value* in : n->inputs()) last[ir::storage_root(in)] = position;
+    ++position;
+  }
+  for (const ir::Value* out : g.outputs()) last[ir::storage_root(out)] = position;
+  std::vector<std::vector<double>> freed(position + 1);  // bytes freed after each node
+  double live = 0, peak = 0;
+  position = 0;
+  for (const ir::Node* n : g.nodes()) {
+    if (n->is_call())
+      for (size_t r = 0; r < n->num_results(); ++r) {
+        const ir::Value* v = n->result(r);
+        if (!v->is_tensor() || !v->has_meta() || ir::storage_root(v) != v) continue;
+        const double bytes = static_cast<double>(v->meta().nbytes());
+        live += bytes;
+        const auto it = last.find(v);
+        freed[it == last.end() ? position : it->second].push_back(bytes);
+      }
+    peak = std::max(peak, live);
+    for (double bytes : freed[position]) live -= bytes;
+    ++position;
+  }
+  return peak;
+}
+
 ir::Pass remat_pass(const MinCutOptions& options) {
   return {"remat", [options](ir::Graph& g) {
             // Only a training step's graph (it returns a loss): an AOT
             // backward graph begins with what its partition recomputes,
             // which the cut would only move.
             const auto& outputs = g.signature().outputs;
-            if (std::any_of(outputs.begin(), outputs.end(),
-                            [](const ir::OutputSpec& o) { return o.kind == ir::OutputKind::Loss; }))
-              (void)rematerialize(g, options);
+            if (std::none_of(outputs.begin(), outputs.end(),
+                             [](const ir::OutputSpec& o) { return o.kind == ir::OutputKind::Loss; }))
+              return;
+            // See Note [Rematerialization in one graph]: kept where it
+            // lowers the peak.
+            ir::Graph rewritten = g.clone();
+            if (rematerialize(rewritten, options).recomputed_nodes > 0 &&
+                estimated_peak_bytes(rewritten) < estimated_peak_bytes(g))
+              g = std::move(rewritten);
           }};
 }
 

@@ -128,7 +128,11 @@ PartitionResult min_cut_rematerialization_partition(const ir::Graph& joint, size
 // at its last forward reader, where the executors free it, and a fusing
 // backend computes the copies inside the backward's kernels. The cut runs
 // after common-subexpression elimination, which would merge the copies
-// back (Builder::add_pass appends it to the post-grad passes).
+// back (Builder::add_pass appends it to the post-grad passes). The pass
+// keeps the rewrite only where it lowers the graph's estimated peak: a cut
+// that keeps fewer bytes alive by its own sum can leave the peak where it
+// was, and then only costs recomputation (the ConvNet's training step on
+// a CPU: the same planned peak, 20-28% slower; bench/results/partitioner.md).
 
 struct RematReport {
   /// Bytes of the forward tensors the backward reads, other than the free
@@ -145,9 +149,19 @@ struct RematReport {
 /// backward reads that has no metadata.
 RematReport rematerialize(ir::Graph& graph, const MinCutOptions& options = {});
 
+/// What `graph` holds at its peak when its nodes run in order, each
+/// tensor a call makes allocated there and freed after the last node that
+/// reads it or a view of it (the outputs at the end), in bytes; the
+/// placeholders and constants are not counted. A backend that fuses holds
+/// less, for the graph rematerialized and the graph as it was alike.
+/// Throws nothing.
+double estimated_peak_bytes(const ir::Graph& graph);
+
 /// rematerialize as a pass named "remat" that acts on training steps'
 /// graphs (those with a Loss output) and leaves others as they are, for
-/// the post-grad pass list (`crucible train --partitioner min-cut`).
+/// the post-grad pass list (`crucible train --partitioner min-cut`): the
+/// rewrite is kept only where it lowers estimated_peak_bytes (Note
+/// [Rematerialization in one graph]).
 ir::Pass remat_pass(const MinCutOptions& options = {});
 
 /// Bytes of the saved values of a partition's forward (its SavedValue
