@@ -55,9 +55,12 @@ std::vector<std::pair<int64_t, int64_t>> loop_shapes() {
   return shapes;
 }
 
+// A batch of `len` tokens a row, contiguous as a loader's padded batch is
+// (a slice of a longer batch is not, and a program's reshape of it traces
+// a copy where a contiguous one traces a view: another graph).
 data::Batch batch_of(int64_t b, int64_t len, int64_t step) {
   const data::Batch full = data::synthetic_token_batch({kConfig.vocab_size, kConfig.block_size, b, 0}, step);
-  return {full.inputs.slice(1, 0, len), full.targets.slice(1, 0, len)};
+  return {full.inputs.slice(1, 0, len).contiguous(), full.targets.slice(1, 0, len).contiguous()};
 }
 
 std::string fresh_dir() {
