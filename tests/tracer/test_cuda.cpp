@@ -147,6 +147,49 @@ TEST_CASE("CUDA: cuDNN's batch norm and its backward decompose, with cuDNN's val
     }
 }
 
+// The same for ATen's native CUDA batch norm, which bfloat16 takes (with
+// float weights and statistics): the graph gives the native kernels'
+// values, in bfloat16 to two ulps of the rounded outputs (2^-7 relative).
+TEST_CASE("CUDA: the native batch norm and its backward decompose on a GPU, in float and bfloat16",
+          "[tracer][cuda][decomp]") {
+  CRUCIBLE_REQUIRE_CUDA();
+  at::manual_seed(5);
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16})
+    for (const bool channels_last : {false, true}) {
+      INFO(c10::toString(dtype) << (channels_last ? " channels-last" : " contiguous"));
+      const auto format = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+      const auto f32 = at::TensorOptions().device(at::kCUDA);
+      const Tensors inputs = {(at::randn({4, 6, 5, 7}, f32) * 3 + 1).to(dtype).contiguous(format),
+                              at::randn({4, 6, 5, 7}, f32).to(dtype).contiguous(format),
+                              at::rand({6}, f32) + 0.5,
+                              at::randn({6}, f32),
+                              at::randn({6}, f32),
+                              at::rand({6}, f32) + 0.5};
+      auto fn = [](const Tensors& t) {
+        auto [y, save_mean, save_invstd] = at::native_batch_norm(t[0], t[2], t[3], t[4], t[5], true, 0.1, 1e-5);
+        auto [dx, dw, db] = at::native_batch_norm_backward(t[1], t[0], t[2], t[4], t[5], save_mean, save_invstd, true,
+                                                           1e-5, {true, true, true});
+        return Tensors{y, save_mean, save_invstd, dx, dw, db, t[4].clone(), t[5].clone()};
+      };
+      crucible::tracer::TraceOptions options;
+      options.decompositions = crucible::tracer::core_aten_decompositions();
+      const auto r = crucible::tracer::make_fx(fn, crucible::testing::clones(inputs), options);
+      CHECK(count_calls(r.graph, "aten::native_batch_norm") == 0);
+      CHECK(count_calls(r.graph, "aten::batch_norm_stats") == 1);
+      CHECK(count_calls(r.graph, "aten::batch_norm_backward_reduce") == 1);
+      const Tensors expected = fn(crucible::testing::clones(inputs));
+      const Tensors actual = run_traced(r, crucible::testing::clones(inputs));
+      REQUIRE(actual.size() == expected.size());
+      const bool bf16 = dtype == at::kBFloat16;
+      for (size_t i = 0; i < expected.size(); ++i) {
+        INFO("output " << i);
+        REQUIRE(actual[i].scalar_type() == expected[i].scalar_type());
+        REQUIRE_CLOSE(actual[i].to(at::kFloat), expected[i].to(at::kFloat), bf16 ? 1.0 / 128 : 1e-4,
+                      bf16 ? 1.0 / 32 : 1e-5);
+      }
+    }
+}
+
 // A BatchNorm2d in training, functionalized with its backward (Note [Ops
 // with hidden writes]: cuDNN's functional variant, decomposed): the output,
 // the new running statistics and the gradients are cuDNN's (tolerances as
