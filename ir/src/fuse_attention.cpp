@@ -139,7 +139,26 @@ bool computes_attention(const Match& m, Scale s, Mask mask) {
   return true;
 }
 
-Rewrite attention(Scale s, Mask mask, bool reduced_precision_only) {
+// Which attentions a rewrite list fuses, by q's dtype and device.
+enum class Where {
+  Everywhere,
+  ReducedPrecision,  // q in bf16 or f16
+  FlashKernel,       // q in bf16 or f16, or on a CPU (flash kernels there)
+};
+
+bool fused_there(const TensorMeta& q, Where where) {
+  switch (where) {
+    case Where::Everywhere:
+      return true;
+    case Where::ReducedPrecision:
+      return c10::isReducedFloatingType(q.dtype);
+    case Where::FlashKernel:
+      return c10::isReducedFloatingType(q.dtype) || q.device.is_cpu();
+  }
+  return false;
+}
+
+Rewrite attention(Scale s, Mask mask, Where where) {
   P k_t = P::call("aten::transpose.int", {P::bind("k"), P::bind("kd0"), P::bind("kd1")});
   P scores = matmul(P::bind("q"), std::move(k_t), "scores");
   P probs = P::call("aten::_softmax", {maybe_cast(masked(scaled(std::move(scores), s), mask), "upcast"), P::bind("dim"),
@@ -172,32 +191,35 @@ Rewrite attention(Scale s, Mask mask, bool reduced_precision_only) {
       P::call("aten::clone", {std::move(sdpa), P::constant(static_cast<int64_t>(c10::MemoryFormat::Contiguous))});
   const char* scale_name = s == Scale::Mul ? "mul" : s == Scale::Div ? "div" : "unscaled";
   const char* mask_name = mask == Mask::Fill ? "masked_fill" : mask == Mask::Add ? "additive mask" : "no mask";
-  return Rewrite{std::string("attention: ") + scale_name + ", " + mask_name, std::move(out), std::move(replacement),
-                 [s, mask, reduced_precision_only](const Match& m) {
-                   return computes_attention(m, s, mask) &&
-                          (!reduced_precision_only || c10::isReducedFloatingType(m.meta("q").dtype));
-                 }};
+  return Rewrite{
+      std::string("attention: ") + scale_name + ", " + mask_name, std::move(out), std::move(replacement),
+      [s, mask, where](const Match& m) { return computes_attention(m, s, mask) && fused_there(m.meta("q"), where); }};
 }
 
-std::vector<Rewrite> rewrites(bool reduced_precision_only) {
+std::vector<Rewrite> rewrites(Where where) {
   std::vector<Rewrite> r;
   for (Scale s : {Scale::Mul, Scale::Div, Scale::None})
-    for (Mask m : {Mask::Fill, Mask::Add, Mask::None}) r.push_back(attention(s, m, reduced_precision_only));
+    for (Mask m : {Mask::Fill, Mask::Add, Mask::None}) r.push_back(attention(s, m, where));
   return r;
 }
 
 }  // namespace
 
-std::vector<Rewrite> attention_rewrites() { return rewrites(false); }
+std::vector<Rewrite> attention_rewrites() { return rewrites(Where::Everywhere); }
 
 size_t fuse_attention(Graph& graph) {
-  static const std::vector<Rewrite> all = rewrites(false);
+  static const std::vector<Rewrite> all = rewrites(Where::Everywhere);
   return apply_rewrites(graph, all);
 }
 
 size_t fuse_reduced_precision_attention(Graph& graph) {
-  static const std::vector<Rewrite> reduced = rewrites(true);
+  static const std::vector<Rewrite> reduced = rewrites(Where::ReducedPrecision);
   return apply_rewrites(graph, reduced);
+}
+
+size_t fuse_flash_attention(Graph& graph) {
+  static const std::vector<Rewrite> flash = rewrites(Where::FlashKernel);
+  return apply_rewrites(graph, flash);
 }
 
 }  // namespace crucible::ir

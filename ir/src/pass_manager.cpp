@@ -130,6 +130,7 @@ PassRegistry PassRegistry::builtin() {
   r.add({"fuse_addmm", [](Graph& g) { fuse_addmm(g); }});
   r.add({"fuse_attention", [](Graph& g) { fuse_attention(g); }});
   r.add({"fuse_reduced_precision_attention", [](Graph& g) { fuse_reduced_precision_attention(g); }});
+  r.add({"fuse_flash_attention", [](Graph& g) { fuse_flash_attention(g); }});
   r.add({"fuse_linear_cross_entropy", [](Graph& g) { fuse_linear_cross_entropy(g); }});
   r.add({"fold_view_chains", [](Graph& g) { fold_view_chains(g); }});
   return r;

@@ -54,8 +54,8 @@ TEST_CASE("passes run by name, in order, and keep the interpreted result", "[ir]
 
   const PassRegistry registry = PassRegistry::builtin();
   REQUIRE(registry.names() == std::vector<std::string>{"cse", "dce", "fold_view_chains", "fuse_addmm", "fuse_attention",
-                                                       "fuse_linear_cross_entropy", "fuse_reduced_precision_attention",
-                                                       "propagate_meta"});
+                                                       "fuse_flash_attention", "fuse_linear_cross_entropy",
+                                                       "fuse_reduced_precision_attention", "propagate_meta"});
   PassManager(registry.passes({"cse", "dce"})).run(g);
   std::vector<std::string> targets;
   for (Node* n : g.nodes())
@@ -72,13 +72,14 @@ TEST_CASE("the registry names the passes it knows", "[ir][pass_manager]") {
       registry.get("dead_code"),
       CRUCIBLE_HAS_SUBSTR(
           "unknown pass 'dead_code'; registered passes: cse, dce, "
-          "fold_view_chains, fuse_addmm, fuse_attention, fuse_linear_cross_entropy, fuse_reduced_precision_attention, "
+          "fold_view_chains, fuse_addmm, fuse_attention, fuse_flash_attention, fuse_linear_cross_entropy, "
+          "fuse_reduced_precision_attention, "
           "propagate_meta"));
   REQUIRE_THROWS_WITH(registry.add({"dce", [](Graph&) {}}), CRUCIBLE_HAS_SUBSTR("'dce' is already registered"));
   registry.add({"noop", [](Graph&) {}});
   REQUIRE(registry.names() == std::vector<std::string>{"cse", "dce", "fold_view_chains", "fuse_addmm", "fuse_attention",
-                                                       "fuse_linear_cross_entropy", "fuse_reduced_precision_attention",
-                                                       "noop", "propagate_meta"});
+                                                       "fuse_flash_attention", "fuse_linear_cross_entropy",
+                                                       "fuse_reduced_precision_attention", "noop", "propagate_meta"});
 }
 
 TEST_CASE("verification between passes names the pass that broke the graph", "[ir][pass_manager]") {

@@ -4,6 +4,8 @@
 // alone is.
 #include <crucible/ir/fuse_attention.h>
 #include <crucible/ir/interpreter.h>
+#include <crucible/ir/parser.h>
+#include <crucible/ir/printer.h>
 #include <crucible/ir/verifier.h>
 #include <crucible/tracer/make_fx.h>
 
@@ -11,6 +13,7 @@
 
 #include <cmath>
 #include <limits>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -76,9 +79,12 @@ TEST_CASE("fuse_attention: attention written out becomes scaled_dot_product_atte
         auto fn = [s, m](const std::vector<at::Tensor>& x) { return std::vector<at::Tensor>{written_out(x, s, m)}; };
         tracer::TraceResult r = tracer::make_fx(fn, in);
         REQUIRE(count(r.graph, "aten::_softmax") == 1);
-        // float64: the inductor's default (bf16 and f16 alone) leaves it.
+        // float64: bf16 and f16 alone leave it; the inductor's default
+        // fuses it on a CPU, whose flash kernel takes float64 too.
         ir::Graph reduced = r.graph.clone();
         CHECK(ir::fuse_reduced_precision_attention(reduced) == 0);
+        ir::Graph flash = r.graph.clone();
+        CHECK(ir::fuse_flash_attention(flash) == 1);
         REQUIRE(ir::fuse_attention(r.graph) == 1);
         REQUIRE_NOTHROW(ir::verify(r.graph, ir::VerifyOptions{.check_meta = true}));
         CHECK(count(r.graph, "aten::scaled_dot_product_attention") == 1);
@@ -89,6 +95,33 @@ TEST_CASE("fuse_attention: attention written out becomes scaled_dot_product_atte
         REQUIRE(got.is_contiguous());
         REQUIRE_CLOSE(got, expected, kRtol, kAtol);
       }
+}
+
+// fuse_flash_attention, the inductor's default, fuses where the fused op
+// runs a flash kernel: bf16 and f16 anywhere, every dtype on a CPU; float32
+// on a GPU (the memory-efficient kernel, slower) stays written out. The
+// same graph, its tensors said to be on a GPU (the text form's @cuda:0; no
+// GPU is needed to rewrite it).
+TEST_CASE("fuse_flash_attention: every dtype on a CPU, bf16 and f16 alone on a GPU", "[pipeline][fuse_attention]") {
+  std::vector<at::Tensor> in = inputs(true);
+  for (auto& t : in) t = t.to(at::kFloat);
+  auto fn = [](const std::vector<at::Tensor>& x) {
+    return std::vector<at::Tensor>{written_out(x, Scale::Mul, Mask::Fill)};
+  };
+  const tracer::TraceResult r = tracer::make_fx(fn, in);
+  ir::Graph on_cpu = r.graph.clone();
+  CHECK(ir::fuse_flash_attention(on_cpu) == 1);
+  // Every tensor type "f32[...]" (or "b8[...]") gets "@cuda:0".
+  auto on_gpu = [&](const std::string& dtype) {
+    const std::string text =
+        std::regex_replace(ir::to_text(r.graph), std::regex(R"(\b(f32|b8)(\[[^\]]*\]))"), "$1$2 @cuda:0");
+    return ir::parse(std::regex_replace(text, std::regex(R"(\bf32\[)"), dtype + "["));
+  };
+  ir::Graph f32_gpu = on_gpu("f32");
+  CHECK(ir::fuse_flash_attention(f32_gpu) == 0);
+  CHECK(ir::fuse_attention(f32_gpu) == 1);  // what the pass leaves, fuse_attention would take
+  ir::Graph bf16_gpu = on_gpu("bf16");
+  CHECK(ir::fuse_flash_attention(bf16_gpu) == 1);
 }
 
 TEST_CASE("fuse_attention: leaves alone dropout, finite fills, other softmax dimensions and probabilities read twice",
