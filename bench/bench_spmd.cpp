@@ -15,7 +15,7 @@
 // --partitioner min-cut --memory-budget B`), --remat-ban on|off (on: with
 // MinCutOptions::ban_materialized_backwards), --pre-grad-passes P,Q,...
 // (pre-grad passes by name, e.g. fuse_attention, in place of the backend's
-// (the inductor's fuse_reduced_precision_attention); none: no pass; Note
+// (the inductor's fuse_flash_attention); none: no pass; Note
 // [Pre-grad passes in a training step]), --autocast off|bf16|f16 (the forward and the loss under
 // autocast on the step's device, as `with torch.autocast(...)` around them;
 // runtime::AutocastGuard), --broadcast-buffers on|off (SpmdOptions::

@@ -51,7 +51,7 @@ void CompileFlags::add_to(CLI::App& cmd) {
       ->default_str(names);
   cmd.add_option("--pre-grad-passes", pre_grad_passes,
                  "passes on the forward graph before differentiation (default: the backend's, "
-                 "fuse_reduced_precision_attention for the inductor's; none: no pass)")
+                 "fuse_flash_attention for the inductor's; none: no pass)")
       ->delimiter(',')
       ->each([this](const std::string&) { pre_grad_given = true; });
   cmd.add_option("--joint-passes", joint_passes, "passes on the joint (forward + backward) graph")->delimiter(',');

@@ -35,11 +35,12 @@ runtime::BackendInfo inductor_backend(bool cuda_graphs) {
   info.cuda_graphs = cuda_graphs;
   info.cache_dir = InductorOptions::from_environment().cache_dir;
   info.decompositions = "core";
-  // bf16 or f16 attention written out becomes scaled_dot_product_attention,
-  // whose fused kernels keep no [B, H, T, S] probabilities (GPT-2 small, bf16,
-  // batch 8, on an H200: 27.0 to 22.3 ms a step, 10.6 to 6.3 GiB;
-  // bench/results/memory.md).
-  info.pre_grad_passes = {"fuse_reduced_precision_attention"};
+  // Attention written out becomes scaled_dot_product_attention where its
+  // fused kernel is a flash one (bf16 or f16, or any dtype on a CPU), which
+  // keeps no [B, H, T, S] probabilities (GPT-2 small, bf16, batch 8, on an
+  // H200: 27.0 to 22.3 ms a step, 10.6 to 6.3 GiB; float32, batch 1, on a
+  // CPU: 3.3 to 2.9 GiB at the same speed; bench/results/memory.md).
+  info.pre_grad_passes = {"fuse_flash_attention"};
   return info;
 }
 

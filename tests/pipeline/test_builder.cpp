@@ -98,7 +98,7 @@ TEST_CASE("builder: the defaults are DCE and CSE on the best registered backend,
   // attention, the interpreter runs none; a list chosen explicitly, the
   // empty one included, stays whatever the backend.
   REQUIRE(b.pre_grad_passes().size() == 1);
-  CHECK(b.pre_grad_passes()[0].name == "fuse_reduced_precision_attention");
+  CHECK(b.pre_grad_passes()[0].name == "fuse_flash_attention");
   CHECK_FALSE(b.pre_grad_passes_chosen());
   CHECK(Builder().backend("interpreter").pre_grad_passes().empty());
   CHECK(Builder().backend("interpreter").backend("inductor").pre_grad_passes().size() == 1);

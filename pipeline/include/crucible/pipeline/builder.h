@@ -59,7 +59,7 @@ namespace crucible::pipeline {
 //    graphs]). compile() applies them to its function, compile_train_step
 //    to its loss function. By default the backend's
 //    (runtime::BackendInfo::pre_grad_passes: the inductor's
-//    fuse_reduced_precision_attention, none for the interpreter), skipped
+//    fuse_flash_attention, none for the interpreter), skipped
 //    without a warning where the forward cannot be replayed; an empty list
 //    makes no extra trace.
 //  - joint: on the joint graph before it is partitioned (compile()'s

@@ -57,7 +57,7 @@ struct BackendInfo {
   std::optional<std::string> cache_dir{};
   /// The pre-grad passes (ir::PassRegistry names) a Builder runs with the
   /// backend unless told otherwise (Builder::pre_grad_passes): the
-  /// inductor's "fuse_reduced_precision_attention", as torch.compile's
+  /// inductor's "fuse_flash_attention", as torch.compile's
   /// inductor replaces written-out attention by default. Empty: none, and
   /// no pre-grad trace.
   std::vector<std::string> pre_grad_passes{};
