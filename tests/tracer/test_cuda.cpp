@@ -20,6 +20,10 @@
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/utils.h>
 
+#include <functional>
+#include <string>
+#include <vector>
+
 using crucible::testing::count_calls;
 using crucible::testing::module_graph_inputs;
 using crucible::testing::run_traced;
@@ -99,6 +103,42 @@ TEST_CASE("CUDA: factories in a fake-mode trace are where eager puts them", "[tr
   REQUIRE_EQUAL_TENSORS(run_traced(fake, inputs)[0], fn(inputs)[0]);
 }
 
+namespace {
+
+// A batch norm in training and its backward, `fn` of (x, grad, weight,
+// bias, running_mean, running_var): x and grad [4, 6, 5, 7] of `dtype` in
+// `format`, the rest [6] float. Traced with the core table, the graph calls
+// none of `gone` and each of `kept` once, and gives fn's eager values within
+// rtol / atol (compared in float), its output in x's layout.
+void check_batch_norm(const std::function<Tensors(const Tensors&)>& fn, at::ScalarType dtype, at::MemoryFormat format,
+                      const std::vector<std::string>& gone, const std::vector<std::string>& kept, double rtol,
+                      double atol) {
+  const auto f32 = at::TensorOptions().device(at::kCUDA);
+  const Tensors inputs = {(at::randn({4, 6, 5, 7}, f32) * 3 + 1).to(dtype).contiguous(format),
+                          at::randn({4, 6, 5, 7}, f32).to(dtype).contiguous(format),
+                          at::rand({6}, f32) + 0.5,
+                          at::randn({6}, f32),
+                          at::randn({6}, f32),
+                          at::rand({6}, f32) + 0.5};
+  crucible::tracer::TraceOptions options;
+  options.decompositions = crucible::tracer::core_aten_decompositions();
+  const auto r = crucible::tracer::make_fx(fn, crucible::testing::clones(inputs), options);
+  for (const std::string& op : gone) CHECK(count_calls(r.graph, op) == 0);
+  for (const std::string& op : kept) CHECK(count_calls(r.graph, op) == 1);
+  const Tensors expected = fn(crucible::testing::clones(inputs));
+  const Tensors actual = run_traced(r, crucible::testing::clones(inputs));
+  REQUIRE(actual.size() == expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    INFO("output " << i);
+    REQUIRE(actual[i].scalar_type() == expected[i].scalar_type());
+    REQUIRE(actual[i].sizes() == expected[i].sizes());
+    REQUIRE_CLOSE(actual[i].to(at::kFloat), expected[i].to(at::kFloat), rtol, atol);
+  }
+  CHECK(actual[0].is_contiguous(format));
+}
+
+}  // namespace
+
 // Note [Batch norm on cuDNN]: with the core table, cuDNN's batch norm and
 // its backward are traced as the math they compute (ATen's CUDA kernels for
 // the statistics and the backward's sums), in float and half (cuDNN takes
@@ -107,43 +147,24 @@ TEST_CASE("CUDA: factories in a fake-mode trace are where eager puts them", "[tr
 // 1e-4 in float). In half the outputs are rounded once from float, and
 // cuDNN's sums over half inputs differ from ATen's float ones by up to
 // 2e-4 relative (seen on an H100): half's precision, 2^-9 relative allowed.
+// The running statistics (inputs 4 and 5) are written in place.
 TEST_CASE("CUDA: cuDNN's batch norm and its backward decompose, with cuDNN's values and running statistics",
           "[tracer][cuda][decomp]") {
   CRUCIBLE_REQUIRE_CUDA();
   at::manual_seed(3);
+  auto fn = [](const Tensors& t) {
+    auto [y, save_mean, save_invstd, reserve] = at::cudnn_batch_norm(t[0], t[2], t[3], t[4], t[5], true, 0.1, 1e-5);
+    auto [dx, dw, db] =
+        at::cudnn_batch_norm_backward(t[0], t[1], t[2], t[4], t[5], save_mean, save_invstd, 1e-5, reserve);
+    return Tensors{y, save_mean, save_invstd, dx, dw, db, t[4].clone(), t[5].clone()};
+  };
   for (const at::ScalarType dtype : {at::kFloat, at::kHalf})
-    for (const bool channels_last : {false, true}) {
-      INFO(c10::toString(dtype) << (channels_last ? " channels-last" : " contiguous"));
-      const auto format = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
-      const at::Tensor x = (at::randn({4, 6, 5, 7}, at::kCUDA) * 3 + 1).to(dtype).contiguous(format);
-      const at::Tensor grad = at::randn({4, 6, 5, 7}, at::kCUDA).to(dtype).contiguous(format);
-      const auto f32 = at::TensorOptions().device(at::kCUDA);
-      const Tensors inputs = {
-          x, grad, at::rand({6}, f32) + 0.5, at::randn({6}, f32), at::randn({6}, f32), at::rand({6}, f32) + 0.5};
-      // The running statistics (inputs 4 and 5) are written in place.
-      auto fn = [](const Tensors& t) {
-        auto [y, save_mean, save_invstd, reserve] = at::cudnn_batch_norm(t[0], t[2], t[3], t[4], t[5], true, 0.1, 1e-5);
-        auto [dx, dw, db] =
-            at::cudnn_batch_norm_backward(t[0], t[1], t[2], t[4], t[5], save_mean, save_invstd, 1e-5, reserve);
-        return Tensors{y, save_mean, save_invstd, dx, dw, db, t[4].clone(), t[5].clone()};
-      };
-      crucible::tracer::TraceOptions options;
-      options.decompositions = crucible::tracer::core_aten_decompositions();
-      const auto r = crucible::tracer::make_fx(fn, crucible::testing::clones(inputs), options);
-      CHECK(count_calls(r.graph, "aten::cudnn_batch_norm") == 0);
-      CHECK(count_calls(r.graph, "aten::cudnn_batch_norm_backward") == 0);
-      const Tensors expected = fn(crucible::testing::clones(inputs));
-      const Tensors actual = run_traced(r, crucible::testing::clones(inputs));
-      REQUIRE(actual.size() == expected.size());
-      for (size_t i = 0; i < expected.size(); ++i) {
-        INFO("output " << i);
-        REQUIRE(actual[i].scalar_type() == expected[i].scalar_type());
-        REQUIRE(actual[i].sizes() == expected[i].sizes());
-        const bool half = dtype == at::kHalf;
-        REQUIRE_CLOSE(actual[i].to(at::kFloat), expected[i].to(at::kFloat), half ? 1.0 / 512 : 1e-4,
-                      half ? 1.0 / 256 : 1e-5);
-      }
-      CHECK(actual[0].is_contiguous(format));
+    for (const auto format : {at::MemoryFormat::Contiguous, at::MemoryFormat::ChannelsLast}) {
+      INFO(c10::toString(dtype) << " " << format);
+      const bool half = dtype == at::kHalf;
+      check_batch_norm(fn, dtype, format, {"aten::cudnn_batch_norm", "aten::cudnn_batch_norm_backward"},
+                       {"aten::batch_norm_stats", "aten::batch_norm_backward_reduce"}, half ? 1.0 / 512 : 1e-4,
+                       half ? 1.0 / 256 : 1e-5);
     }
 }
 
@@ -154,39 +175,19 @@ TEST_CASE("CUDA: the native batch norm and its backward decompose on a GPU, in f
           "[tracer][cuda][decomp]") {
   CRUCIBLE_REQUIRE_CUDA();
   at::manual_seed(5);
+  auto fn = [](const Tensors& t) {
+    auto [y, save_mean, save_invstd] = at::native_batch_norm(t[0], t[2], t[3], t[4], t[5], true, 0.1, 1e-5);
+    auto [dx, dw, db] = at::native_batch_norm_backward(t[1], t[0], t[2], t[4], t[5], save_mean, save_invstd, true, 1e-5,
+                                                       {true, true, true});
+    return Tensors{y, save_mean, save_invstd, dx, dw, db, t[4].clone(), t[5].clone()};
+  };
   for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16})
-    for (const bool channels_last : {false, true}) {
-      INFO(c10::toString(dtype) << (channels_last ? " channels-last" : " contiguous"));
-      const auto format = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
-      const auto f32 = at::TensorOptions().device(at::kCUDA);
-      const Tensors inputs = {(at::randn({4, 6, 5, 7}, f32) * 3 + 1).to(dtype).contiguous(format),
-                              at::randn({4, 6, 5, 7}, f32).to(dtype).contiguous(format),
-                              at::rand({6}, f32) + 0.5,
-                              at::randn({6}, f32),
-                              at::randn({6}, f32),
-                              at::rand({6}, f32) + 0.5};
-      auto fn = [](const Tensors& t) {
-        auto [y, save_mean, save_invstd] = at::native_batch_norm(t[0], t[2], t[3], t[4], t[5], true, 0.1, 1e-5);
-        auto [dx, dw, db] = at::native_batch_norm_backward(t[1], t[0], t[2], t[4], t[5], save_mean, save_invstd, true,
-                                                           1e-5, {true, true, true});
-        return Tensors{y, save_mean, save_invstd, dx, dw, db, t[4].clone(), t[5].clone()};
-      };
-      crucible::tracer::TraceOptions options;
-      options.decompositions = crucible::tracer::core_aten_decompositions();
-      const auto r = crucible::tracer::make_fx(fn, crucible::testing::clones(inputs), options);
-      CHECK(count_calls(r.graph, "aten::native_batch_norm") == 0);
-      CHECK(count_calls(r.graph, "aten::batch_norm_stats") == 1);
-      CHECK(count_calls(r.graph, "aten::batch_norm_backward_reduce") == 1);
-      const Tensors expected = fn(crucible::testing::clones(inputs));
-      const Tensors actual = run_traced(r, crucible::testing::clones(inputs));
-      REQUIRE(actual.size() == expected.size());
+    for (const auto format : {at::MemoryFormat::Contiguous, at::MemoryFormat::ChannelsLast}) {
+      INFO(c10::toString(dtype) << " " << format);
       const bool bf16 = dtype == at::kBFloat16;
-      for (size_t i = 0; i < expected.size(); ++i) {
-        INFO("output " << i);
-        REQUIRE(actual[i].scalar_type() == expected[i].scalar_type());
-        REQUIRE_CLOSE(actual[i].to(at::kFloat), expected[i].to(at::kFloat), bf16 ? 1.0 / 128 : 1e-4,
-                      bf16 ? 1.0 / 32 : 1e-5);
-      }
+      check_batch_norm(fn, dtype, format, {"aten::native_batch_norm", "aten::native_batch_norm_backward"},
+                       {"aten::batch_norm_stats", "aten::batch_norm_backward_reduce"}, bf16 ? 1.0 / 128 : 1e-4,
+                       bf16 ? 1.0 / 32 : 1e-5);
     }
 }
 
