@@ -140,55 +140,60 @@ void check_batch_norm(const std::function<Tensors(const Tensors&)>& fn, at::Scal
 }  // namespace
 
 // Note [Batch norm on cuDNN]: with the core table, cuDNN's batch norm and
-// its backward are traced as the math they compute (ATen's CUDA kernels for
-// the statistics and the backward's sums), in float and half (cuDNN takes
-// half with float weights, not bfloat16), contiguous and channels-last, and
-// the graph gives cuDNN's values: statistics summed in another order (rtol
-// 1e-4 in float). In half the outputs are rounded once from float, and
-// cuDNN's sums over half inputs differ from ATen's float ones by up to
-// 2e-4 relative (seen on an H100): half's precision, 2^-9 relative allowed.
-// The running statistics (inputs 4 and 5) are written in place.
-TEST_CASE("CUDA: cuDNN's batch norm and its backward decompose, with cuDNN's values and running statistics",
+// its backward (float and half: cuDNN takes half with float weights, not
+// bfloat16), and ATen's native CUDA ones (float and bfloat16, what bf16
+// autocast runs), are traced as the math they compute with ATen's CUDA
+// kernels for the statistics and the backward's sums, contiguous and
+// channels-last, and the graph gives the fused kernels' values: statistics
+// summed in another order (rtol 1e-4 in float). In half the outputs are
+// rounded once from float, and cuDNN's sums over half inputs differ from
+// ATen's float ones by up to 2e-4 relative (seen on an H100): 2^-9 relative
+// allowed; in bfloat16 two ulps of the rounded outputs (2^-7). The running
+// statistics (inputs 4 and 5) are written in place.
+TEST_CASE("CUDA: cuDNN's and the native batch norm and their backwards decompose, with the kernels' values",
           "[tracer][cuda][decomp]") {
   CRUCIBLE_REQUIRE_CUDA();
   at::manual_seed(3);
-  auto fn = [](const Tensors& t) {
-    auto [y, save_mean, save_invstd, reserve] = at::cudnn_batch_norm(t[0], t[2], t[3], t[4], t[5], true, 0.1, 1e-5);
-    auto [dx, dw, db] =
-        at::cudnn_batch_norm_backward(t[0], t[1], t[2], t[4], t[5], save_mean, save_invstd, 1e-5, reserve);
-    return Tensors{y, save_mean, save_invstd, dx, dw, db, t[4].clone(), t[5].clone()};
+  struct Case {
+    std::string what;
+    std::function<Tensors(const Tensors&)> fn;
+    at::ScalarType reduced;  // the other dtype than float
+    std::vector<std::string> gone;
+    double reduced_rtol, reduced_atol;
   };
-  for (const at::ScalarType dtype : {at::kFloat, at::kHalf})
-    for (const auto format : {at::MemoryFormat::Contiguous, at::MemoryFormat::ChannelsLast}) {
-      INFO(c10::toString(dtype) << " " << format);
-      const bool half = dtype == at::kHalf;
-      check_batch_norm(fn, dtype, format, {"aten::cudnn_batch_norm", "aten::cudnn_batch_norm_backward"},
-                       {"aten::batch_norm_stats", "aten::batch_norm_backward_reduce"}, half ? 1.0 / 512 : 1e-4,
-                       half ? 1.0 / 256 : 1e-5);
-    }
-}
-
-// The same for ATen's native CUDA batch norm, which bfloat16 takes (with
-// float weights and statistics): the graph gives the native kernels'
-// values, in bfloat16 to two ulps of the rounded outputs (2^-7 relative).
-TEST_CASE("CUDA: the native batch norm and its backward decompose on a GPU, in float and bfloat16",
-          "[tracer][cuda][decomp]") {
-  CRUCIBLE_REQUIRE_CUDA();
-  at::manual_seed(5);
-  auto fn = [](const Tensors& t) {
-    auto [y, save_mean, save_invstd] = at::native_batch_norm(t[0], t[2], t[3], t[4], t[5], true, 0.1, 1e-5);
-    auto [dx, dw, db] = at::native_batch_norm_backward(t[1], t[0], t[2], t[4], t[5], save_mean, save_invstd, true, 1e-5,
-                                                       {true, true, true});
-    return Tensors{y, save_mean, save_invstd, dx, dw, db, t[4].clone(), t[5].clone()};
+  const std::vector<Case> cases = {
+      {"cuDNN",
+       [](const Tensors& t) {
+         auto [y, save_mean, save_invstd, reserve] =
+             at::cudnn_batch_norm(t[0], t[2], t[3], t[4], t[5], true, 0.1, 1e-5);
+         auto [dx, dw, db] =
+             at::cudnn_batch_norm_backward(t[0], t[1], t[2], t[4], t[5], save_mean, save_invstd, 1e-5, reserve);
+         return Tensors{y, save_mean, save_invstd, dx, dw, db, t[4].clone(), t[5].clone()};
+       },
+       at::kHalf,
+       {"aten::cudnn_batch_norm", "aten::cudnn_batch_norm_backward"},
+       1.0 / 512,
+       1.0 / 256},
+      {"native",
+       [](const Tensors& t) {
+         auto [y, save_mean, save_invstd] = at::native_batch_norm(t[0], t[2], t[3], t[4], t[5], true, 0.1, 1e-5);
+         auto [dx, dw, db] = at::native_batch_norm_backward(t[1], t[0], t[2], t[4], t[5], save_mean, save_invstd, true,
+                                                            1e-5, {true, true, true});
+         return Tensors{y, save_mean, save_invstd, dx, dw, db, t[4].clone(), t[5].clone()};
+       },
+       at::kBFloat16,
+       {"aten::native_batch_norm", "aten::native_batch_norm_backward"},
+       1.0 / 128,
+       1.0 / 32},
   };
-  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16})
-    for (const auto format : {at::MemoryFormat::Contiguous, at::MemoryFormat::ChannelsLast}) {
-      INFO(c10::toString(dtype) << " " << format);
-      const bool bf16 = dtype == at::kBFloat16;
-      check_batch_norm(fn, dtype, format, {"aten::native_batch_norm", "aten::native_batch_norm_backward"},
-                       {"aten::batch_norm_stats", "aten::batch_norm_backward_reduce"}, bf16 ? 1.0 / 128 : 1e-4,
-                       bf16 ? 1.0 / 32 : 1e-5);
-    }
+  for (const Case& c : cases)
+    for (const at::ScalarType dtype : {at::kFloat, c.reduced})
+      for (const auto format : {at::MemoryFormat::Contiguous, at::MemoryFormat::ChannelsLast}) {
+        INFO(c.what << " " << c10::toString(dtype) << " " << format);
+        const bool reduced = dtype == c.reduced;
+        check_batch_norm(c.fn, dtype, format, c.gone, {"aten::batch_norm_stats", "aten::batch_norm_backward_reduce"},
+                         reduced ? c.reduced_rtol : 1e-4, reduced ? c.reduced_atol : 1e-5);
+      }
 }
 
 // A BatchNorm2d in training, functionalized with its backward (Note [Ops
