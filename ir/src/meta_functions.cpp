@@ -260,13 +260,16 @@ bool batch_norm_backward_reduce(torch::jit::Stack& stack, size_t base) {
   if (input.dim() < 2 || !at::isFloatingType(input.scalar_type()) ||
       ((weight_g || bias_g) && !(weight && weight->defined())))
     return false;
-  const at::Tensor sums = empty_meta(mean.sizes(), mean);
-  const at::Tensor grads = weight && weight->defined() ? empty_meta({input.size(1)}, *weight) : at::Tensor();
+  // Four tensors of their own: results that were one tensor would alias.
+  const at::Tensor sum_dy = empty_meta(mean.sizes(), mean), sum_dy_xmu = empty_meta(mean.sizes(), mean);
+  const bool has_weight = weight && weight->defined();
+  const at::Tensor grad_weight = has_weight ? empty_meta({input.size(1)}, *weight) : at::Tensor();
+  const at::Tensor grad_bias = has_weight ? empty_meta({input.size(1)}, *weight) : at::Tensor();
   stack.resize(base);  // `input`, `mean` and `weight` are gone
-  stack.push_back(maybe(input_g, sums));
-  stack.push_back(maybe(input_g, sums));
-  stack.push_back(maybe(weight_g, grads));
-  stack.push_back(maybe(bias_g, grads));
+  stack.push_back(maybe(input_g, sum_dy));
+  stack.push_back(maybe(input_g, sum_dy_xmu));
+  stack.push_back(maybe(weight_g, grad_weight));
+  stack.push_back(maybe(bias_g, grad_bias));
   return true;
 }
 

@@ -202,6 +202,8 @@ TEST_CASE("meta functions: the CUDA batch-norm statistics and backward sums give
       REQUIRE(back.size() == 4);
       CHECK(back[0].toTensor().sizes() == c10::IntArrayRef{3});
       CHECK(back[1].toTensor().scalar_type() == at::kFloat);
+      CHECK_FALSE(back[0].toTensor().is_same(back[1].toTensor()));  // results of their own, not aliases
+      if (weight_g) CHECK_FALSE(back[2].toTensor().is_same(back[3].toTensor()));
       CHECK(back[2].toTensor().defined() == weight_g);
       CHECK(back[3].toTensor().defined() == weight_g);
     }
