@@ -2,13 +2,20 @@
 
 #include "alias_annotations.h"
 
+#include <array>
+
 namespace crucible::ir {
 
 Value* aliased_argument(const Value& v) {
   const Node* n = v.node();
   if (!n->is_call() || !v.is_tensor()) return nullptr;
-  static const c10::OperatorHandle unsafe_view = resolve_operator("aten::_unsafe_view");
-  if (n->op() == unsafe_view) return n->arg(0).value();
+  // Views whose schemas drop the alias annotation (the "unsafe" variants,
+  // which autograd and functionalization treat as fresh tensors).
+  static const std::array<c10::OperatorHandle, 4> unsafe_views = {
+      resolve_operator("aten::_unsafe_view"), resolve_operator("aten::unsafe_split.Tensor"),
+      resolve_operator("aten::unsafe_split_with_sizes"), resolve_operator("aten::unsafe_chunk")};
+  for (const c10::OperatorHandle& op : unsafe_views)
+    if (n->op() == op) return n->arg(0).value();
   // One return of a Tensor[] type (split) stands for all the results.
   const auto& returns = n->schema().returns();
   const c10::AliasInfo* alias = returns.at(returns.size() == 1 ? 0 : v.index()).alias_info();

@@ -1,5 +1,5 @@
 // Which Values share storage: aliased_argument reads a call's schema (and
-// knows aten::_unsafe_view), storage_root follows it to the Value that
+// knows aten::_unsafe_view, unsafe_split and unsafe_chunk), storage_root follows it to the Value that
 // allocated the memory.
 #include <crucible/ir/aliasing.h>
 #include <crucible/ir/graph.h>
@@ -23,6 +23,9 @@ TEST_CASE("aliased_argument and storage_root follow views to the Value that allo
   Value* reshaped = g.add_call("aten::reshape", {permuted, std::vector<int64_t>{-1}})->result();
   Value* unsafe = g.add_call("aten::_unsafe_view", {product, std::vector<int64_t>{24}})->result();
   Node* split = g.add_call("aten::split.Tensor", {product, int64_t{2}, int64_t{0}}, size_t{2});
+  // An LSTM cell's gates, as ATen's RNN code cuts them.
+  Node* unsafe_split = g.add_call("aten::unsafe_split.Tensor", {product, int64_t{2}, int64_t{0}}, size_t{2});
+  Node* unsafe_chunk = g.add_call("aten::unsafe_chunk", {product, int64_t{3}, int64_t{1}}, size_t{3});
   Value* written = g.add_call("aten::add_.Tensor", {x, x})->result();
   REQUIRE(aliased_argument(*x) == nullptr);        // a placeholder
   REQUIRE(aliased_argument(*product) == nullptr);  // a fresh result
@@ -30,6 +33,8 @@ TEST_CASE("aliased_argument and storage_root follow views to the Value that allo
   REQUIRE(aliased_argument(*reshaped) == permuted);  // reshape may alias: its schema says so
   REQUIRE(aliased_argument(*unsafe) == product);     // though its schema does not say so
   REQUIRE(aliased_argument(*split->result(1)) == product);
+  REQUIRE(aliased_argument(*unsafe_split->result(1)) == product);  // nor do these
+  REQUIRE(aliased_argument(*unsafe_chunk->result(2)) == product);
   REQUIRE(aliased_argument(*written) == x);  // an in-place op's result is its self
   REQUIRE(storage_root(reshaped) == product);
   REQUIRE(storage_root(split->result(1)) == product);

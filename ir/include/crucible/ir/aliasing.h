@@ -11,8 +11,8 @@ namespace crucible::ir {
 /// The argument whose storage the call result `v` shares: the argument its
 /// schema marks with the same alias set (a view such as aten::permute or
 /// aten::reshape, a Tensor[] element of aten::split, an in-place op's
-/// result), or the input of aten::_unsafe_view (a view though its schema
-/// does not say so). nullptr for a fresh result, a placeholder, a constant
+/// result), or the input of aten::_unsafe_view, aten::unsafe_split and
+/// aten::unsafe_chunk (views though their schemas do not say so). nullptr for a fresh result, a placeholder, a constant
 /// and a non-tensor Value. Throws nothing.
 Value* aliased_argument(const Value& v);
 
