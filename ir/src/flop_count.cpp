@@ -122,16 +122,19 @@ std::string_view op_of(const std::string& target) {
 
 }  // namespace
 
+int64_t count_flops(const Node& n) {
+  if (!n.is_call()) return 0;
+  const auto it = formulas().find(op_of(n.target()));
+  return it == formulas().end() ? 0 : it->second(n);
+}
+
 FlopCount count_flops(const Graph& graph) {
   FlopCount count;
   for (const Node* n : graph.nodes()) {
-    if (!n->is_call()) continue;
-    const auto it = formulas().find(op_of(n->target()));
-    if (it == formulas().end()) continue;
-    const int64_t flops = it->second(*n);
+    const int64_t flops = count_flops(*n);
     if (flops == 0) continue;
     count.total += flops;
-    count.by_op[std::string(it->first)] += flops;
+    count.by_op[std::string(op_of(n->target()))] += flops;
   }
   return count;
 }

@@ -40,4 +40,14 @@ TEST_CASE("flop count: a GPT training step counts nanoGPT's 6N + 12LHQT FLOPs pe
   CHECK(flops.by_op.contains("aten::bmm"));  // attention, written out
   CHECK(static_cast<double>(flops.total) <= reference);
   CHECK(static_cast<double>(flops.total) >= 0.97 * reference);
+  // Node by node, the same: each op's FLOPs, the others none.
+  ir::FlopCount by_node;
+  for (const ir::Node* node : step.graph().nodes()) {
+    const int64_t f = ir::count_flops(*node);
+    if (f == 0) continue;
+    by_node.total += f;
+    by_node.by_op[node->target().substr(0, node->target().find('.'))] += f;
+  }
+  CHECK(by_node.total == flops.total);
+  CHECK(by_node.by_op == flops.by_op);
 }

@@ -24,6 +24,10 @@ struct FlopCount {
   std::map<std::string, int64_t> by_op;
 };
 
+/// The FLOPs of one node (0 for a node of another op, or without the
+/// metadata its formula reads). Throws nothing.
+int64_t count_flops(const Node& node);
+
 /// Counts `graph`'s call nodes (a node without metadata on what the
 /// formula reads counts nothing). Every node counts once: a graph run once
 /// per step (a compiled training step) gives a step's FLOPs.
