@@ -51,7 +51,13 @@ std::string describe_plan(const runtime::PlannedMemory& m) {
   os << "memory plan: peak ";
   mib(m.peak_bytes) << " beyond the inputs (";
   mib(m.input_bytes) << "), during step " << m.peak_step << " of " << m.steps << " (" << m.peak_at << "); outputs ";
-  mib(m.output_bytes) << "; " << m.buffers << " buffers, " << m.reused << " of them in a dead one's memory (";
+  mib(m.output_bytes) << "; " << m.buffers << " buffers, ";
+  if (m.in_arena) {
+    os << m.in_arena << " of them in " << m.arenas << (m.arenas == 1 ? " arena" : " arenas") << " of ";
+    mib(m.arena_bytes) << " (";
+  } else {
+    os << m.reused << " of them in a dead one's memory (";
+  }
   mib(m.allocated_bytes) << " with nothing freed or reused)";
   return os.str();
 }

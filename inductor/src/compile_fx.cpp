@@ -70,7 +70,7 @@ runtime::PlannedMemory plan_memory(const ir::Graph& graph, const InductorOptions
     throw InductorError("inductor: the graph has no output node; call Graph::set_output first");
   const detail::CompiledSchedule s = detail::compiled_schedule(detail::compile_schedule(*plan.graph, options.threads));
   plan.device = s.device;
-  detail::make_plan(plan, s, options.kernel_config, /*bind_kernels=*/false);
+  detail::make_plan(plan, s, options, /*bind_kernels=*/false);
   return detail::planned_memory(plan);
 }
 
@@ -154,7 +154,7 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
     return ir::interpret(graph);
   }
   try {
-    detail::make_plan(*plan, s, options.kernel_config);
+    detail::make_plan(*plan, s, options);
   } catch (const InductorError&) {
     return ir::interpret(graph);  // a graph the plan cannot express: the interpreter runs it, or names the fault
   }

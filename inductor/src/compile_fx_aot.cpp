@@ -22,8 +22,8 @@ namespace {
 // stops the build here until it joins the key.
 std::string compiler_key(const InductorOptions& options) {
   const auto& [compiler, flags, threads, adapt_threads, automatic_dynamic_shapes, cache_dir, cuda_arch,
-               fallback_to_eager, print_generated_code, profile, cuda_graphs, kernel_config,
-               force_layout_optimization] = options;
+               fallback_to_eager, print_generated_code, profile, cuda_graphs, kernel_config, force_layout_optimization,
+               memory_planning] = options;
   std::string key = "backend=inductor.compile_fx;passes=";
   for (size_t i = 0; i < post_grad_passes().size(); ++i) key += (i ? "," : "") + post_grad_passes()[i];
   // Lengths before the strings the caller chose: no two option sets print alike.
@@ -43,6 +43,7 @@ std::string compiler_key(const InductorOptions& options) {
   add("cuda_graphs", cuda_graphs ? "1" : "0");
   add("kernel_config", std::to_string(kernel_config));
   add("force_layout_optimization", force_layout_optimization ? "1" : "0");
+  add("memory_planning", memory_planning ? (*memory_planning ? "1" : "0") : "default");
   return key;
 }
 

@@ -23,6 +23,8 @@ InductorOptions InductorOptions::from_environment() {
     o.adapt_threads = on("CRUCIBLE_INDUCTOR_ADAPT_THREADS");
   if (const char* a = std::getenv("CRUCIBLE_INDUCTOR_AUTOMATIC_DYNAMIC_SHAPES"); a && *a)
     o.automatic_dynamic_shapes = on("CRUCIBLE_INDUCTOR_AUTOMATIC_DYNAMIC_SHAPES");
+  if (const char* a = std::getenv("CRUCIBLE_INDUCTOR_MEMORY_PLANNING"); a && *a)
+    o.memory_planning = on("CRUCIBLE_INDUCTOR_MEMORY_PLANNING");
   return o;
 }
 

@@ -970,7 +970,9 @@ TEST_CASE("a kernel's output takes the memory of a dead buffer of the same size"
   g.set_output({v, kept});
   ir::propagate_meta(g);
   const int64_t before = runtime::default_counters().get("inductor", "buffer_reuse");
-  ir::CompiledFn fn = inductor::compile_fx_inner(g, {x, w}, options());
+  inductor::InductorOptions no_arenas = options();
+  no_arenas.memory_planning = false;  // Note [Arena] would place these buffers instead
+  ir::CompiledFn fn = inductor::compile_fx_inner(g, {x, w}, no_arenas);
   CHECK(runtime::default_counters().get("inductor", "buffer_reuse") - before >= 2);
   // tanh: libm's in the kernels, Sleef's in eager, a few ulps apart.
   for (int call = 0; call < 2; ++call) {
@@ -978,6 +980,68 @@ TEST_CASE("a kernel's output takes the memory of a dead buffer of the same size"
     REQUIRE_CLOSE(got[0], expected, 1e-5, 1e-6);
     at::Tensor t1 = at::tanh(at::mm(at::tanh(x), w) * 2.0);
     REQUIRE_CLOSE(got[1], t1.t(), 1e-5, 1e-6);
+  }
+}
+
+TEST_CASE("buffers whose lives the plan sees lie in arenas, apart while both live", "[inductor][memory_plan]") {
+  // Note [Arena]: the tanh outputs (generated kernels) and the matmul
+  // results (written by mm.out) may lie in arenas; every tanh output lives
+  // to the final sum, so a wrong offset would mix two of them there. The
+  // graph also returns a view of one tanh output, which must stay out of
+  // the arenas: it would be overwritten by the next call. On the test
+  // device (CRUCIBLE_TEST_DEVICE=cuda: CUDA kernels, cuBLAS's mm.out).
+  if (crucible::testing::compile_only()) CRUCIBLE_SKIP("CUDA asked for and no GPU here");
+  const at::Device dev = crucible::testing::test_device();
+  const at::Tensor x = at::randn({32, 48}, dev), w = at::randn({48, 48}, dev) / 8;
+  ir::Graph g;
+  ir::Value* v = g.add_placeholder("x", ir::TensorMeta::of(x));
+  ir::Value* pw = g.add_placeholder("w", ir::TensorMeta::of(w));
+  std::vector<ir::Value*> kept;
+  at::Tensor t = x, expected = at::zeros({32, 48}, dev);
+  ir::Value* view = nullptr;
+  for (int i = 0; i < 6; ++i) {
+    if (i > 0) v = g.add_call("aten::mm", {v, pw})->result();
+    v = g.add_call("aten::tanh", {g.add_call("aten::mul.Scalar", {v, c10::Scalar(1.0 + i)})->result()})->result();
+    kept.push_back(v);
+    t = at::tanh((i > 0 ? at::mm(t, w) : t) * (1.0 + i));
+    expected = expected + t * static_cast<double>(i + 1);
+    if (i == 2) view = g.add_call("aten::t", {v})->result();
+  }
+  ir::Value* sum = nullptr;
+  for (size_t i = 0; i < kept.size(); ++i) {
+    ir::Value* term = g.add_call("aten::mul.Scalar", {kept[i], c10::Scalar(static_cast<double>(i + 1))})->result();
+    sum = sum ? g.add_call("aten::add.Tensor", {sum, term, c10::Scalar(1)})->result() : term;
+  }
+  g.set_output({sum, view});
+  ir::propagate_meta(g);
+  const at::Tensor third = at::tanh(at::mm(at::tanh(at::mm(at::tanh(x), w) * 2.0), w) * 3.0);
+
+  inductor::InductorOptions on = options();
+  on.memory_planning = true;  // the default on the CPU, not on a GPU
+  const runtime::PlannedMemory planned = inductor::plan_memory(g, on);
+  inductor::InductorOptions off = options();
+  off.memory_planning = false;
+  const runtime::PlannedMemory unplanned = inductor::plan_memory(g, off);
+  INFO("peak " << planned.peak_bytes << " bytes with " << planned.in_arena << " buffers in " << planned.arenas
+               << " arenas, " << unplanned.peak_bytes << " without");
+  CHECK(planned.arenas >= 1);
+  CHECK(planned.in_arena >= 4);
+  CHECK(planned.arena_bytes > 0);
+  CHECK(unplanned.arenas == 0);
+  CHECK(planned.peak_bytes <= unplanned.peak_bytes);
+
+  const int64_t before = runtime::default_counters().get("inductor", "arena_buffers");
+  ir::CompiledFn fn = inductor::compile_fx_inner(g, {x, w}, on);
+  CHECK(runtime::default_counters().get("inductor", "arena_buffers") - before ==
+        static_cast<int64_t>(planned.in_arena));
+  // tanh: libm's (or CUDA's) in the kernels, Sleef's in eager, a few ulps
+  // apart, through five matmuls of values below 1 (TF32 is off) and a sum
+  // of six terms.
+  const std::vector<at::Tensor> first = run(fn, {x, w});
+  const std::vector<at::Tensor> second = run(fn, {x, w});  // the same arenas' offsets again
+  for (const std::vector<at::Tensor>* got : {&first, &second}) {
+    REQUIRE_CLOSE((*got)[0], expected, 1e-4, 1e-5);
+    REQUIRE_CLOSE((*got)[1], third.t(), 1e-5, 1e-6);
   }
 }
 

@@ -12,8 +12,12 @@
 #include <ATen/ops/zeros.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
+#include <c10/core/Storage.h>
+#include <c10/core/TensorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/intrusive_ptr.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -22,6 +26,25 @@
 namespace crucible::inductor::detail {
 
 namespace {
+
+// Note [Arena] in runtime/memory_plan.cpp: a call's arenas while they are
+// held, and the dispatch keys of a tensor on the plan's device.
+struct CallArenas {
+  std::vector<c10::Storage> storages;
+  c10::DispatchKeySet keys;
+};
+
+// A tensor of this layout `offset` bytes into arena `arena`: a TensorImpl
+// on the arena's storage, made without a dispatcher call (the plan aligns
+// the offset to every element size).
+at::Tensor in_arena(const CallArenas& arenas, uint32_t arena, int64_t offset, c10::IntArrayRef sizes,
+                    c10::IntArrayRef strides, c10::ScalarType dtype) {
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(arenas.storages[arena]), arenas.keys,
+                                                          c10::scalarTypeToTypeMeta(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides,
+                                                 offset / static_cast<int64_t>(c10::elementSize(dtype)));
+  return t;
+}
 
 c10::IValue read(const Source& s, std::vector<c10::IValue>& slots) {
   switch (s.kind) {
@@ -63,13 +86,15 @@ bool run_host_arith(const Step& st, std::vector<c10::IValue>& slots) {
   return true;
 }
 
-void run_extern(const Step& st, std::vector<c10::IValue>& slots) {
+void run_extern(const Step& st, std::vector<c10::IValue>& slots, const CallArenas& arenas) {
   if (st.host && run_host_arith(st, slots)) return;
   torch::jit::Stack stack;
-  stack.reserve(st.args.size());
+  stack.reserve(st.args.size() + 1);
   for (const Source& s : st.args) stack.push_back(read(s, slots));
+  if (st.out_op)
+    stack.emplace_back(in_arena(arenas, st.out_arena, st.out_offset, st.out_sizes, st.out_strides, st.out_dtype));
   try {
-    st.op->callBoxed(stack);
+    (st.out_op ? *st.out_op : *st.op).callBoxed(stack);
   } catch (const std::exception& e) {
     // A guard or an assert has no result to name.
     const std::string name =
@@ -104,7 +129,7 @@ bool same_layout(const at::Tensor& t, const KernelArg& a) {
 // InferenceMode, which eager refuses. So each input a kernel writes is
 // bumped before the kernel runs: bump_version() refuses an inference tensor
 // outside InferenceMode with eager's message, before anything is written.
-void run_kernel(const Plan& plan, const Step& st, std::vector<c10::IValue>& slots) {
+void run_kernel(const Plan& plan, const Step& st, std::vector<c10::IValue>& slots, const CallArenas& arenas) {
   const at::TensorOptions device = at::TensorOptions().device(plan.device);
   std::vector<at::Tensor> keep;
   keep.reserve(st.kernel_args.size());
@@ -152,7 +177,9 @@ void run_kernel(const Plan& plan, const Step& st, std::vector<c10::IValue>& slot
     const KernelArg& a = st.kernel_args[i];
     if (!a.written || a.slot == kNone) continue;
     at::Tensor t;
-    if (a.reuse != kNone) {  // Note [Buffer reuse]
+    if (a.arena != kNone) {
+      t = in_arena(arenas, a.arena, a.arena_offset, a.sizes, a.strides, a.dtype);
+    } else if (a.reuse != kNone) {  // Note [Buffer reuse]
       const at::Tensor dead = std::exchange(slots[a.reuse], c10::IValue()).toTensor();
       if (dead.use_count() == 1 && dead.storage().use_count() == 1)
         t = at::empty({0}, device.dtype(a.dtype)).set_(dead.storage(), 0, a.sizes, a.strides);
@@ -201,18 +228,30 @@ std::vector<at::Tensor> run_steps(Plan& plan, std::vector<at::Tensor>& inputs) {
   if (plan.cuda) guard.emplace(plan.device);
   const bool on_gpu = plan.device.is_cuda() && plan.profile;
   std::vector<c10::Event> events;  // a start and an end per step (profile on a GPU)
+  CallArenas arenas;
+  arenas.storages.resize(plan.arena_bytes.size());
+  // To tell that no output lies in one; weak, so that an arena let go frees
+  // its bytes but no other storage takes its address.
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> arena_storages;
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     const Step& st = plan.steps[i];
+    for (uint32_t a : st.arenas_made) {
+      const at::Tensor t = at::empty({plan.arena_bytes[a]}, at::TensorOptions().device(plan.device).dtype(at::kByte));
+      arenas.storages[a] = t.storage();
+      arenas.keys = t.key_set();
+      arena_storages.push_back(t.storage().getWeakStorageImpl());
+    }
     const auto start = plan.profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     if (on_gpu) {
       events.emplace_back(c10::kCUDA, c10::EventFlag::BACKEND_DEFAULT);
       events.back().record(c10::impl::getDeviceGuardImpl(c10::kCUDA)->getStream(plan.device));
     }
     if (st.fn || st.cuda_kernel)
-      run_kernel(plan, st, slots);
+      run_kernel(plan, st, slots, arenas);
     else
-      run_extern(st, slots);
+      run_extern(st, slots, arenas);
     for (uint32_t d : st.dead) slots[d] = c10::IValue();
+    for (uint32_t a : st.arenas_let_go) arenas.storages[a] = {};
     if (on_gpu) {
       events.emplace_back(c10::kCUDA, c10::EventFlag::BACKEND_DEFAULT);
       events.back().record(c10::impl::getDeviceGuardImpl(c10::kCUDA)->getStream(plan.device));
@@ -231,7 +270,17 @@ std::vector<at::Tensor> run_steps(Plan& plan, std::vector<at::Tensor>& inputs) {
   }
   std::vector<at::Tensor> out;
   out.reserve(plan.outputs.size());
-  for (const Source& s : plan.outputs) out.push_back(read(s, slots).toTensor());
+  for (const Source& s : plan.outputs) {
+    out.push_back(read(s, slots).toTensor());
+    // Note [Arena]: the plan keeps every buffer an output views out of the
+    // arena; one in it would be overwritten by the next call.
+    if (out.back().defined() && out.back().has_storage() && std::ranges::any_of(arena_storages, [&](const auto& a) {
+          return a._unsafe_get_target() == out.back().storage().unsafeGetStorageImpl();
+        }))
+      throw InductorError("inductor: output " + std::to_string(out.size() - 1) +
+                          " lies in an arena of the call; compile with memory_planning off "
+                          "(CRUCIBLE_INDUCTOR_MEMORY_PLANNING=0) and report the graph");
+  }
   return out;
 }
 

@@ -64,6 +64,8 @@ struct KernelArg {
   Source source;             // read
   uint32_t slot = kNone;     // written
   uint32_t reuse = kNone;    // written: a dead buffer whose memory it takes (Note [Buffer reuse])
+  uint32_t arena = kNone;    // written: the arena it lies in (Note [Arena]); kNone: a tensor of its own
+  int64_t arena_offset = 0;  // and where, in bytes
   std::vector<int64_t> sizes, strides;
   c10::ScalarType dtype = c10::kFloat;
 };
@@ -78,6 +80,13 @@ struct Step {
   std::vector<std::vector<uint32_t>> returns;  // per schema return: one slot, or a Tensor[]'s slots
   std::vector<bool> list_return;
   std::optional<HostArith> host;  // computed without the dispatcher (Note [Host arithmetic])
+  // A result an arena holds (Note [Arena]): the op's out= overload, given
+  // the result's layout at out_offset bytes into arena out_arena.
+  std::optional<c10::OperatorHandle> out_op;
+  uint32_t out_arena = kNone;
+  int64_t out_offset = 0;
+  std::vector<int64_t> out_sizes, out_strides;
+  c10::ScalarType out_dtype = c10::kFloat;
   // Generated kernel: a C++ function, or a CUDA kernel and its launch.
   KernelFn fn = nullptr;
   void* cuda_kernel = nullptr;
@@ -95,8 +104,10 @@ struct Step {
   std::unique_ptr<std::atomic<int>> chosen;
   std::string fuses;  // what the kernel computes (for the profile)
   std::vector<KernelArg> kernel_args;
-  // Both: slots to clear after the step.
+  // Both: slots to clear after the step, and the arenas allocated before it
+  // and let go after it (Note [Arena]).
   std::vector<uint32_t> dead;
+  std::vector<uint32_t> arenas_made, arenas_let_go;
 };
 
 /// A step's time over the calls profiled (Note [Per-step profile]).
@@ -118,6 +129,8 @@ struct Plan {
   std::vector<uint32_t> input_slots;
   std::vector<Step> steps;
   std::vector<Source> outputs;
+  /// Note [Arena]: the bytes of each arena a call allocates.
+  std::vector<int64_t> arena_bytes;
   /// The values of the size symbols s0, s1, ... the graph was lowered at,
   /// which its C++ kernels take (Note [Dynamic sizes]); empty: none.
   std::vector<int64_t> size_symbols;

@@ -3,6 +3,7 @@
 // backend (cpp.cxx, cpp.threads, cache_dir, fallback, trace.output_code).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,17 @@ struct InductorOptions {
   /// outputs]), so with it a CPU run shows what a GPU run computes:
   /// torch/_inductor's force_layout_optimization, for tests without a GPU.
   bool force_layout_optimization = false;
+  /// Place the buffers of a call whose lifetimes the plan knows (generated
+  /// kernels' outputs, matmul results) at offsets in a few arenas, each
+  /// one allocation a call, planned at compile time where that peaks no
+  /// higher than giving each buffer its own tensor (Note [Arena] in
+  /// src/runtime/memory_plan.cpp; torch/_inductor's memory_planning, XLA's
+  /// buffer assignment). Off: each buffer is allocated on its own, or takes
+  /// a dead one's memory. Unset: on for graphs that run on the CPU, off for
+  /// a GPU's, where the caching allocator already reuses blocks and the
+  /// arenas' large blocks reserved more for GPT-2 under CUDA graphs (+12%)
+  /// though less for ResNet-18 (-21%; bench/results/memory.md).
+  std::optional<bool> memory_planning;
 
   /// The defaults, with the debugging switches taken from the environment
   /// as torch/_inductor/config.py takes its own: CRUCIBLE_INDUCTOR_PROFILE=1
@@ -109,8 +121,9 @@ struct InductorOptions {
   /// CRUCIBLE_INDUCTOR_FORCE_LAYOUT_OPT=1 (force_layout_optimization),
   /// CRUCIBLE_INDUCTOR_ADAPT_THREADS=0 (adapt_threads off),
   /// CRUCIBLE_INDUCTOR_AUTOMATIC_DYNAMIC_SHAPES=0 (automatic_dynamic_shapes
-  /// off). What the `inductor` backend
-  /// of the pipeline's registry compiles with. Throws nothing.
+  /// off), CRUCIBLE_INDUCTOR_MEMORY_PLANNING=0 or 1 (memory_planning). What
+  /// the `inductor` backend of the pipeline's registry compiles with.
+  /// Throws nothing.
   static InductorOptions from_environment();
 };
 

@@ -54,8 +54,13 @@ struct PlannedMemory {
   /// The graph's tensor inputs (storages the plan reads), summed.
   int64_t input_bytes = 0;
   /// Steps of the plan, buffers it allocates, and of those, how many take
-  /// the memory of a dead buffer instead (Note [Buffer reuse] in the inductor).
-  size_t steps = 0, buffers = 0, reused = 0;
+  /// the memory of a dead buffer instead (Note [Buffer reuse] in the
+  /// inductor) and how many lie in the call's arena (Note [Arena]).
+  size_t steps = 0, buffers = 0, reused = 0, in_arena = 0;
+  /// The arenas: how many, and their bytes summed. Each is one allocation,
+  /// held from its first buffer's step to its last buffer's.
+  size_t arenas = 0;
+  int64_t arena_bytes = 0;
 };
 
 /// The peaks so far; the device's where `device` is a GPU. Throws nothing
