@@ -43,7 +43,8 @@
 // replays allocate nothing), and on the CPU process_rss_MiB, the resident
 // set's peak. BM_Step's plan_MiB: what the backend's plan says one call of
 // the step holds, its inputs included (runtime::PlannedMemory; without a
-// CUDA graph, step_alloc_MiB measures the same).
+// CUDA graph, step_alloc_MiB measures the same); estimated_ms: the
+// backend's cost model's time for a step (the inductor's roofline).
 //
 // Rows (real time; every iteration ends by reading the loss, which waits for
 // the step's kernels):
@@ -350,6 +351,8 @@ void step_alone(benchmark::State& state) {
     const runtime::PlannedMemory m = info.plan_memory(step.graph());
     state.counters["plan_MiB"] = static_cast<double>(m.input_bytes + m.peak_bytes) / (1 << 20);
   }
+  if (const runtime::BackendInfo& info = registry.get(context().flags.backend); info.estimated_ms)
+    state.counters["estimated_ms"] = info.estimated_ms(step.graph());
   trace_steps("Step_" + context().flags.model, [&] { return step(r.batch); });
 }
 

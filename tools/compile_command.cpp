@@ -94,6 +94,8 @@ void run_compile_command(const CompileCommandOptions& o) {
   std::cout << "training step (" << o.optimizer.kind << ", batch " << o.batch << "), " << step.graph().num_nodes()
             << " nodes: " << describe_stages(step_timer) << "\n";
   if (backend.plan_memory) std::cout << describe_plan(backend.plan_memory(step.graph())) << "\n";
+  if (backend.estimated_ms)
+    std::cout << "estimated time (roofline): " << backend.estimated_ms(step.graph()) << " ms a step\n";
 
   // The loss through the AOT path (Builder::compile over the module): the
   // joint graph, its partition into forward and backward, each through the

@@ -27,6 +27,7 @@ runtime::BackendInfo inductor_backend(bool cuda_graphs) {
     return files;
   };
   info.plan_memory = [](const ir::Graph& g) { return plan_memory(g, InductorOptions::from_environment()); };
+  info.estimated_ms = [](const ir::Graph& g) { return estimated_ms(g, InductorOptions::from_environment()); };
   // Above the interpreter: a Builder's default, and compile_train_step's,
   // is the fast backend where this library is linked, as torch.compile's
   // default is inductor; "inductor-cudagraphs" ranks below "inductor",

@@ -16,6 +16,8 @@
 #include "runtime/memory_plan.h"
 #include "runtime/plan.h"
 
+#include <crucible/ir/aliasing.h>
+#include <crucible/ir/flop_count.h>
 #include <crucible/ir/graph.h>
 #include <crucible/ir/interpreter.h>
 #include <crucible/runtime/instruments.h>
@@ -24,6 +26,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <chrono>
 #include <iomanip>
 #include <iostream>
@@ -72,6 +75,51 @@ runtime::PlannedMemory plan_memory(const ir::Graph& graph, const InductorOptions
   plan.device = s.device;
   detail::make_plan(plan, s, options, /*bind_kernels=*/false);
   return detail::planned_memory(plan);
+}
+
+// Note [Roofline estimate]
+// A call's time as the roofline model gives it, step by step: a step takes
+// the longer of its bytes over the device's bandwidth and its FLOPs over
+// its matmul throughput. A generated kernel moves every buffer it reads or
+// writes once (what fusion leaves in memory); an extern kernel reads its
+// tensor arguments and writes its results, or moves nothing where it only
+// makes a view; the FLOPs are ir::count_flops' (matmuls, convolutions,
+// attention). The devices: an H100's HBM3 (3.35 TB/s) and TF32 tensor
+// cores (495 TFLOP/s), or a few AVX2 cores (20 GB/s, 200 GFLOP/s). It
+// ignores launches, caches and occupancy, so it compares two schedules of
+// one step better than it predicts either's time (torch/_inductor's
+// estimate_runtime, from its scheduler's nodes, is the same idea).
+double estimated_ms(const ir::Graph& graph, const InductorOptions& options) {
+  const ir::Graph g = prepared(graph, options);
+  const detail::CompiledSchedule s = detail::compiled_schedule(detail::compile_schedule(g, options.threads));
+  const bool gpu = s.device.is_cuda();
+  const double bandwidth = gpu ? 3.35e12 : 2e10, throughput = gpu ? 4.95e14 : 2e11;
+  auto bytes_of = [](const ir::Value* v) {
+    return v && v->is_tensor() && v->has_meta() ? static_cast<double>(v->meta().nbytes()) : 0.0;
+  };
+  double seconds = 0;
+  for (const detail::Schedule::Step& step : s.steps) {
+    double bytes = 0, flops = 0;
+    if (const ir::Node* n = step.extern_node) {
+      bool fresh = false;
+      for (size_t r = 0; r < n->num_results(); ++r)
+        if (!ir::aliased_argument(*n->result(r))) {
+          fresh = true;
+          bytes += bytes_of(n->result(r));
+        }
+      if (fresh)
+        for (const ir::Value* in : n->inputs()) bytes += bytes_of(in);
+      flops = static_cast<double>(ir::count_flops(*n));
+    } else {
+      for (const detail::KernelOperand& o : s.kernels[step.kernel].operands) {
+        double numel = 1;
+        for (int64_t d : o.sizes) numel *= static_cast<double>(d);
+        bytes += numel * static_cast<double>(c10::elementSize(o.dtype));
+      }
+    }
+    seconds += std::max(bytes / bandwidth, flops / throughput);
+  }
+  return seconds * 1e3;
 }
 
 std::vector<std::string> compile_cuda(const ir::Graph& graph, const std::string& arch, const InductorOptions& options) {

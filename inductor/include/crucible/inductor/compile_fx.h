@@ -95,6 +95,14 @@ std::vector<std::string> compile_cuda(const ir::Graph& graph, const std::string&
 /// express, and what lowering throws.
 runtime::PlannedMemory plan_memory(const ir::Graph& graph, const InductorOptions& options = {});
 
+/// One call's time in ms by the roofline model, step by step over the
+/// schedule compile_fx_inner makes of `graph` (Note [Roofline estimate] in
+/// src/compile_fx.cpp): for comparing two graphs of one computation, such
+/// as a step before and after rematerialization, rather than for
+/// predicting either's time. Needs no GPU and no compiler. Throws what
+/// lowering throws.
+double estimated_ms(const ir::Graph& graph, const InductorOptions& options = {});
+
 /// The loop-level IR compile_fx_inner lowers `graph` to, as text: each
 /// extern kernel, and each loop with the buffer it writes (sizes, strides),
 /// its kind (pointwise over o < numel, or a reduction over o < kept × r <

@@ -42,6 +42,10 @@ struct BackendInfo {
   /// plan (PlannedMemory), for `crucible compile` and the benches. Empty
   /// for backends without one.
   std::function<PlannedMemory(const ir::Graph& graph)> plan_memory{};
+  /// One call's time in ms by a cost model of the backend's (the
+  /// inductor's roofline estimate), for comparing two graphs of one
+  /// computation. Empty for backends without one.
+  std::function<double(const ir::Graph& graph)> estimated_ms{};
   /// best() picks the registered backend of the highest rank: the fastest
   /// that works on this build.
   int rank = 0;
