@@ -995,7 +995,8 @@ TEST_CASE("estimated_ms: a step's roofline time, the longer of its bytes and its
   g.set_output({g.add_call("aten::mm", {t, pw})->result()});
   ir::propagate_meta(g);
   const double bytes = 2.0 * 256 * 256 * 4, flops = 2.0 * 256 * 256 * 256;
-  CHECK(inductor::estimated_ms(g, options()) == Approx((bytes / 2e10 + flops / 2e11) * 1e3).epsilon(1e-9));
+  CHECK_THAT(inductor::estimated_ms(g, options()),
+             Catch::Matchers::WithinRel((bytes / 2e10 + flops / 2e11) * 1e3, 1e-9));
 }
 
 TEST_CASE("buffers whose lives the plan sees lie in arenas, apart while both live", "[inductor][memory_plan]") {
