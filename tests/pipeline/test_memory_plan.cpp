@@ -137,8 +137,10 @@ TEST_CASE("plan_memory: one call of a compiled training step peaks where its pla
     // pick a smaller one: the MLP's 1% less). What extern kernels allocate
     // for themselves comes on top: none for the MLP and the GPT (equal on
     // the CPU), max_pool2d's backward temporaries on the CPU (+7%), the
-    // convolutions' cuDNN workspace on a GPU (+20%).
+    // convolutions' cuDNN workspace on a GPU (+31% of the ConvNet's 1 MB
+    // plan on an H200: a workspace does not shrink with the model).
+    const int64_t unseen = dev.is_cuda() && name == "convnet" ? planned.peak_bytes / 2 : planned.peak_bytes / 4;
     CHECK(measured >= planned.peak_bytes - planned.peak_bytes / 50);
-    CHECK(measured <= planned.peak_bytes + planned.peak_bytes / 4);
+    CHECK(measured <= planned.peak_bytes + unseen);
   }
 }
