@@ -2,6 +2,8 @@
 
 #include <crucible/partitioner/min_cut_partition.h>
 #include <crucible/pipeline/builder.h>
+#include <crucible/pipeline/error.h>
+#include <crucible/runtime/backend_registry.h>
 #include <crucible/runtime/instruments.h>
 #include <crucible/runtime/timing.h>
 #include <crucible/tracer/decomposition.h>
@@ -77,6 +79,11 @@ void CompileFlags::add_to(CLI::App& cmd) {
                  "(recomputing matmuls too), in between a share of the difference")
       ->check(between_zero_and_one())
       ->capture_default_str();
+  cmd.add_option("--remat-max-slowdown", remat_max_slowdown,
+                 "with --partitioner min-cut: recompute inside a training step only where the backend's cost model "
+                 "(the inductor's roofline estimate) says the step takes at most this share longer (0.02: 2%); "
+                 "default: wherever it lowers the step's peak")
+      ->check(CLI::NonNegativeNumber);
 }
 
 void CompileFlags::apply(pipeline::Builder& builder,
@@ -101,7 +108,15 @@ void CompileFlags::apply(pipeline::Builder& builder,
     });
     // A training step is one graph: the same cut, inside it (Note
     // [Rematerialization in one graph]), after the other passes.
-    builder.add_pass(partitioner::remat_pass(min_cut));
+    partitioner::MinCutOptions in_step = min_cut;
+    if (remat_max_slowdown) {
+      in_step.estimated_ms = runtime::BackendRegistry::builtin().get(builder.backend_name()).estimated_ms;
+      if (!in_step.estimated_ms)
+        throw pipeline::PipelineError("--remat-max-slowdown: backend " + builder.backend_name() +
+                                      " has no cost model; use an inductor backend");
+      in_step.max_slowdown = *remat_max_slowdown;
+    }
+    builder.add_pass(partitioner::remat_pass(in_step));
   }
   builder.trace_options(options);
   if (decompositions == "none") builder.decompositions({});

@@ -44,7 +44,8 @@ struct OptimizerFlags {
 };
 
 /// --passes, --pre-grad-passes, --joint-passes, --trace-mode,
-/// --decompositions, --partitioner, --memory-budget: how the builder compiles (Note [Pass
+/// --decompositions, --partitioner, --memory-budget, --remat-max-slowdown:
+/// how the builder compiles (Note [Pass
 /// phases], AotConfig::trace_mode, tracer::core_aten_decompositions, Note
 /// [Min-cut partition]).
 struct CompileFlags {
@@ -58,7 +59,11 @@ struct CompileFlags {
   std::string decompositions = "auto";
   std::string partitioner = "default";  ///< default or min-cut (partitioner/min_cut_partition.h)
   double memory_budget = 1.0;           ///< min-cut's MinCutOptions::memory_budget
-  /// Adds the seven flags to `cmd`.
+  /// min-cut inside a training step only where the backend's cost model
+  /// says it is at most this share slower (MinCutOptions::max_slowdown);
+  /// unset: wherever it lowers the peak.
+  std::optional<double> remat_max_slowdown;
+  /// Adds the eight flags to `cmd`.
   void add_to(CLI::App& cmd);
   /// Sets the builder's pass lists, trace mode, decompositions ("auto"
   /// reads the builder's backend: set it first) and partitioner; with

@@ -491,11 +491,15 @@ ir::Pass remat_pass(const MinCutOptions& options) {
                              [](const ir::OutputSpec& o) { return o.kind == ir::OutputKind::Loss; }))
               return;
             // See Note [Rematerialization in one graph]: kept where it
-            // lowers the peak.
+            // lowers the peak, at a cost the caller accepts.
             ir::Graph rewritten = g.clone();
-            if (rematerialize(rewritten, options).recomputed_nodes > 0 &&
-                estimated_peak_bytes(rewritten) < estimated_peak_bytes(g))
-              g = std::move(rewritten);
+            if (rematerialize(rewritten, options).recomputed_nodes == 0 ||
+                estimated_peak_bytes(rewritten) >= estimated_peak_bytes(g))
+              return;
+            if (options.estimated_ms &&
+                options.estimated_ms(rewritten) > options.estimated_ms(g) * (1 + options.max_slowdown))
+              return;
+            g = std::move(rewritten);
           }};
 }
 

@@ -9,6 +9,7 @@
 #include <crucible/partitioner/partition.h>
 
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <string>
 #include <unordered_set>
@@ -82,6 +83,13 @@ struct MinCutOptions {
   bool ban_materialized_backwards = false;
   /// 0..1; see Note [Memory budget]. Values above 1 act as 1, below 0 as 0.
   double memory_budget = 1.0;
+  /// remat_pass only: a cost model's time for a graph, in ms (a backend's
+  /// runtime::BackendInfo::estimated_ms, the inductor's roofline); with it
+  /// the rewrite is kept only where the model says it takes at most
+  /// `max_slowdown` (a share: 0.02 is 2%) longer than the graph as it was.
+  /// Empty: time is not weighed. The partitions ignore both.
+  std::function<double(const ir::Graph&)> estimated_ms{};
+  double max_slowdown = 0.02;
 };
 
 /// What the cut chose, for inspection (crucible compile --dump-dir).
@@ -161,7 +169,9 @@ double estimated_peak_bytes(const ir::Graph& graph);
 /// graphs (those with a Loss output) and leaves others as they are, for
 /// the post-grad pass list (`crucible train --partitioner min-cut`): the
 /// rewrite is kept only where it lowers estimated_peak_bytes (Note
-/// [Rematerialization in one graph]).
+/// [Rematerialization in one graph]) and, with options.estimated_ms, where
+/// it is at most options.max_slowdown slower by that model
+/// (`--remat-max-slowdown`).
 ir::Pass remat_pass(const MinCutOptions& options = {});
 
 /// Bytes of the saved values of a partition's forward (its SavedValue
