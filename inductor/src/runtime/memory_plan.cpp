@@ -41,6 +41,10 @@ int64_t span_bytes(const ir::TensorMeta& m) { return span_bytes(m.sizes, m.strid
 // rely on no more than 256 of).
 int64_t arena_alignment(c10::Device device) { return device.is_cuda() ? 512 : 64; }
 
+// What a buffer of its own holds: a GPU's caching allocator hands out
+// blocks in multiples of 512 bytes.
+int64_t allocator_rounding(c10::Device device) { return device.is_cuda() ? 512 : 1; }
+
 int64_t aligned(int64_t bytes, int64_t alignment) { return (bytes + alignment - 1) / alignment * alignment; }
 
 // The slot of the argument of extern step `st` whose storage its result `v`
@@ -212,7 +216,7 @@ class Planner {
   // The buffers an arena may hold, and their lives.
   std::vector<ArenaBuffer> arena_buffers() const {
     const int64_t alignment = arena_alignment(p_.device);
-    const int64_t round = p_.device.is_cuda() ? 512 : 1;  // as planned_memory counts a buffer
+    const int64_t round = allocator_rounding(p_.device);
     std::vector<ArenaBuffer> buffers;
     std::vector<int64_t> buffer_of(p_.num_slots, -1);
     auto make = [&](uint32_t slot, int64_t bytes, uint32_t step, size_t arg) {
@@ -527,9 +531,8 @@ namespace {
 runtime::PlannedMemory replay(const Plan& plan, std::vector<int64_t>* during) {
   runtime::PlannedMemory m;
   m.steps = plan.steps.size();
-  // A GPU's caching allocator hands out blocks in multiples of 512 bytes.
-  const int64_t round = plan.device.is_cuda() ? 512 : 1;
-  auto rounded = [round](int64_t bytes) { return (bytes + round - 1) / round * round; };
+  const int64_t round = allocator_rounding(plan.device);
+  auto rounded = [round](int64_t bytes) { return aligned(bytes, round); };
   struct Storage {
     int64_t bytes = 0;
     size_t slots = 0;
