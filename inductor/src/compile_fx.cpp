@@ -53,6 +53,12 @@ ir::Graph prepared(const ir::Graph& graph, const InductorOptions& options) {
   return g;
 }
 
+// Note [Dynamic sizes]: CPU kernels take the sizes that vary as arguments.
+detail::SizeTable size_table(const ir::Graph& g, const InductorOptions& options) {
+  return options.automatic_dynamic_shapes && detail::loop_device(g).is_cpu() ? detail::dynamic_sizes(g)
+                                                                             : detail::SizeTable{};
+}
+
 }  // namespace
 
 GeneratedCode generate_code(const ir::Graph& graph) {
@@ -89,9 +95,29 @@ runtime::PlannedMemory plan_memory(const ir::Graph& graph, const InductorOptions
 // ignores launches, caches and occupancy, so it compares two schedules of
 // one step better than it predicts either's time (torch/_inductor's
 // estimate_runtime, from its scheduler's nodes, is the same idea).
+//
+// The schedule is compile_fx_inner's, under the same graph cache key: an
+// estimate finds a compiled graph's schedule there, and leaves its own for
+// the compile that follows (remat_pass estimates the step it then hands
+// the backend), so weighing a rewrite costs a cold compile one lowering,
+// of the graph not taken, and a warm one none.
 double estimated_ms(const ir::Graph& graph, const InductorOptions& options) {
   const ir::Graph g = prepared(graph, options);
-  const detail::CompiledSchedule s = detail::compiled_schedule(detail::compile_schedule(g, options.threads));
+  const detail::SizeTable sizes = size_table(g, options);
+  const std::optional<std::string> key = detail::graph_cache_key(g, options, sizes);
+  std::optional<detail::CompiledSchedule> cached;
+  try {
+    if (key) cached = detail::load_schedule(*key, g, options);
+  } catch (const InductorError&) {  // an unusable cache directory: the estimate lowers without it
+  }
+  const detail::CompiledSchedule s =
+      cached ? std::move(*cached) : detail::compiled_schedule(detail::compile_schedule(g, options.threads, sizes));
+  if (key && !cached) {
+    try {
+      detail::store_schedule(*key, s, g, options);
+    } catch (const InductorError&) {  // the compile that follows lowers it again
+    }
+  }
   const bool gpu = s.device.is_cuda();
   const double bandwidth = gpu ? 3.35e12 : 2e10, throughput = gpu ? 4.95e14 : 2e11;
   auto bytes_of = [](const ir::Value* v) {
@@ -145,10 +171,7 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
   plan->graph = std::make_shared<ir::Graph>(prepared(graph, options));
   if (!plan->graph->output_node())
     throw InductorError("inductor: the graph has no output node; call Graph::set_output first");
-  // Note [Dynamic sizes]: CPU kernels take the sizes that vary as arguments.
-  const detail::SizeTable sizes = options.automatic_dynamic_shapes && detail::loop_device(*plan->graph).is_cpu()
-                                      ? detail::dynamic_sizes(*plan->graph)
-                                      : detail::SizeTable{};
+  const detail::SizeTable sizes = size_table(*plan->graph, options);
   plan->size_symbols = sizes.symbol_values;
   // See codecache/graph_cache.h; counted as torch/_inductor counts its FxGraphCache.
   runtime::Counters& counters = runtime::default_counters();
@@ -206,8 +229,9 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
   } catch (const InductorError&) {
     return ir::interpret(graph);  // a graph the plan cannot express: the interpreter runs it, or names the fault
   }
-  // Stored once it has built and planned: an entry always compiles. A
-  // failed write costs the next process a compile, not this one its graph.
+  // Stored once it has built and planned (or by estimated_ms, which lowers
+  // the same graph first). A failed write costs the next process a
+  // compile, not this one its graph.
   if (key && !cached) {
     try {
       detail::store_schedule(*key, s, *plan->graph, options);
