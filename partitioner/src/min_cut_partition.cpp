@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <string_view>
@@ -496,9 +497,16 @@ ir::Pass remat_pass(const MinCutOptions& options) {
             if (rematerialize(rewritten, options).recomputed_nodes == 0 ||
                 estimated_peak_bytes(rewritten) >= estimated_peak_bytes(g))
               return;
-            if (options.estimated_ms &&
-                options.estimated_ms(rewritten) > options.estimated_ms(g) * (1 + options.max_slowdown))
-              return;
+            if (options.estimated_ms) {
+              double before = 0, after = 0;
+              try {
+                before = options.estimated_ms(g);
+                after = options.estimated_ms(rewritten);
+              } catch (const std::exception&) {
+                return;  // a graph the model cannot weigh (the backend cannot lower it) is left as it was
+              }
+              if (after > before * (1 + options.max_slowdown)) return;
+            }
             g = std::move(rewritten);
           }};
 }

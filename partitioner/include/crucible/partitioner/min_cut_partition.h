@@ -171,7 +171,9 @@ double estimated_peak_bytes(const ir::Graph& graph);
 /// rewrite is kept only where it lowers estimated_peak_bytes (Note
 /// [Rematerialization in one graph]) and, with options.estimated_ms, where
 /// it is at most options.max_slowdown slower by that model
-/// (`--remat-max-slowdown`).
+/// (`--remat-max-slowdown`; pipeline::Builder::remat runs it so by
+/// default); where the model throws (a graph the backend cannot lower),
+/// the graph is left as it was.
 ir::Pass remat_pass(const MinCutOptions& options = {});
 
 /// Bytes of the saved values of a partition's forward (its SavedValue
