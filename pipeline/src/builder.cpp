@@ -102,6 +102,12 @@ Builder& Builder::partitioner(partitioner::PartitionFn partition_fn) {
   return *this;
 }
 
+Builder& Builder::remat(std::optional<partitioner::MinCutOptions> options) {
+  remat_ = std::move(options);
+  remat_chosen_ = true;
+  return *this;
+}
+
 Builder& Builder::backend(std::string_view name) {
   const runtime::BackendRegistry builtin = runtime::BackendRegistry::builtin();  // outlives the entry read from it
   set_backend(builtin.get(name));
@@ -121,6 +127,10 @@ void Builder::set_backend(const runtime::BackendInfo& info) {
   backend_cache_dir_ = info.cache_dir;
   backend_decompositions_ = info.decompositions;
   if (!pre_grad_chosen_) pre_grad_passes_ = ir::PassRegistry::builtin().passes(info.pre_grad_passes);
+  if (!remat_chosen_) {
+    remat_.reset();
+    if (info.estimated_ms) remat_ = partitioner::MinCutOptions{.estimated_ms = info.estimated_ms};
+  }
 }
 
 Builder& Builder::backend(std::string name, ir::Backend backend) {
@@ -131,6 +141,7 @@ Builder& Builder::backend(std::string name, ir::Backend backend) {
   backend_cache_dir_.reset();
   backend_decompositions_.clear();
   if (!pre_grad_chosen_) pre_grad_passes_.clear();
+  if (!remat_chosen_) remat_.reset();
   user_compilers_ = true;
   return *this;
 }

@@ -6,6 +6,7 @@
 #include "optimizer_binding.h"
 
 #include <crucible/autograd/aot_module.h>
+#include <crucible/partitioner/min_cut_partition.h>
 #include <crucible/tracer/error.h>
 #include <crucible/tracer/functional_call.h>
 
@@ -497,10 +498,13 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
                                 step_inputs = detail::name_train_step(step, num_module_tensors, param_names, groups);
                               }};
     // The step's graph holds forward, backward and update: the joint passes,
-    // then the post-grad ones, in one run (the graph verified once on entry).
+    // then the post-grad ones and the rematerialization, in one run (the
+    // graph verified once on entry). The rematerialization comes last, so
+    // the graph its cost model weighs is the one the backend compiles.
     std::vector<ir::Pass> passes = {name_state};
     passes.insert(passes.end(), builder.joint_passes().begin(), builder.joint_passes().end());
     passes.insert(passes.end(), builder.passes().begin(), builder.passes().end());
+    if (builder.remat()) passes.push_back(partitioner::remat_pass(*builder.remat()));
     builder.run_passes(passes, *g, "train_step");
     ir::CompiledFn fn = builder.run_backend(*g, examples, "train_step");
     // A parameter is updated where the graph writes its step count (Note

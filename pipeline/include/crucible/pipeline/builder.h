@@ -17,6 +17,7 @@
 #include <crucible/autograd/aot_request.h>
 #include <crucible/ir/instrument.h>
 #include <crucible/ir/pass_manager.h>
+#include <crucible/partitioner/min_cut_partition.h>
 #include <crucible/partitioner/partition.h>
 #include <crucible/pipeline/train_step.h>
 #include <crucible/runtime/backend_registry.h>
@@ -67,6 +68,9 @@ namespace crucible::pipeline {
 //    update in one) before the post-grad passes. Empty by default.
 //  - post-grad: on every graph the backend compiles (forward, backward,
 //    inference, train step). "dce" and "cse" by default.
+//  - remat: on the train-step graph, last (Builder::remat): min-cut
+//    rematerialization, kept by default where the backend's cost model
+//    finds it lowers the peak at ≤ 2% more time.
 // Each pass runs with the instruments' events and, when asked, verification.
 
 class Builder {
@@ -130,6 +134,19 @@ class Builder {
   /// Verify the graph before the first pass and after each (ir::PassManager's
   /// verify); on by default.
   Builder& verify_passes(bool verify);
+  /// The rematerialization inside a training step's graph (forward,
+  /// backward and update in one): partitioner::remat_pass(*options), which
+  /// compile_train_step runs after the post-grad passes (Note
+  /// [Rematerialization in one graph] in partitioner/min_cut_partition.h).
+  /// By default, where the backend has a cost model (runtime::BackendInfo::
+  /// estimated_ms: the inductor's roofline), min-cut's heuristics weighed
+  /// by it: the rewrite is kept where it lowers the step's estimated peak
+  /// and is at most 2% slower by the model (MinCutOptions::max_slowdown),
+  /// as torch.compile's inductor partitions with min-cut by default; none
+  /// for a backend without one. `remat(std::nullopt)`: none. Once chosen
+  /// here it stays through backend(). compile()'s graphs are not touched,
+  /// so the compiler key does not name it.
+  Builder& remat(std::optional<partitioner::MinCutOptions> options);
   /// Splits joint graphs for compile() (see partitioner/partition.h).
   /// Throws PipelineError if `partition_fn` is empty.
   Builder& partitioner(partitioner::PartitionFn partition_fn);
@@ -181,6 +198,8 @@ class Builder {
   /// replayed (Note [Pass phases]).
   bool pre_grad_passes_chosen() const { return pre_grad_chosen_; }
   const std::vector<ir::Pass>& joint_passes() const { return joint_passes_; }
+  /// The train step's rematerialization (remat(options)); nullopt: none.
+  const std::optional<partitioner::MinCutOptions>& remat() const { return remat_; }
   /// The backend's name: its registry name, or the one given with a user
   /// backend.
   const std::string& backend_name() const { return backend_name_; }
@@ -274,6 +293,8 @@ class Builder {
   std::vector<ir::Pass> joint_passes_;
   std::vector<ir::Pass> passes_;
   bool verify_passes_ = true;
+  std::optional<partitioner::MinCutOptions> remat_;
+  bool remat_chosen_ = false;  // remat() chose (else the backend's cost model decides)
   partitioner::PartitionFn partition_fn_;
   std::string backend_name_;
   bool backend_cuda_graphs_ = false;
