@@ -10,9 +10,10 @@
 // cuBLAS use TF32, as torch.set_float32_matmul_precision does),
 // --memory-format contiguous|channels-last (channels-last: the model's 4-D
 // parameters and the images, as model.to(memory_format=torch.channels_last)),
-// --remat off|B (B, a memory budget in [0, 1]: rematerialization inside the
-// step's graph, Note [Rematerialization in one graph], as `crucible train
-// --partitioner min-cut --memory-budget B`), --remat-ban on|off (on: with
+// --remat auto|off|B (auto: the builder's default, Builder::remat; B, a
+// memory budget in [0, 1]: rematerialization inside the step's graph
+// wherever it lowers the peak, Note [Rematerialization in one graph], as
+// `crucible train --partitioner min-cut --memory-budget B`), --remat-ban on|off (on: with
 // MinCutOptions::ban_materialized_backwards), --pre-grad-passes P,Q,...
 // (pre-grad passes by name, e.g. fuse_attention, in place of the backend's
 // (the inductor's fuse_flash_attention); none: no pass; Note
@@ -109,7 +110,7 @@ using namespace crucible;
 
 struct Flags {
   std::string model = "gpt", size = "small", device = "cpu", backend = "interpreter", matmul_precision = "highest",
-              memory_format = "contiguous", remat = "off", remat_ban = "off", pre_grad_passes, autocast = "off",
+              memory_format = "contiguous", remat = "auto", remat_ban = "off", pre_grad_passes, autocast = "off",
               broadcast_buffers = "on", trace;
   int64_t batch = 8, steps = 20, busy = 0;
   double peak_tflops = 0;  // the device's peak for the step's dtype; 0: no MFU
@@ -312,11 +313,13 @@ pipeline::Builder builder() {
     b.pre_grad_passes({});
   else if (!pre_grad.empty())
     b.pre_grad_passes(pre_grad);  // else the backend's
-  if (context().flags.remat != "off") {
+  if (context().flags.remat == "off") {
+    b.remat(std::nullopt);
+  } else if (context().flags.remat != "auto") {
     partitioner::MinCutOptions options;
     options.memory_budget = std::stod(context().flags.remat);
     options.ban_materialized_backwards = context().flags.remat_ban == "on";
-    b.add_pass(partitioner::remat_pass(options));
+    b.remat(options);
   }
   return b;
 }

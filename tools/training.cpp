@@ -80,10 +80,12 @@ void CompileFlags::add_to(CLI::App& cmd) {
       ->check(between_zero_and_one())
       ->capture_default_str();
   cmd.add_option("--remat-max-slowdown", remat_max_slowdown,
-                 "with --partitioner min-cut: recompute inside a training step only where the backend's cost model "
+                 "recompute inside a training step where it lowers the step's peak and the backend's cost model "
                  "(the inductor's roofline estimate) says the step takes at most this share longer (0.02: 2%); "
-                 "default: wherever it lowers the step's peak")
+                 "default: 0.02 for a backend with a cost model; with --partitioner min-cut, wherever it lowers "
+                 "the peak")
       ->check(CLI::NonNegativeNumber);
+  cmd.add_flag("--no-remat", no_remat, "recompute nothing inside a training step")->excludes("--remat-max-slowdown");
 }
 
 void CompileFlags::apply(pipeline::Builder& builder,
@@ -96,8 +98,8 @@ void CompileFlags::apply(pipeline::Builder& builder,
   options.mode = trace_mode == "fake"   ? tracer::TraceMode::Fake
                  : trace_mode == "real" ? tracer::TraceMode::Real
                                         : tracer::TraceMode::Auto;
+  partitioner::MinCutOptions min_cut;
   if (partitioner == "min-cut") {
-    partitioner::MinCutOptions min_cut;
     min_cut.memory_budget = memory_budget;
     builder.partitioner([min_cut, on_partition](const ir::Graph& joint, size_t num_fwd_outputs) {
       partitioner::MinCutReport report;
@@ -106,17 +108,21 @@ void CompileFlags::apply(pipeline::Builder& builder,
       if (on_partition) on_partition(report);
       return r;
     });
-    // A training step is one graph: the same cut, inside it (Note
-    // [Rematerialization in one graph]), after the other passes.
-    partitioner::MinCutOptions in_step = min_cut;
-    if (remat_max_slowdown) {
-      in_step.estimated_ms = runtime::BackendRegistry::builtin().get(builder.backend_name()).estimated_ms;
-      if (!in_step.estimated_ms)
-        throw pipeline::PipelineError("--remat-max-slowdown: backend " + builder.backend_name() +
-                                      " has no cost model; use an inductor backend");
-      in_step.max_slowdown = *remat_max_slowdown;
-    }
-    builder.add_pass(partitioner::remat_pass(in_step));
+  }
+  // A training step is one graph: the same cut, inside it (Note
+  // [Rematerialization in one graph]); the builder's default weighs it by
+  // the backend's cost model.
+  if (no_remat) {
+    builder.remat(std::nullopt);
+  } else if (remat_max_slowdown) {
+    min_cut.estimated_ms = runtime::BackendRegistry::builtin().get(builder.backend_name()).estimated_ms;
+    if (!min_cut.estimated_ms)
+      throw pipeline::PipelineError("--remat-max-slowdown: backend " + builder.backend_name() +
+                                    " has no cost model; use an inductor backend");
+    min_cut.max_slowdown = *remat_max_slowdown;
+    builder.remat(min_cut);
+  } else if (partitioner == "min-cut") {
+    builder.remat(min_cut);
   }
   builder.trace_options(options);
   if (decompositions == "none") builder.decompositions({});

@@ -44,8 +44,8 @@ struct OptimizerFlags {
 };
 
 /// --passes, --pre-grad-passes, --joint-passes, --trace-mode,
-/// --decompositions, --partitioner, --memory-budget, --remat-max-slowdown:
-/// how the builder compiles (Note [Pass
+/// --decompositions, --partitioner, --memory-budget, --remat-max-slowdown,
+/// --no-remat: how the builder compiles (Note [Pass
 /// phases], AotConfig::trace_mode, tracer::core_aten_decompositions, Note
 /// [Min-cut partition]).
 struct CompileFlags {
@@ -61,9 +61,11 @@ struct CompileFlags {
   double memory_budget = 1.0;           ///< min-cut's MinCutOptions::memory_budget
   /// min-cut inside a training step only where the backend's cost model
   /// says it is at most this share slower (MinCutOptions::max_slowdown);
-  /// unset: wherever it lowers the peak.
+  /// unset: the builder's default (Builder::remat), or with min-cut
+  /// wherever it lowers the peak.
   std::optional<double> remat_max_slowdown;
-  /// Adds the eight flags to `cmd`.
+  bool no_remat = false;  ///< no rematerialization inside a training step
+  /// Adds the nine flags to `cmd`.
   void add_to(CLI::App& cmd);
   /// Sets the builder's pass lists, trace mode, decompositions ("auto"
   /// reads the builder's backend: set it first) and partitioner; with
