@@ -46,6 +46,14 @@ struct BackendInfo {
   /// inductor's roofline estimate), for comparing two graphs of one
   /// computation. Empty for backends without one.
   std::function<double(const ir::Graph& graph)> estimated_ms{};
+  /// Writes the backend's compiled form of `graph` into the existing
+  /// directory `dir` for an exported training step (pipeline::
+  /// export_train_step) and returns the names of the files written, which
+  /// crucible::load_train_step reads back without the compiler (the
+  /// inductor's: inductor::write_compiled). Empty for backends that write
+  /// none: a package of theirs holds the graph alone, which the loader
+  /// runs with the interpreter.
+  std::function<std::vector<std::string>(const ir::Graph& graph, const std::string& dir)> write_compiled{};
   /// best() picks the registered backend of the highest rank: the fastest
   /// that works on this build.
   int rank = 0;
