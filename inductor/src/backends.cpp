@@ -2,6 +2,7 @@
 // library is loaded (Note [Backends register themselves] in
 // runtime/backend_registry.h).
 #include <crucible/inductor/compile_fx.h>
+#include <crucible/inductor/package.h>
 #include <crucible/runtime/backend_registry.h>
 
 namespace crucible::inductor {
@@ -28,6 +29,9 @@ runtime::BackendInfo inductor_backend(bool cuda_graphs) {
   };
   info.plan_memory = [](const ir::Graph& g) { return plan_memory(g, InductorOptions::from_environment()); };
   info.estimated_ms = [](const ir::Graph& g) { return estimated_ms(g, InductorOptions::from_environment()); };
+  info.write_compiled = [](const ir::Graph& g, const std::string& dir) {
+    return write_compiled(g, dir, InductorOptions::from_environment());
+  };
   // Above the interpreter: a Builder's default, and compile_train_step's,
   // is the fast backend where this library is linked, as torch.compile's
   // default is inductor; "inductor-cudagraphs" ranks below "inductor",

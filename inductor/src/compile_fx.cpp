@@ -4,6 +4,7 @@
 // that runs them.
 #include <crucible/inductor/compile_fx.h>
 #include <crucible/inductor/error.h>
+#include <crucible/inductor/package.h>
 
 #include "codecache/cpp_builder.h"
 #include "codecache/cuda_builder.h"
@@ -20,11 +21,15 @@
 #include <crucible/ir/flop_count.h>
 #include <crucible/ir/graph.h>
 #include <crucible/ir/interpreter.h>
+#include <crucible/ir/printer.h>
+#include <crucible/runtime/disk_cache.h>
 #include <crucible/runtime/instruments.h>
 
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -33,7 +38,9 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <string>
 #include <utility>
+#include <vector>
 
 namespace crucible::inductor {
 
@@ -57,6 +64,28 @@ ir::Graph prepared(const ir::Graph& graph, const InductorOptions& options) {
 detail::SizeTable size_table(const ir::Graph& g, const InductorOptions& options) {
   return options.automatic_dynamic_shapes && detail::loop_device(g).is_cpu() ? detail::dynamic_sizes(g)
                                                                              : detail::SizeTable{};
+}
+
+// The schedule of `g` (a prepared graph) from the graph cache, else lowered
+// and left there for the compile that follows (Note [Roofline estimate]).
+// An unusable cache directory only costs the lowering.
+detail::CompiledSchedule schedule_through_cache(const ir::Graph& g, const InductorOptions& options,
+                                                const detail::SizeTable& sizes) {
+  const std::optional<std::string> key = detail::graph_cache_key(g, options, sizes);
+  std::optional<detail::CompiledSchedule> cached;
+  try {
+    if (key) cached = detail::load_schedule(*key, g, options);
+  } catch (const InductorError&) {
+  }
+  if (cached) return std::move(*cached);
+  detail::CompiledSchedule s = detail::compiled_schedule(detail::compile_schedule(g, options.threads, sizes));
+  if (key) {
+    try {
+      detail::store_schedule(*key, s, g, options);
+    } catch (const InductorError&) {
+    }
+  }
+  return s;
 }
 
 }  // namespace
@@ -103,21 +132,7 @@ runtime::PlannedMemory plan_memory(const ir::Graph& graph, const InductorOptions
 // of the graph not taken, and a warm one none.
 double estimated_ms(const ir::Graph& graph, const InductorOptions& options) {
   const ir::Graph g = prepared(graph, options);
-  const detail::SizeTable sizes = size_table(g, options);
-  const std::optional<std::string> key = detail::graph_cache_key(g, options, sizes);
-  std::optional<detail::CompiledSchedule> cached;
-  try {
-    if (key) cached = detail::load_schedule(*key, g, options);
-  } catch (const InductorError&) {  // an unusable cache directory: the estimate lowers without it
-  }
-  const detail::CompiledSchedule s =
-      cached ? std::move(*cached) : detail::compiled_schedule(detail::compile_schedule(g, options.threads, sizes));
-  if (key && !cached) {
-    try {
-      detail::store_schedule(*key, s, g, options);
-    } catch (const InductorError&) {  // the compile that follows lowers it again
-    }
-  }
+  const detail::CompiledSchedule s = schedule_through_cache(g, options, size_table(g, options));
   const bool gpu = s.device.is_cuda();
   const double bandwidth = gpu ? 3.35e12 : 2e10, throughput = gpu ? 4.95e14 : 2e11;
   auto bytes_of = [](const ir::Value* v) {
@@ -146,6 +161,38 @@ double estimated_ms(const ir::Graph& graph, const InductorOptions& options) {
     seconds += std::max(bytes / bandwidth, flops / throughput);
   }
   return seconds * 1e3;
+}
+
+std::vector<std::string> write_compiled(const ir::Graph& graph, const std::string& dir,
+                                        const InductorOptions& options) {
+  if (!graph.output_node()) throw InductorError("inductor: the graph has no output node; call Graph::set_output first");
+  const ir::Graph g = prepared(graph, options);
+  const detail::SizeTable sizes = size_table(g, options);
+  const detail::CompiledSchedule s = schedule_through_cache(g, options, sizes);
+  if (!s.device.is_cpu())
+    throw InductorError("inductor: write_compiled: the graph's kernels run on " + s.device.str() +
+                        "; packages hold C++ kernels only for now: export a CPU step");
+  std::vector<std::string> files = {"inductor_graph.txt", "inductor_schedule.entry"};
+  detail::write_atomically(dir + "/" + files[0], ir::to_text(g));
+  detail::write_atomically(dir + "/" + files[1], detail::schedule_entry(detail::kPackageKey, s, g));
+  if (!s.source.empty()) {
+    std::string built;
+    detail::compile_and_load(s.source, options, &built);
+    files.push_back("inductor_kernels.so");
+    detail::write_atomically(dir + "/" + files.back(), runtime::read_file(built));
+  }
+  const nlohmann::json info = {{"codegen", detail::kCodegenVersion},
+                               {"device", s.device.str()},
+                               {"size_symbols", sizes.symbol_values},
+                               {"kernels", !s.source.empty()},
+                               {"cpu", detail::builds_for_host_cpu(options) ? detail::host_cpu() : ""}};
+  files.push_back("inductor.json");
+  detail::write_atomically(dir + "/" + files.back(), info.dump(2) + "\n");
+  return files;
+}
+
+std::string cuda_graph_blocker(const ir::Graph& graph) {
+  return detail::cuda_graph_blocker(graph, detail::loop_device(graph));
 }
 
 std::vector<std::string> compile_cuda(const ir::Graph& graph, const std::string& arch, const InductorOptions& options) {
@@ -240,8 +287,7 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
     }
   }
   phase_done("run-time plan");
-  if (plan->device.is_cpu() && options.adapt_threads && options.threads == 0 && detail::openmp_threads_settable())
-    plan->threads = std::make_unique<detail::ThreadTuner>();
+  plan->threads = detail::thread_tuner(plan->device, options);
   plan->profile = options.profile;
   if (plan->profile) {
     plan->times.resize(plan->steps.size());

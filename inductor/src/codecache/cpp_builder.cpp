@@ -9,6 +9,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +27,8 @@ std::string quote(const std::string& s) {
   for (char c : s) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
   return q + "'";
 }
+
+}  // namespace
 
 Library open_library(const std::string& path) {
   void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -56,8 +59,6 @@ const std::string& host_cpu() {
   return id;
 }
 
-}  // namespace
-
 void write_atomically(const std::string& path, const std::string& text) {
   try {
     runtime::write_atomically(path, text);
@@ -81,14 +82,20 @@ std::string cache_dir(const InductorOptions& options) {
   }
 }
 
-Library compile_and_load(const std::string& source, const InductorOptions& options) {
+bool builds_for_host_cpu(const InductorOptions& options) {
+  return std::any_of(options.flags.begin(), options.flags.end(),
+                     [](const std::string& f) { return f.find("native") != std::string::npos; });
+}
+
+Library compile_and_load(const std::string& source, const InductorOptions& options, std::string* built) {
   std::string dir = cache_dir(options);
   std::string flags;
   for (const std::string& f : options.flags) flags += " " + quote(f);
-  const std::string cpu = flags.find("native") == std::string::npos ? "" : host_cpu();
+  const std::string cpu = builds_for_host_cpu(options) ? host_cpu() : "";
   std::string stem = dir + "/k" + cache_key(options.compiler + "\n" + flags + "\n" + cpu + source);
   std::string src = stem + ".cpp", so = stem + ".so";
 
+  if (built) *built = so;
   if (::access(so.c_str(), R_OK) == 0) {
     if (Library lib = open_library(so)) return lib;
     std::remove(so.c_str());  // a truncated or corrupt entry: rebuild it

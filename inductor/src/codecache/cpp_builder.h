@@ -34,7 +34,20 @@ using Library = std::shared_ptr<void>;
 /// so concurrent compilers never see half a file; a library that does not
 /// load is rebuilt once. Throws InductorError naming the source file and
 /// quoting the compiler when it fails.
-Library compile_and_load(const std::string& source, const InductorOptions& options);
+/// `built`, where given, receives the library's path in the cache.
+Library compile_and_load(const std::string& source, const InductorOptions& options, std::string* built = nullptr);
+
+/// Loads the shared library at `path` (dlopen, RTLD_NOW | RTLD_LOCAL);
+/// null when it does not load (dlerror() says why).
+Library open_library(const std::string& path);
+
+/// The host CPU's identity and features (Note [Kernels built for this
+/// CPU] in cpp_builder.cpp): what a library built with -march=native
+/// depends on.
+const std::string& host_cpu();
+
+/// Whether `options.flags` build for the host's CPU (-march=native).
+bool builds_for_host_cpu(const InductorOptions& options);
 
 /// The address of `symbol` in `lib`. Throws InductorError if absent.
 void* symbol(const Library& lib, const std::string& name);

@@ -6,6 +6,7 @@
 // a key of the graph and the options, and a compile that finds it skips them.
 #pragma once
 
+#include "codecache/schedule_entry.h"
 #include "loop_ir/size_expr.h"
 #include "schedule.h"
 
@@ -17,36 +18,6 @@
 #include <vector>
 
 namespace crucible::inductor::detail {
-
-/// A buffer a generated kernel takes, as the run-time plan binds it: the
-/// graph Value it reads or defines (null: scratch memory of the kernel's
-/// own), and the layout the code was generated for.
-struct KernelOperand {
-  const ir::Value* value = nullptr;
-  bool written = false;
-  bool input = false;  // a graph input (a write to it is in place)
-  bool host_scalar = false;
-  std::vector<int64_t> sizes, strides;
-  c10::ScalarType dtype = c10::kFloat;
-};
-
-struct KernelPlan {
-  std::string name, fuses;
-  Launch launch;
-  std::vector<KernelOperand> operands;
-  std::vector<KernelConfig> configs;  // KernelSignature::configs
-  std::string tuning_key;
-};
-
-/// What compile_fx_inner runs a graph with: the steps in order (extern
-/// nodes of the graph, or generated kernels), the kernels' signatures, the
-/// translation unit, and the device its kernels run on.
-struct CompiledSchedule {
-  c10::Device device = c10::kCPU;
-  std::string source;
-  std::vector<Schedule::Step> steps;
-  std::vector<KernelPlan> kernels;
-};
 
 /// `s` as the run-time plan needs it (its loop IR left behind).
 CompiledSchedule compiled_schedule(const Schedule& s);

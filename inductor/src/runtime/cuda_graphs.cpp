@@ -1,7 +1,5 @@
 #include "runtime/cuda_graphs.h"
 
-#include "loop_ir/loop_ir.h"
-
 #include <crucible/inductor/compile_fx.h>
 #include <crucible/inductor/error.h>
 #include <crucible/ir/effects.h>
@@ -361,9 +359,5 @@ ir::CompiledFn cudagraphify(ir::CompiledFn, const ir::Graph&, c10::Device device
 #endif
 
 }  // namespace detail
-
-std::string cuda_graph_blocker(const ir::Graph& graph) {
-  return detail::cuda_graph_blocker(graph, detail::loop_device(graph));
-}
 
 }  // namespace crucible::inductor

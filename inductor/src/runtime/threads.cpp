@@ -253,4 +253,9 @@ void TunedThreads::done() {
 
 bool openmp_threads_settable() { return omp_set_num_threads_fn() != nullptr; }
 
+std::unique_ptr<ThreadTuner> thread_tuner(c10::Device device, const InductorOptions& options) {
+  if (!device.is_cpu() || !options.adapt_threads || options.threads != 0 || !openmp_threads_settable()) return nullptr;
+  return std::make_unique<ThreadTuner>();
+}
+
 }  // namespace crucible::inductor::detail

@@ -2,7 +2,12 @@
 // (Note [Threads on a shared machine] in runtime/threads.cpp).
 #pragma once
 
+#include <crucible/inductor/options.h>
+
+#include <c10/core/Device.h>
+
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -79,5 +84,10 @@ class TunedThreads {
 /// set (LibTorch's, when it was built with OpenMP): without one there is
 /// nothing to tune.
 bool openmp_threads_settable();
+
+/// The tuner of a plan whose kernels run on `device`: one on the CPU where
+/// `options` let the count adapt (adapt_threads, threads 0) and OpenMP
+/// lets it be set; null elsewhere.
+std::unique_ptr<ThreadTuner> thread_tuner(c10::Device device, const InductorOptions& options);
 
 }  // namespace crucible::inductor::detail
