@@ -58,6 +58,7 @@ struct StepSpec {
 
 struct TrainStepState {
   std::shared_ptr<torch::nn::Module> module;
+  std::string backend_name;  // Builder::backend_name
   torch::optim::Optimizer* optimizer = nullptr;
   std::vector<StepGroup> groups;
   std::vector<at::Tensor> params;                     // the optimizer's parameters, in its order
@@ -401,6 +402,8 @@ std::vector<at::Tensor> TrainStep::graph_inputs(const std::vector<at::Tensor>& b
 
 const OptimizerOptions& TrainStep::optimizer_options() const { return state_->groups.front().options; }
 
+const std::string& TrainStep::backend_name() const { return state_->backend_name; }
+
 const OptimizerState& TrainStep::optimizer_state() const { return state_->binding->bind(); }
 
 void TrainStep::adopt_step_counts() const { state_->binding->adopt_step_counts(); }
@@ -537,6 +540,7 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
     };
   s->aot.emplace(autograd::aot_module(module, detail::step_function(std::move(spec)), config));
   s->module = std::move(module);
+  s->backend_name = builder.backend_name();
   TrainStep step;
   step.state_ = std::move(s);
   return step;

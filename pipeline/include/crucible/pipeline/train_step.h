@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace torch::nn {
@@ -206,6 +207,8 @@ class TrainStep {
   /// read them; their lr is the rate then (each call reads the optimizer's
   /// current rates).
   const OptimizerOptions& optimizer_options() const;
+  /// The name of the backend that compiles the step (Builder::backend_name).
+  const std::string& backend_name() const;
   /// The optimizer state the next call reads, one ParamState per parameter
   /// in the optimizer's order (its groups' parameters one after the other):
   /// the torch::optim optimizer's own state tensors, zeros where it holds no

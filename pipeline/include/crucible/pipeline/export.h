@@ -1,0 +1,60 @@
+// A compiled training step written as a package that trains without the
+// compiler: crucible::load_train_step (loader/) reads it with LibTorch and
+// Crucible's run-time libraries only. PyTorch's AOTInductor packages
+// inference (torch._inductor.aoti_compile_and_package); this packages the
+// whole step: forward, backward and optimizer update.
+#pragma once
+
+#include <crucible/pipeline/train_step.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+namespace crucible::pipeline {
+
+// Note [Exported training step]
+// A package is a directory:
+//  - manifest.json: the format, the backend, LibTorch's version, each
+//    placeholder of the step's graph (kind, name, dtype, sizes, device:
+//    the guards a loaded step checks its tensors against), and a checksum
+//    of every other file (runtime/package.h);
+//  - graph.txt: the step's graph, as the backend compiled it (Note [Train
+//    step graph]), in the text form;
+//  - the backend's files (BackendInfo::write_compiled; the inductor's:
+//    its graph, schedule, kernel library), none for the interpreter;
+//  - with ExportOptions::state, module.pt: the module's parameters and
+//    buffers (Parameter and Buffer placeholders), and state.pt: the
+//    optimizer state (State placeholders), as they were at export
+//    (torch::save); without, their layout alone (the manifest), and the
+//    value of each one-element state (a learning rate, a step count);
+//  - example_batch.pt: the batch the step was compiled for.
+// A loader given a module binds its own parameters and buffers by name, as
+// the step binds them in the process; without one it trains module.pt's.
+// The optimizer state starts from state.pt, else from zeros as a fresh
+// optimizer's does (TrainStep::optimizer_state). The tensor files are most
+// of a package (GPT-2 small's weights and Adam state: 1.5 GB), so a loader
+// reads, and checksums, only those it binds.
+
+struct ExportOptions {
+  /// Write module.pt and state.pt (above): a package that trains on its
+  /// own. Off: the layout only, for loaders that bind a module of theirs.
+  bool state = true;
+};
+
+/// Writes `step`, compiled for `example_batch` (compiled here without
+/// running a step where it was not: TrainStep::compile), as a package in
+/// `dir` (created where missing; the package's files in it are replaced).
+/// Neither the module nor the optimizer state changes. Static sizes: the
+/// loaded step takes batches of `example_batch`'s sizes. Throws
+/// PipelineError when the step's backend writes no package files of its
+/// own and is not the interpreter (a user backend), when the step's graph
+/// reads a tensor from outside the module (a Lifted placeholder, which a
+/// package cannot hold), or when `dir` cannot be made; the backend's errors
+/// (inductor: a GPU step, not packaged yet), runtime::PackageError when a
+/// file cannot be written, and what TrainStep::compile throws.
+void export_train_step(const TrainStep& step, const std::vector<at::Tensor>& example_batch, const std::string& dir,
+                       const ExportOptions& options = {});
+
+}  // namespace crucible::pipeline
