@@ -20,6 +20,8 @@ void add_trace_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 /// `crucible compile --model M [--backend B] [--passes P] --dump-dir D` (compile_command.cpp).
 void add_compile_command(CLI::App& app);
+/// `crucible export --model M [--backend B] [--batch N] --out DIR` (export_command.cpp).
+void add_export_command(CLI::App& app);
 /// `crucible launch --nproc N [--master-addr A] [--master-port P] -- COMMAND...` (launch_command.cpp).
 void add_launch_command(CLI::App& app);
 /// The command line main() was given (argv), for commands that start

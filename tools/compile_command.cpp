@@ -32,13 +32,7 @@
 namespace crucible::tools {
 namespace {
 
-struct CompileCommandOptions {
-  std::string model = "mlp";
-  std::string backend = runtime::BackendRegistry::builtin().best().name;
-  std::string size = "small";
-  CompileFlags compile;
-  OptimizerFlags optimizer;
-  int64_t batch = 8;
+struct CompileCommandOptions : ZooStepFlags {
   std::string dump_dir;
   bool svg = true;
 };
@@ -124,18 +118,7 @@ void add_compile_command(CLI::App& app) {
   auto o = std::make_shared<CompileCommandOptions>();
   CLI::App* cmd = app.add_subcommand(
       "compile", "compile a zoo model's training step and write each stage's graph and the generated code");
-  cmd->add_option("--model", o->model, "model of the zoo")
-      ->check(CLI::IsMember(models::model_names()))
-      ->capture_default_str();
-  cmd->add_option("--backend", o->backend, "compiler backend")
-      ->check(CLI::IsMember(runtime::BackendRegistry::builtin().names()))
-      ->capture_default_str();
-  add_size_option(*cmd, o->size);
-  o->compile.add_to(*cmd);
-  o->optimizer.add_to(*cmd);
-  cmd->add_option("--batch", o->batch, "batch size of the example inputs")
-      ->check(at_least_one())
-      ->capture_default_str();
+  o->add_to(*cmd, "batch size of the example inputs");
   cmd->add_option("--dump-dir", o->dump_dir, "directory for the graphs and code (created if missing)")->required();
   cmd->add_flag("!--no-svg", o->svg, "skip the SVG renderings (Graphviz)");
   cmd->callback([o] { run_compile_command(*o); });

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   crucible::tools::set_command_line(argc, argv);
   crucible::tools::add_train_command(app);
   crucible::tools::add_compile_command(app);
+  crucible::tools::add_export_command(app);
   crucible::tools::add_trace_command(app);
   crucible::tools::add_graph_command(app);
   crucible::tools::add_launch_command(app);

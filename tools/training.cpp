@@ -129,6 +129,21 @@ void CompileFlags::apply(pipeline::Builder& builder,
   if (decompositions == "core") builder.decompositions(tracer::core_aten_decompositions());
 }
 
+ZooStepFlags::ZooStepFlags() : backend(runtime::BackendRegistry::builtin().best().name) {}
+
+void ZooStepFlags::add_to(CLI::App& cmd, const std::string& batch_help) {
+  cmd.add_option("--model", model, "model of the zoo")
+      ->check(CLI::IsMember(models::model_names()))
+      ->capture_default_str();
+  cmd.add_option("--backend", backend, "compiler backend")
+      ->check(CLI::IsMember(runtime::BackendRegistry::builtin().names()))
+      ->capture_default_str();
+  add_size_option(cmd, size);
+  compile.add_to(cmd);
+  optimizer.add_to(cmd);
+  cmd.add_option("--batch", batch, batch_help)->check(at_least_one())->capture_default_str();
+}
+
 void add_size_option(CLI::App& cmd, std::string& size) {
   cmd.add_option("--size", size, "model size: small (quick on a CPU) or full (as PyTorch's compiler is measured)")
       ->check(CLI::IsMember(models::model_sizes()))

@@ -1,5 +1,5 @@
 // What the commands that train or compile a zoo model share: the optimizer
-// flags, the loss of a zoo model as a training step's LossFn, and the
+// and compile flags, a zoo step's flags, the loss of a zoo model as a training step's LossFn, and the
 // per-stage compile times in stage order.
 #pragma once
 
@@ -72,6 +72,21 @@ struct CompileFlags {
   /// min-cut, `on_partition` (if set) receives what each AOT partition saved
   /// and recomputed, and why. Throws ir::IrError for an unknown pass.
   void apply(pipeline::Builder& builder, std::function<void(const partitioner::MinCutReport&)> on_partition = {}) const;
+};
+
+/// --model, --backend, --size, CompileFlags, OptimizerFlags and --batch:
+/// a zoo model's training step on an example batch, as `crucible compile`
+/// and `crucible export` build it.
+struct ZooStepFlags {
+  std::string model = "mlp";
+  std::string backend;  ///< default: the best registered backend
+  std::string size = "small";
+  CompileFlags compile;
+  OptimizerFlags optimizer;
+  int64_t batch = 8;
+  ZooStepFlags();
+  /// Adds the flags to `cmd`; `batch_help` says what --batch sizes.
+  void add_to(CLI::App& cmd, const std::string& batch_help);
 };
 
 /// --size small|full: the zoo's model sizes (models::model_sizes()).
