@@ -1,0 +1,191 @@
+// Exported training steps (Note [Exported training step] in
+// pipeline/export.h) against the step in the process: two copies of a zoo
+// model from the same weights, one trained by the compiled step, the other
+// by the package loaded back (crucible::load_train_step), on the same
+// batches. The package runs the kernels the process compiled, on the same
+// operands in the same order, so the two end bitwise equal. A package that
+// is corrupt, altered, of another format or for other inputs is refused
+// with an error that names the fault. (Another process: the
+// exported_train_step example's test.)
+#include <crucible/inductor/error.h>
+#include <crucible/ir/interpreter.h>
+#include <crucible/loader/train_step.h>
+#include <crucible/models/zoo.h>
+#include <crucible/pipeline/builder.h>
+#include <crucible/pipeline/error.h>
+#include <crucible/pipeline/export.h>
+#include <crucible/runtime/disk_cache.h>
+#include <crucible/runtime/package.h>
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "catch.h"
+#include "testing.h"
+
+using namespace crucible;
+using namespace crucible::models;
+
+namespace {
+
+// A fresh directory (testing::temp_dir), removed where the test passes.
+struct TempDir {
+  std::filesystem::path path = testing::temp_dir("crucible_export");
+  ~TempDir() {
+    if (!std::uncaught_exceptions()) std::filesystem::remove_all(path);
+  }
+};
+
+template <typename Optimizer, typename Options>
+void export_and_compare(const std::function<Model()>& make, const Options& options, const std::string& backend,
+                        int64_t batch_size, int64_t steps, bool with_state = true) {
+  INFO("backend " << backend << (with_state ? "" : ", exported without state"));
+  torch::manual_seed(0);
+  const Model in_process = make(), loaded = make();
+  copy_state(*in_process.module, *loaded.module);
+  in_process.module->train();
+  loaded.module->train();
+  Optimizer optimizer(in_process.module->parameters(), options);
+  const pipeline::TrainStep step =
+      pipeline::Builder().backend(backend).compile_train_step(in_process.module, optimizer, loss_of(in_process));
+  const data::Batch example = in_process.example_batch(batch_size, 100);
+  TempDir dir;
+  pipeline::export_train_step(step, {example.inputs, example.targets}, dir.path.string(), {.state = with_state});
+  if (!with_state) CHECK_THROWS_WITH(load_train_step(dir.path.string()), CRUCIBLE_HAS_SUBSTR("holds no weights"));
+
+  // Without a module: the package's own copies, as exported (a copy of
+  // the module's where the package holds none).
+  const Model copy = make();
+  copy_state(*in_process.module, *copy.module);
+  const LoadedTrainStep own =
+      with_state ? load_train_step(dir.path.string()) : load_train_step(dir.path.string(), copy.module);
+  auto named = in_process.module->named_parameters();
+  for (const auto& [name, t] : own.named_module_state())
+    if (named.contains(name)) CHECK(at::equal(t, named[name]));
+  REQUIRE(own.example_batch().size() == 2);
+  CHECK(at::equal(own.example_batch()[0], example.inputs));
+
+  // With a module: its parameters, trained as the process trains its twin.
+  const LoadedTrainStep step_loaded = load_train_step(dir.path.string(), loaded.module);
+  for (int64_t i = 0; i < steps; ++i) {
+    const data::Batch b = in_process.example_batch(batch_size, 200 + i);
+    const at::Tensor expected = step({b.inputs, b.targets});
+    const at::Tensor got = step_loaded({b.inputs, b.targets});
+    INFO("step " << i);
+    REQUIRE(at::equal(got, expected));
+  }
+  REQUIRE(step.num_compilations() == 1);
+  auto trained = loaded.module->named_parameters();
+  double moved = 0;
+  for (const auto& p : in_process.module->named_parameters()) {
+    INFO("parameter " << p.key());
+    REQUIRE(at::equal(trained[p.key()], p.value()));
+  }
+  for (const auto& [name, t] : own.named_module_state())
+    if (named.contains(name)) {
+      const at::Tensor change = (named[name] - t).abs().max();
+      moved = std::max(moved, change.item<double>());
+    }
+  CHECK(moved > 1e-4);  // the steps trained
+}
+
+}  // namespace
+
+TEST_CASE("export_train_step: a loaded package trains bitwise as the step in the process", "[pipeline][export]") {
+  for (const std::string backend : {"inductor", "interpreter"}) {
+    export_and_compare<torch::optim::Adam>([] { return make_mlp(); }, torch::optim::AdamOptions(1e-3), backend, 16, 5);
+    export_and_compare<torch::optim::Adam>([] { return make_mlp(); }, torch::optim::AdamOptions(1e-3), backend, 16, 5,
+                                           /*with_state=*/false);
+    const GptConfig gpt{.vocab_size = 32, .block_size = 16, .n_layer = 1, .n_head = 2, .n_embd = 32};
+    export_and_compare<torch::optim::AdamW>([&] { return make_gpt(gpt); }, torch::optim::AdamWOptions(3e-3), backend, 4,
+                                            3);
+  }
+}
+
+TEST_CASE("load_train_step: corrupt, altered, mismatched packages and batches are refused",
+          "[pipeline][export][errors]") {
+  torch::manual_seed(0);
+  const Model model = make_mlp();
+  torch::optim::Adam optimizer(model.module->parameters(), torch::optim::AdamOptions(1e-3));
+  const pipeline::TrainStep step =
+      pipeline::Builder().backend("inductor").compile_train_step(model.module, optimizer, loss_of(model));
+  const data::Batch example = model.example_batch(8, 1);
+  TempDir dir;
+  const std::string d = dir.path.string();
+  pipeline::export_train_step(step, {example.inputs, example.targets}, d);
+  const LoadedTrainStep loaded = load_train_step(d);
+
+  // Batches of other sizes or dtypes: the guards, before anything runs.
+  const data::Batch other = model.example_batch(4, 1);
+  CHECK_THROWS_WITH(loaded({other.inputs, other.targets}), CRUCIBLE_HAS_SUBSTR("export again for batches"));
+  CHECK_THROWS_WITH(loaded({example.inputs.to(at::kDouble), example.targets}), CRUCIBLE_HAS_SUBSTR("batch tensor 0"));
+  CHECK_THROWS_WITH(loaded({example.inputs}), CRUCIBLE_HAS_SUBSTR("takes more"));
+
+  // A module that is not the exported one.
+  const Model gpt = make_gpt();
+  CHECK_THROWS_WITH(load_train_step(d, gpt.module), CRUCIBLE_HAS_SUBSTR("has no parameter or buffer"));
+  MlpConfig wider;
+  wider.hidden = {300, 128};
+  CHECK_THROWS_WITH(load_train_step(d, make_mlp(wider).module), CRUCIBLE_HAS_SUBSTR("was exported for"));
+
+  // A file altered: its checksum; a file missing; the manifest's format.
+  const std::string graph = runtime::read_file(d + "/inductor_graph.txt");
+  std::string altered = graph;
+  altered[altered.size() / 2] = altered[altered.size() / 2] == '1' ? '2' : '1';
+  runtime::write_atomically(d + "/inductor_graph.txt", altered);
+  CHECK_THROWS_WITH(load_train_step(d), CRUCIBLE_HAS_SUBSTR("fails its checksum"));
+  runtime::write_atomically(d + "/inductor_graph.txt", graph);
+  CHECK_NOTHROW(load_train_step(d));
+  std::filesystem::remove(d + "/state.pt");
+  CHECK_THROWS_WITH(load_train_step(d), CRUCIBLE_HAS_SUBSTR("state.pt is missing"));
+  const std::string manifest = runtime::read_file(d + "/manifest.json");
+  std::string older = manifest;
+  older.replace(older.find(runtime::kPackageFormat), std::string(runtime::kPackageFormat).size(),
+                "crucible-train-step-0");
+  runtime::write_atomically(d + "/manifest.json", older);
+  CHECK_THROWS_WITH(load_train_step(d), CRUCIBLE_HAS_SUBSTR("this loader reads"));
+  std::filesystem::remove(d + "/manifest.json");
+  CHECK_THROWS_AS(load_train_step(d), runtime::PackageError);
+  CHECK_THROWS_WITH(load_train_step(d), CRUCIBLE_HAS_SUBSTR("not an exported training step"));
+}
+
+TEST_CASE("export_train_step: a user backend cannot be exported", "[pipeline][export][errors]") {
+  const Model model = make_mlp();
+  torch::optim::Adam optimizer(model.module->parameters(), torch::optim::AdamOptions(1e-3));
+  const pipeline::TrainStep step =
+      pipeline::Builder()
+          .backend("mine", [](const ir::Graph& g, const std::vector<at::Tensor>&) { return ir::interpret(g); })
+          .compile_train_step(model.module, optimizer, loss_of(model));
+  const data::Batch example = model.example_batch(8, 1);
+  TempDir dir;
+  CHECK_THROWS_AS(pipeline::export_train_step(step, {example.inputs, example.targets}, dir.path.string()),
+                  pipeline::PipelineError);
+}
+
+// GPU steps are not packaged yet: the export says so rather than write a
+// package that cannot load.
+TEST_CASE("export_train_step: a GPU step is refused", "[pipeline][export][errors][cuda]") {
+  if (!testing::test_device().is_cuda() || testing::compile_only())
+    CRUCIBLE_SKIP("needs CRUCIBLE_TEST_DEVICE=cuda and a GPU");
+  const Model model = make_mlp();
+  model.module->to(testing::test_device());
+  torch::optim::Adam optimizer(model.module->parameters(), torch::optim::AdamOptions(1e-3));
+  const pipeline::TrainStep step =
+      pipeline::Builder().backend("inductor").compile_train_step(model.module, optimizer, loss_of(model));
+  const data::Batch example = model.example_batch(8, 1);
+  TempDir dir;
+  CHECK_THROWS_WITH(pipeline::export_train_step(
+                        step, {example.inputs.to(testing::test_device()), example.targets.to(testing::test_device())},
+                        dir.path.string()),
+                    CRUCIBLE_HAS_SUBSTR("C++ kernels only"));
+}
