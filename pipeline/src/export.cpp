@@ -65,7 +65,7 @@ void export_train_step(const TrainStep& step, const std::vector<at::Tensor>& exa
     m.inputs.push_back(
         {spec.target, spec.kind, spec.duplicate_of, t.scalar_type(), t.sizes().vec(), t.device(), std::nullopt});
     if (spec.kind == ir::InputKind::State && t.numel() == 1) m.inputs.back().value = t.item<double>();
-    if (spec.duplicate_of) continue;
+    if (spec.duplicate_of || !options.state) continue;
     if (spec.kind == ir::InputKind::Parameter || spec.kind == ir::InputKind::Buffer)
       module_state.push_back(t.detach().clone());
     if (spec.kind == ir::InputKind::State) state.push_back(t.detach().clone());
