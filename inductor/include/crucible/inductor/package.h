@@ -27,8 +27,9 @@ namespace crucible::inductor {
 ///    CPU the library is built for where the flags say -march=native.
 /// CPU graphs only: throws InductorError for a graph whose kernels run on
 /// a GPU (cubins are not packaged yet). Throws InductorError for a graph
-/// without an output node, a constant the text form cannot hold, a file
-/// that cannot be written, and what lowering and the C++ compiler throw.
+/// without an output node or a file that cannot be written, ir::IrError
+/// for what the text form cannot hold (ir/printer.h), and what lowering
+/// and the C++ compiler throw.
 std::vector<std::string> write_compiled(const ir::Graph& graph, const std::string& dir,
                                         const InductorOptions& options = {});
 

@@ -52,8 +52,9 @@ struct ExportOptions {
 /// own and is not the interpreter (a user backend), when the step's graph
 /// reads a tensor from outside the module (a Lifted placeholder, which a
 /// package cannot hold), or when `dir` cannot be made; the backend's errors
-/// (inductor: a GPU step, not packaged yet), runtime::PackageError when a
-/// file cannot be written, and what TrainStep::compile throws.
+/// (inductor: a GPU step, not packaged yet), ir::IrError for a graph the
+/// text form cannot hold, runtime::PackageError when a file cannot be
+/// written, and what TrainStep::compile throws.
 void export_train_step(const TrainStep& step, const std::vector<at::Tensor>& example_batch, const std::string& dir,
                        const ExportOptions& options = {});
 
