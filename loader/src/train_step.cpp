@@ -28,8 +28,10 @@ struct LoadedStepState {
   ir::CompiledFn fn;
   // Per placeholder: the tensor bound to it (undefined for the batch's,
   // and for the optimizer state of a package without state.pt until
-  // zero_state runs).
+  // ensure_state runs).
   std::vector<at::Tensor> bound;
+  std::vector<at::Tensor> example_batch;
+  std::shared_ptr<torch::nn::Module> module;  // kept alive where bound
   // A package without state.pt: its optimizer state, zeros as a fresh
   // optimizer's, made at the first step rather than at load (as
   // torch::optim makes its state lazily): GPT-2 small's Adam state is
@@ -50,8 +52,6 @@ struct LoadedStepState {
           bound[i] = bound[*d];
     });
   }
-  std::vector<at::Tensor> example_batch;
-  std::shared_ptr<torch::nn::Module> module;  // kept alive where bound
 };
 
 }  // namespace detail
