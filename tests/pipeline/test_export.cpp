@@ -18,6 +18,7 @@
 #include <crucible/runtime/package.h>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/nn/module.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -46,10 +47,22 @@ struct TempDir {
   }
 };
 
+// One OpenMP thread while it lives. A compiled graph on the CPU picks each
+// call's thread count from its timings (Note [Threads on a shared
+// machine]), and ATen's kernels may round otherwise with another count: on
+// a busy machine the process's step and the loaded one, each tuning its own,
+// can then differ in the last bit. With one thread both run alike.
+struct OneThread {
+  int before = at::get_num_threads();
+  OneThread() { at::set_num_threads(1); }
+  ~OneThread() { at::set_num_threads(before); }
+};
+
 template <typename Optimizer, typename Options>
 void export_and_compare(const std::function<Model()>& make, const Options& options, const std::string& backend,
                         int64_t batch_size, int64_t steps, bool with_state = true) {
   INFO("backend " << backend << (with_state ? "" : ", exported without state"));
+  const OneThread one_thread;
   torch::manual_seed(0);
   const Model in_process = make(), loaded = make();
   copy_state(*in_process.module, *loaded.module);
