@@ -4,7 +4,7 @@
 #pragma once
 
 #include "codecache/cpp_builder.h"
-#include "codecache/cuda_builder.h"
+#include "runtime/cuda_library.h"
 #include "runtime/host_arith.h"
 #include "runtime/threads.h"
 #include "schedule.h"
