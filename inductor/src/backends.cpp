@@ -29,8 +29,11 @@ runtime::BackendInfo inductor_backend(bool cuda_graphs) {
   };
   info.plan_memory = [](const ir::Graph& g) { return plan_memory(g, InductorOptions::from_environment()); };
   info.estimated_ms = [](const ir::Graph& g) { return estimated_ms(g, InductorOptions::from_environment()); };
-  info.write_compiled = [](const ir::Graph& g, const std::string& dir) {
-    return write_compiled(g, dir, InductorOptions::from_environment());
+  info.write_compiled = [cuda_graphs](const ir::Graph& g, const std::string& dir,
+                                      const std::vector<std::string>& cuda_archs) {
+    InductorOptions options = InductorOptions::from_environment();
+    options.cuda_graphs = options.cuda_graphs || cuda_graphs;
+    return write_compiled(g, dir, options, cuda_archs);
   };
   // Above the interpreter: a Builder's default, and compile_train_step's,
   // is the fast backend where this library is linked, as torch.compile's

@@ -12,6 +12,7 @@
 #include "codegen/codegen.h"
 #include "dynamic_sizes.h"
 #include "fx_passes/fx_passes.h"
+#include "runtime/autotune.h"
 #include "runtime/cuda_graphs.h"
 #include "runtime/kernel_runner.h"
 #include "runtime/memory_plan.h"
@@ -163,29 +164,53 @@ double estimated_ms(const ir::Graph& graph, const InductorOptions& options) {
   return seconds * 1e3;
 }
 
-std::vector<std::string> write_compiled(const ir::Graph& graph, const std::string& dir,
-                                        const InductorOptions& options) {
+std::vector<std::string> write_compiled(const ir::Graph& graph, const std::string& dir, const InductorOptions& options,
+                                        const std::vector<std::string>& cuda_archs) {
   if (!graph.output_node()) throw InductorError("inductor: the graph has no output node; call Graph::set_output first");
   const ir::Graph g = prepared(graph, options);
   const detail::SizeTable sizes = size_table(g, options);
   const detail::CompiledSchedule s = schedule_through_cache(g, options, sizes);
-  if (!s.device.is_cpu())
-    throw InductorError("inductor: write_compiled: the graph's kernels run on " + s.device.str() +
-                        "; packages hold C++ kernels only for now: export a CPU step");
   std::vector<std::string> files = {"inductor_graph.txt", "inductor_schedule.entry"};
   detail::write_atomically(dir + "/" + files[0], ir::to_text(g));
   detail::write_atomically(dir + "/" + files[1], detail::schedule_entry(detail::kPackageKey, s, g));
-  if (!s.source.empty()) {
+  nlohmann::json info = {{"codegen", detail::kCodegenVersion},
+                         {"device", s.device.str()},
+                         {"size_symbols", sizes.symbol_values},
+                         {"kernels", !s.source.empty()},
+                         {"cuda_graphs", options.cuda_graphs}};
+  if (!s.source.empty() && s.device.is_cuda()) {
+    // Note [Packaged cubins] in runtime/load_compiled.cpp.
+    const int index = s.device.index() < 0 ? 0 : s.device.index();
+    std::vector<std::string> archs = cuda_archs;
+    if (archs.empty()) archs = {options.cuda_arch.empty() ? detail::device_arch(index) : options.cuda_arch};
+    size_t units = 0;
+    for (const std::string& arch : archs) {
+      const std::vector<std::string> cubins = detail::compile_cubins(s.source, arch, options);
+      units = cubins.size();
+      for (size_t u = 0; u < cubins.size(); ++u) {
+        files.push_back(detail::packaged_cubin(arch, u));
+        detail::write_atomically(dir + "/" + files.back(), cubins[u]);
+      }
+    }
+    nlohmann::json tuned = nlohmann::json::object();
+    std::string identity;
+    if (c10::impl::hasDeviceGuardImpl(c10::kCUDA) && c10::impl::getDeviceGuardImpl(c10::kCUDA)->deviceCount() > index) {
+      identity = detail::device_identity(index);
+      const std::string cache = detail::cache_dir(options);
+      for (const detail::KernelPlan& k : s.kernels)
+        if (k.configs.size() > 1)
+          if (const std::optional<int> chosen =
+                  detail::stored_configuration(cache, k.tuning_key, identity, static_cast<int>(k.configs.size())))
+            tuned[k.tuning_key] = *chosen;
+    }
+    info["cuda"] = {{"archs", archs}, {"units", units}, {"tuned_on", identity}, {"tuned", tuned}};
+  } else if (!s.source.empty()) {
     std::string built;
     detail::compile_and_load(s.source, options, &built);
     files.push_back("inductor_kernels.so");
     detail::write_atomically(dir + "/" + files.back(), runtime::read_file(built));
+    info["cpu"] = detail::builds_for_host_cpu(options) ? detail::host_cpu() : "";
   }
-  const nlohmann::json info = {{"codegen", detail::kCodegenVersion},
-                               {"device", s.device.str()},
-                               {"size_symbols", sizes.symbol_values},
-                               {"kernels", !s.source.empty()},
-                               {"cpu", detail::builds_for_host_cpu(options) ? detail::host_cpu() : ""}};
   files.push_back("inductor.json");
   detail::write_atomically(dir + "/" + files.back(), info.dump(2) + "\n");
   return files;
@@ -299,16 +324,9 @@ ir::CompiledFn compile_fx_inner(const ir::Graph& graph, const std::vector<at::Te
       os << (i ? "; " : " ") << phases[i].first << " " << phases[i].second << " ms";
     std::cerr << os.str() << "\n";
   }
-  ir::CompiledFn fn = [plan](std::vector<at::Tensor>& inputs) { return detail::run_plan(*plan, inputs); };
-  if (!options.cuda_graphs) return fn;
   // Note [CUDA graphs] in runtime/cuda_graphs.cpp.
-  std::string blocker = options.profile ? std::string("profiling times each step apart")
-                                        : detail::cuda_graph_blocker(*plan->graph, plan->device);
-  if (!blocker.empty()) {
-    TORCH_WARN("inductor: skipping CUDA graphs: ", blocker);
-    return fn;
-  }
-  return detail::cudagraphify(std::move(fn), *plan->graph, plan->device);
+  return detail::with_cuda_graphs([plan](std::vector<at::Tensor>& inputs) { return detail::run_plan(*plan, inputs); },
+                                  *plan->graph, plan->device, options.cuda_graphs, options.profile);
 }
 
 }  // namespace crucible::inductor

@@ -6,13 +6,18 @@
 #include <crucible/runtime/backend_registry.h>
 #include <crucible/runtime/disk_cache.h>
 #include <crucible/runtime/package.h>
+#include <crucible/runtime/rng_state_guard.h>
+
+#include <c10/core/GradMode.h>
 
 #include <torch/serialize.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <sstream>
 #include <system_error>
+#include <unordered_map>
 
 namespace crucible::pipeline {
 
@@ -32,6 +37,31 @@ std::string saved(const std::vector<at::Tensor>& tensors) {
   std::ostringstream out;
   torch::save(tensors, out);
   return out.str();
+}
+
+// Note [Tuned before export]
+// A GPU step's kernels choose among configurations at their first run
+// (Note [Autotuning] in inductor/src/runtime/autotune.cpp), and a package
+// carries the choices its exporting process stored. So that a package
+// exported before any step ran carries them too, the step's graph runs
+// once here through the backend, on copies of its inputs: the module, the
+// optimizer state and the RNG streams stay as they were. A loaded step on a
+// GPU like this one then launches what the process's step launches, from
+// its first step on, which times nothing. The copies cost the step's
+// inputs' memory again (GPT-2 small's weights and Adam state: 1.5 GB) for
+// as long as the run.
+void tune_on_copies(const runtime::BackendInfo& backend, const ir::Graph& graph,
+                    const std::vector<at::Tensor>& inputs) {
+  const runtime::RngStateGuard rng;
+  std::vector<at::Tensor> copies;
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> copy_of;  // a duplicated input stays one tensor
+  for (const at::Tensor& t : inputs) {
+    auto [it, fresh] = copy_of.try_emplace(t.unsafeGetTensorImpl());
+    if (fresh) it->second = t.detach().clone();
+    copies.push_back(it->second);
+  }
+  const c10::AutoGradMode no_grad(false);
+  backend.compile(graph, copies)(copies);
 }
 
 }  // namespace
@@ -71,8 +101,11 @@ void export_train_step(const TrainStep& step, const std::vector<at::Tensor>& exa
     if (spec.kind == ir::InputKind::State) state.push_back(t.detach().clone());
   }
   add_file(m, dir, "graph.txt", ir::to_text(graph));
+  if (backend != "interpreter" &&
+      std::any_of(inputs.begin(), inputs.end(), [](const at::Tensor& t) { return t.is_cuda(); }))
+    tune_on_copies(registry.get(backend), graph, inputs);
   if (backend != "interpreter")
-    for (const std::string& name : registry.get(backend).write_compiled(graph, dir))
+    for (const std::string& name : registry.get(backend).write_compiled(graph, dir, options.cuda_archs))
       m.files[name] = runtime::checksum(runtime::read_file(dir + "/" + name));
   for (const char* name : {"module.pt", "state.pt"}) std::filesystem::remove(dir + "/" + name, ec);
   if (options.state) {

@@ -38,11 +38,20 @@ namespace {
 constexpr int kRounds = 2;
 constexpr int kTimedLaunches = 3;
 
-std::string tuning_path(const Plan& plan, const Step& st) {
-  return plan.cache_dir + "/t" + cache_key(st.tuning_key + "\n" + plan.tuning_device) + ".tune";
+std::string tuning_path(const std::string& cache_dir, const std::string& tuning_key, const std::string& tuning_device) {
+  return cache_dir + "/t" + cache_key(tuning_key + "\n" + tuning_device) + ".tune";
 }
 
 }  // namespace
+
+std::optional<int> stored_configuration(const std::string& cache_dir, const std::string& tuning_key,
+                                        const std::string& tuning_device, int n) {
+  const std::string stored = runtime::read_file(tuning_path(cache_dir, tuning_key, tuning_device));
+  // "<choice> of <n>"; anything else (another format, a torn file) is timed again.
+  int index = -1, of = -1;
+  if (std::sscanf(stored.c_str(), "%d of %d", &index, &of) == 2 && of == n && index >= 0 && index < n) return index;
+  return std::nullopt;
+}
 
 int choose_configuration(const Plan& plan, const Step& st, void* stream, void** args) {
   int chosen = st.chosen->load(std::memory_order_acquire);
@@ -52,16 +61,12 @@ int choose_configuration(const Plan& plan, const Step& st, void* stream, void** 
   if ((chosen = st.chosen->load(std::memory_order_relaxed)) >= 0) return chosen;
   const int n = static_cast<int>(st.configs.size());
   runtime::Counters& counters = runtime::default_counters();
-  const std::string path = tuning_path(plan, st);
   if (auto it = plan.tuned.find(st.tuning_key); it != plan.tuned.end()) {
     chosen = it->second;
-  } else if (const std::string stored = runtime::read_file(path); !stored.empty()) {
-    // "<choice> of <n>"; anything else (another format, a torn file) is timed again.
-    int index = -1, of = -1;
-    if (std::sscanf(stored.c_str(), "%d of %d", &index, &of) == 2 && of == n && index >= 0 && index < n) {
-      chosen = index;
-      counters.add("inductor", "autotune_cache_hit");
-    }
+  } else if (const std::optional<int> stored =
+                 stored_configuration(plan.cache_dir, st.tuning_key, plan.tuning_device, n)) {
+    chosen = *stored;
+    counters.add("inductor", "autotune_cache_hit");
   }
   if (chosen < 0) {
     const c10::Stream s = c10::impl::getDeviceGuardImpl(c10::kCUDA)->getStream(plan.device);
@@ -106,7 +111,8 @@ int choose_configuration(const Plan& plan, const Step& st, void* stream, void** 
     chosen = static_cast<int>(std::min_element(ms.begin(), ms.end()) - ms.begin());
     counters.add("inductor", "autotuned");
     try {
-      write_atomically(path, std::to_string(chosen) + " of " + std::to_string(n) + "\n");
+      write_atomically(tuning_path(plan.cache_dir, st.tuning_key, plan.tuning_device),
+                       std::to_string(chosen) + " of " + std::to_string(n) + "\n");
     } catch (const InductorError& err) {  // the next process times it again
       TORCH_WARN_ONCE("inductor: an autotuning choice was not stored: ", err.what());
     }

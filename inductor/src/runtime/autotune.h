@@ -5,7 +5,16 @@
 
 #include "runtime/plan.h"
 
+#include <optional>
+#include <string>
+
 namespace crucible::inductor::detail {
+
+/// The configuration stored in `cache_dir` for the kernels of `tuning_key`
+/// on `tuning_device` (device_identity), one of `n`: nullopt where none is
+/// stored, or what is stored is of another count or torn.
+std::optional<int> stored_configuration(const std::string& cache_dir, const std::string& tuning_key,
+                                        const std::string& tuning_device, int n);
 
 /// The index in `st.configs` of the configuration to launch `st` with on
 /// `stream` (its arguments `args`, as CudaLibrary::launch takes them):

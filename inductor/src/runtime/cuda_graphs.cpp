@@ -358,6 +358,18 @@ ir::CompiledFn cudagraphify(ir::CompiledFn, const ir::Graph&, c10::Device device
 }
 #endif
 
+ir::CompiledFn with_cuda_graphs(ir::CompiledFn fn, const ir::Graph& graph, c10::Device device, bool cuda_graphs,
+                                bool profile) {
+  if (!cuda_graphs) return fn;
+  const std::string blocker =
+      profile ? std::string("profiling times each step apart") : cuda_graph_blocker(graph, device);
+  if (!blocker.empty()) {
+    TORCH_WARN("inductor: skipping CUDA graphs: ", blocker);
+    return fn;
+  }
+  return cudagraphify(std::move(fn), graph, device);
+}
+
 }  // namespace detail
 
 }  // namespace crucible::inductor

@@ -26,4 +26,12 @@ std::string cuda_graph_blocker(const ir::Graph& graph, c10::Device device);
 /// has no CUDA.
 ir::CompiledFn cudagraphify(ir::CompiledFn fn, const ir::Graph& graph, c10::Device device);
 
+/// The CUDA-graph policy of compile_fx_inner and load_compiled: `fn` (the
+/// compiled `graph`, on `device`) behind cudagraphify where `cuda_graphs`
+/// is asked for and the graph can be captured; as it is otherwise, with a
+/// warning that says why where it was asked for (cuda_graph_blocker, or
+/// `profile`: profiling times each step apart).
+ir::CompiledFn with_cuda_graphs(ir::CompiledFn fn, const ir::Graph& graph, c10::Device device, bool cuda_graphs,
+                                bool profile);
+
 }  // namespace crucible::inductor::detail

@@ -112,6 +112,16 @@ int compute_capability(int device) {
          attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
 }
 
+std::string device_identity(int device) {
+  const Driver& d = driver();
+  CUdevice dev = 0;
+  check(d.device_get(&dev, device), "cuDeviceGet");
+  std::array<char, 256> name{};
+  check(d.device_get_name(name.data(), static_cast<int>(name.size()) - 1, dev), "cuDeviceGetName");
+  return std::string(name.data()) + ", " + std::to_string(attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device)) +
+         " SMs";
+}
+
 CudaLibrary::CudaLibrary(const std::vector<std::string>& cubins, int device) : device_(device) {
   const Driver& d = driver();
   ensure_context(device);
@@ -144,14 +154,7 @@ void* CudaLibrary::kernel(const std::string& name) const {
   return nullptr;
 }
 
-std::string CudaLibrary::identity() const {
-  const Driver& d = driver();
-  CUdevice dev = 0;
-  check(d.device_get(&dev, device_), "cuDeviceGet");
-  std::array<char, 256> name{};
-  check(d.device_get_name(name.data(), static_cast<int>(name.size()) - 1, dev), "cuDeviceGetName");
-  return std::string(name.data()) + ", " + std::to_string(max_blocks_ / kBlocksPerSM) + " SMs";
-}
+std::string CudaLibrary::identity() const { return device_identity(device_); }
 
 int64_t CudaLibrary::blocks(const Launch& l) const {
   const int64_t needed = (l.units + l.per_block - 1) / l.per_block;
@@ -188,6 +191,7 @@ namespace {
 }  // namespace
 
 int compute_capability(int) { unavailable(); }
+std::string device_identity(int) { unavailable(); }
 CudaLibrary::CudaLibrary(const std::vector<std::string>&, int) { unavailable(); }
 CudaLibrary::~CudaLibrary() = default;
 void* CudaLibrary::kernel(const std::string&) const { unavailable(); }

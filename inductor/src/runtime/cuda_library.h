@@ -20,6 +20,11 @@ namespace crucible::inductor::detail {
 /// CUDA driver header.
 int compute_capability(int device);
 
+/// CUDA device `device` as autotuning choices are remembered by (Note
+/// [Autotuning]): its name and its multiprocessor count ("NVIDIA H100 80GB
+/// HBM3, 132 SMs"). Throws as compute_capability does.
+std::string device_identity(int device);
+
 /// Cubins loaded for one device (the driver's context-independent
 /// libraries, cuLibraryLoadData), their kernels looked up by name.
 class CudaLibrary {
@@ -42,8 +47,7 @@ class CudaLibrary {
   /// Throws InductorError naming `name` when the driver refuses.
   void launch(void* kernel, const std::string& name, const Launch& launch, void* stream, void** args) const;
 
-  /// The device as timings made on it are remembered by: its name and its
-  /// multiprocessor count ("NVIDIA H100 80GB HBM3, 132 SMs").
+  /// device_identity of the library's device.
   std::string identity() const;
 
   /// The blocks launch() gives `launch`.

@@ -2,7 +2,7 @@
 // exported training step (pipeline::export_train_step, crucible::
 // load_train_step). The writer needs the code generator (crucible-
 // inductor); the reader needs none (crucible-inductor-runtime), nor a
-// compiler: it loads the kernels the writer built.
+// compiler or NVRTC: it loads the kernels the writer built.
 #pragma once
 
 #include <crucible/inductor/options.h>
@@ -20,28 +20,39 @@ namespace crucible::inductor {
 ///    text form (ir/parser.h);
 ///  - inductor_schedule.entry: its schedule (Note [Graph cache entries] in
 ///    src/codecache/schedule_entry.cpp);
-///  - inductor_kernels.so: the generated C++ kernels, built (or found in
-///    the kernel cache) as compile_fx_inner builds them, where there are any;
-///  - inductor.json: the code generator's version, the device, the values
-///    of the size symbols the kernels take (Note [Dynamic sizes]), and the
-///    CPU the library is built for where the flags say -march=native.
-/// CPU graphs only: throws InductorError for a graph whose kernels run on
-/// a GPU (cubins are not packaged yet). Throws InductorError for a graph
-/// without an output node or a file that cannot be written, ir::IrError
-/// for what the text form cannot hold (ir/printer.h), and what lowering
-/// and the C++ compiler throw.
+///  - the generated kernels, where there are any, built (or found in the
+///    kernel caches) as compile_fx_inner builds them: for a CPU graph,
+///    inductor_kernels.so; for a GPU graph, inductor_<arch>_<unit>.cubin,
+///    the cubins of each architecture in `cuda_archs` ("sm_90"; empty:
+///    options.cuda_arch, else the graph's GPU's), which NVRTC builds
+///    without that GPU (Note [Packaged cubins] in
+///    src/runtime/load_compiled.cpp);
+///  - inductor.json: the code generator's version, the device, whether
+///    calls run as CUDA graphs (options.cuda_graphs), the values of the
+///    size symbols the kernels take (Note [Dynamic sizes]), the CPU the
+///    library is built for where the flags say -march=native, and for a
+///    GPU graph its architectures and the autotuning choices this process
+///    stored for its GPU (Note [Autotuning]).
+/// Throws InductorError for a graph without an output node, a GPU graph
+/// with no `cuda_archs` and no GPU to name its architecture, or a file
+/// that cannot be written; ir::IrError for what the text form cannot hold
+/// (ir/printer.h); and what lowering, the C++ compiler and NVRTC throw.
 std::vector<std::string> write_compiled(const ir::Graph& graph, const std::string& dir,
-                                        const InductorOptions& options = {});
+                                        const InductorOptions& options = {},
+                                        const std::vector<std::string>& cuda_archs = {});
 
 /// The callable that write_compiled's files in `dir` make: the schedule
 /// and kernels compile_fx_inner made for that graph, run by the same
-/// run-time plan (with `options`' memory planning and threads), on inputs
-/// of the graph's placeholders' metadata. Generates no code and runs no
-/// compiler. Throws InductorError naming the file and the fault: a file
-/// missing or unreadable, a package of another code generator version or
-/// device, a library built for another CPU (-march=native), or a schedule
-/// that does not fit the graph; the parser's ir::ParseError for a graph
-/// that does not read back.
+/// run-time plan (with `options`' memory planning and threads), behind a
+/// CUDA graph where the package says so, on inputs of the graph's
+/// placeholders' metadata. Generates no code and runs no compiler (no
+/// NVRTC: a GPU graph loads its architecture's cubins). Throws
+/// InductorError naming the file and the fault: a file missing or
+/// unreadable, a package of another code generator version, a library
+/// built for another CPU (-march=native), a GPU package without this GPU's
+/// architecture (the message names the architectures it has), a GPU
+/// package where LibTorch has no CUDA, or a schedule that does not fit the
+/// graph; the parser's ir::ParseError for a graph that does not read back.
 ir::CompiledFn load_compiled(const std::string& dir, const InductorOptions& options = {});
 
 }  // namespace crucible::inductor

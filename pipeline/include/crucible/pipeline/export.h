@@ -23,7 +23,8 @@ namespace crucible::pipeline {
 //  - graph.txt: the step's graph, as the backend compiled it (Note [Train
 //    step graph]), in the text form;
 //  - the backend's files (BackendInfo::write_compiled; the inductor's:
-//    its graph, schedule, kernel library), none for the interpreter;
+//    its graph, schedule, and kernels: a library for the CPU, cubins for
+//    each GPU architecture asked for), none for the interpreter;
 //  - with ExportOptions::state, module.pt: the module's parameters and
 //    buffers (Parameter and Buffer placeholders), and state.pt: the
 //    optimizer state (State placeholders), as they were at export
@@ -33,27 +34,38 @@ namespace crucible::pipeline {
 // A loader given a module binds its own parameters and buffers by name, as
 // the step binds them in the process; without one it trains module.pt's.
 // The optimizer state starts from state.pt, else from zeros as a fresh
-// optimizer's does (TrainStep::optimizer_state). The tensor files are most
-// of a package (GPT-2 small's weights and Adam state: 1.5 GB), so a loader
+// optimizer's does (TrainStep::optimizer_state). A GPU step's package also
+// holds its CUDA-graph policy and the autotuning choices made on the
+// exporting GPU (Note [Packaged cubins] in
+// inductor/src/runtime/load_compiled.cpp). The tensor files are most of a
+// package (GPT-2 small's weights and Adam state: 1.5 GB), so a loader
 // reads, and checksums, only those it binds.
 
 struct ExportOptions {
   /// Write module.pt and state.pt (above): a package that trains on its
   /// own. Off: the layout only, for loaders that bind a module of theirs.
   bool state = true;
+  /// A GPU step's architectures ("sm_80", "sm_90", ...): the package holds
+  /// its kernels built for each, and loads on GPUs of these only. Empty:
+  /// the exporting GPU's (InductorOptions::cuda_arch where set). Unused
+  /// for a CPU step.
+  std::vector<std::string> cuda_archs;
 };
 
 /// Writes `step`, compiled for `example_batch` (compiled here without
 /// running a step where it was not: TrainStep::compile), as a package in
 /// `dir` (created where missing; the package's files in it are replaced).
-/// Neither the module nor the optimizer state changes. Static sizes: the
+/// Neither the module nor the optimizer state changes. A GPU step runs once
+/// on copies of its inputs first, so that the package carries its kernels'
+/// autotuning choices (Note [Tuned before export] in src/export.cpp): the
+/// export needs that memory again for a while. Static sizes: the
 /// loaded step takes batches of `example_batch`'s sizes. Throws
 /// PipelineError when the step's backend writes no package files of its
 /// own and is not the interpreter (a user backend), when the step's graph
 /// reads a tensor from outside the module (a Lifted placeholder, which a
 /// package cannot hold), or when `dir` cannot be made; the backend's errors
-/// (inductor: a GPU step, not packaged yet), ir::IrError for a graph the
-/// text form cannot hold, runtime::PackageError when a file cannot be
+/// (inductor: an architecture NVRTC does not know), ir::IrError for a
+/// graph the text form cannot hold, runtime::PackageError when a file cannot be
 /// written, and what TrainStep::compile throws.
 void export_train_step(const TrainStep& step, const std::vector<at::Tensor>& example_batch, const std::string& dir,
                        const ExportOptions& options = {});

@@ -50,10 +50,14 @@ struct BackendInfo {
   /// directory `dir` for an exported training step (pipeline::
   /// export_train_step) and returns the names of the files written, which
   /// crucible::load_train_step reads back without the compiler (the
-  /// inductor's: inductor::write_compiled). Empty for backends that write
-  /// none: a package of theirs holds the graph alone, which the loader
-  /// runs with the interpreter.
-  std::function<std::vector<std::string>(const ir::Graph& graph, const std::string& dir)> write_compiled{};
+  /// inductor's: inductor::write_compiled). `cuda_archs` ("sm_90", ...)
+  /// are the GPU architectures to build a GPU graph's kernels for; empty:
+  /// the backend's choice. Empty for backends that write none: a package
+  /// of theirs holds the graph alone, which the loader runs with the
+  /// interpreter.
+  std::function<std::vector<std::string>(const ir::Graph& graph, const std::string& dir,
+                                         const std::vector<std::string>& cuda_archs)>
+      write_compiled{};
   /// best() picks the registered backend of the highest rank: the fastest
   /// that works on this build.
   int rank = 0;
