@@ -1,16 +1,19 @@
 // `crucible export --model M [--backend B] [--size S] [--batch N]
-// [--optimizer ...] [the pass, trace and decomposition flags] --out DIR`:
-// compile a zoo model's training step and write it as a package that
-// crucible::load_train_step runs without the compiler (Note [Exported
-// training step] in pipeline/export.h), with the example batch it was
-// compiled for.
+// [--device cpu|cuda] [--cuda-arch sm_XY ...] [--optimizer ...] [the pass,
+// trace and decomposition flags] --out DIR`: compile a zoo model's training
+// step and write it as a package that crucible::load_train_step runs
+// without the compiler (Note [Exported training step] in
+// pipeline/export.h), with the example batch it was compiled for.
 #include "commands.h"
 #include "training.h"
 
 #include <crucible/models/zoo.h>
 #include <crucible/pipeline/builder.h>
+#include <crucible/pipeline/error.h>
 #include <crucible/pipeline/export.h>
 
+#include <ATen/Context.h>
+#include <c10/core/Device.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 #include <CLI/CLI.hpp>
@@ -18,25 +21,35 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace crucible::tools {
 namespace {
 
 struct ExportCommandOptions : ZooStepFlags {
-  std::string out;
+  std::string out, device = "cpu";
+  std::vector<std::string> cuda_archs;
   bool state = true;
 };
 
 void run_export_command(const ExportCommandOptions& o) {
+  const at::Device device(o.device);
+  if (device.is_cuda() && !at::hasCUDA())
+    throw pipeline::PipelineError(
+        "--device cuda: no CUDA device is usable here (no GPU, or a LibTorch without CUDA); export with --device cpu, "
+        "or on a machine with the GPU");
   const models::Model model = models::make_model(o.model, o.size);
+  model.module->to(device);
   model.module->train();
-  const data::Batch batch = model.example_batch(o.batch, /*seed=*/0);
+  const data::Batch example = model.example_batch(o.batch, /*seed=*/0);
+  const data::Batch batch{example.inputs.to(device), example.targets.to(device)};
   std::unique_ptr<torch::optim::Optimizer> optimizer = o.optimizer.make(model.module->parameters());
   pipeline::Builder builder;
   builder.backend(o.backend);
   o.compile.apply(builder);
   const pipeline::TrainStep step = builder.compile_train_step(model.module, *optimizer, models::loss_of(model));
-  pipeline::export_train_step(step, {batch.inputs, batch.targets}, o.out, {.state = o.state});
+  pipeline::export_train_step(step, {batch.inputs, batch.targets}, o.out,
+                              {.state = o.state, .cuda_archs = o.cuda_archs});
   std::cout << "exported the " << o.model << " training step (" << o.backend << ", " << o.optimizer.kind << ", batch "
             << o.batch << ", " << step.graph().num_nodes() << " nodes) to " << o.out << "\n";
 }
@@ -49,6 +62,12 @@ void add_export_command(CLI::App& app) {
       "export", "compile a zoo model's training step into a package that trains without the compiler");
   o->add_to(*cmd, "batch size of the example batch (the package's, fixed)");
   cmd->add_option("--out", o->out, "the package's directory (created if missing)")->required();
+  cmd->add_option("--device", o->device, "where the step trains (the package's device)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--cuda-arch", o->cuda_archs,
+                  "a GPU architecture to build the kernels for (sm_80, sm_90, ...; repeat for several): the "
+                  "package loads on GPUs of these; default: the exporting GPU's");
   cmd->add_flag("!--no-state", o->state,
                 "write the layout of the weights and optimizer state, not their values (a loader then binds a "
                 "module of its own)");
