@@ -8,6 +8,8 @@
 // with an error that names the fault. (Another process: the
 // exported_train_step example's test.)
 #include <crucible/inductor/error.h>
+#include <crucible/inductor/options.h>
+#include <crucible/inductor/package.h>
 #include <crucible/ir/interpreter.h>
 #include <crucible/loader/train_step.h>
 #include <crucible/models/zoo.h>
@@ -18,11 +20,13 @@
 #include <crucible/runtime/package.h>
 
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <torch/nn/module.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/utils.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <exception>
@@ -32,6 +36,7 @@
 #include <vector>
 
 #include "catch.h"
+#include "graph_testing.h"
 #include "testing.h"
 
 using namespace crucible;
@@ -58,27 +63,53 @@ struct OneThread {
   ~OneThread() { at::set_num_threads(before); }
 };
 
+// Deterministic CUDA kernels while it lives (torch.use_deterministic_
+// algorithms): cuDNN's default weight-gradient kernels and ATen's
+// index_add accumulate with atomics in no fixed order, so two runs of the
+// same kernels on the same operands may differ in the last bit.
+struct DeterministicKernels {
+  bool before = at::globalContext().deterministicAlgorithms();
+  bool warn_only = at::globalContext().deterministicAlgorithmsWarnOnly();
+  bool benchmark = at::globalContext().benchmarkCuDNN();
+  DeterministicKernels() {
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+    at::globalContext().setBenchmarkCuDNN(false);
+  }
+  ~DeterministicKernels() {
+    at::globalContext().setDeterministicAlgorithms(before, warn_only);
+    at::globalContext().setBenchmarkCuDNN(benchmark);
+  }
+};
+
 template <typename Optimizer, typename Options>
 void export_and_compare(const std::function<Model()>& make, const Options& options, const std::string& backend,
-                        int64_t batch_size, int64_t steps, bool with_state = true) {
-  INFO("backend " << backend << (with_state ? "" : ", exported without state"));
+                        int64_t batch_size, int64_t steps, bool with_state = true, at::Device device = at::kCPU) {
+  INFO("backend " << backend << " on " << device << (with_state ? "" : ", exported without state"));
   const OneThread one_thread;
+  const DeterministicKernels deterministic;
   torch::manual_seed(0);
   const Model in_process = make(), loaded = make();
+  in_process.module->to(device);
+  loaded.module->to(device);
   copy_state(*in_process.module, *loaded.module);
   in_process.module->train();
   loaded.module->train();
+  auto batch = [&](int64_t seed) {
+    const data::Batch b = in_process.example_batch(batch_size, seed);
+    return std::vector<at::Tensor>{b.inputs.to(device), b.targets.to(device)};
+  };
   Optimizer optimizer(in_process.module->parameters(), options);
   const pipeline::TrainStep step =
       pipeline::Builder().backend(backend).compile_train_step(in_process.module, optimizer, loss_of(in_process));
-  const data::Batch example = in_process.example_batch(batch_size, 100);
+  const std::vector<at::Tensor> example = batch(100);
   TempDir dir;
-  pipeline::export_train_step(step, {example.inputs, example.targets}, dir.path.string(), {.state = with_state});
+  pipeline::export_train_step(step, example, dir.path.string(), {.state = with_state, .cuda_archs = {}});
   if (!with_state) CHECK_THROWS_WITH(load_train_step(dir.path.string()), CRUCIBLE_HAS_SUBSTR("holds no weights"));
 
   // Without a module: the package's own copies, as exported (a copy of
   // the module's where the package holds none).
   const Model copy = make();
+  copy.module->to(device);
   copy_state(*in_process.module, *copy.module);
   const LoadedTrainStep own =
       with_state ? load_train_step(dir.path.string()) : load_train_step(dir.path.string(), copy.module);
@@ -86,14 +117,14 @@ void export_and_compare(const std::function<Model()>& make, const Options& optio
   for (const auto& [name, t] : own.named_module_state())
     if (named.contains(name)) CHECK(at::equal(t, named[name]));
   REQUIRE(own.example_batch().size() == 2);
-  CHECK(at::equal(own.example_batch()[0], example.inputs));
+  CHECK(at::equal(own.example_batch()[0], example[0]));
 
   // With a module: its parameters, trained as the process trains its twin.
   const LoadedTrainStep step_loaded = load_train_step(dir.path.string(), loaded.module);
   for (int64_t i = 0; i < steps; ++i) {
-    const data::Batch b = in_process.example_batch(batch_size, 200 + i);
-    const at::Tensor expected = step({b.inputs, b.targets});
-    const at::Tensor got = step_loaded({b.inputs, b.targets});
+    const std::vector<at::Tensor> b = batch(200 + i);
+    const at::Tensor expected = step(b);
+    const at::Tensor got = step_loaded(b);
     INFO("step " << i);
     REQUIRE(at::equal(got, expected));
   }
@@ -185,20 +216,70 @@ TEST_CASE("export_train_step: a user backend cannot be exported", "[pipeline][ex
                   pipeline::PipelineError);
 }
 
-// GPU steps are not packaged yet: the export says so rather than write a
-// package that cannot load.
-TEST_CASE("export_train_step: a GPU step is refused", "[pipeline][export][errors][cuda]") {
+// A GPU step's package holds cubins (Note [Packaged cubins]) and its CUDA
+// graph policy: every zoo model, with and without CUDA graphs, loaded in
+// the process that compiled it, trains as that process's step does, bit
+// for bit. (The package holds the process's autotuning choices too.)
+TEST_CASE("export_train_step: a GPU package trains bitwise as the step in the process", "[pipeline][export][cuda]") {
   if (!testing::test_device().is_cuda() || testing::compile_only())
     CRUCIBLE_SKIP("needs CRUCIBLE_TEST_DEVICE=cuda and a GPU");
-  const Model model = make_mlp();
-  model.module->to(testing::test_device());
-  torch::optim::Adam optimizer(model.module->parameters(), torch::optim::AdamOptions(1e-3));
+  const at::Device cuda = testing::test_device();
+  const GptConfig gpt{.vocab_size = 32, .block_size = 16, .n_layer = 1, .n_head = 2, .n_embd = 32};
+  const ResNetConfig resnet{.in_channels = 1, .image_size = 16, .width = 4, .blocks = {1, 1, 1, 1}};
+  for (const std::string backend : {"inductor", "inductor-cudagraphs"}) {
+    export_and_compare<torch::optim::Adam>([] { return make_mlp(); }, torch::optim::AdamOptions(1e-3), backend, 16, 4,
+                                           true, cuda);
+    export_and_compare<torch::optim::Adam>([] { return make_convnet(); }, torch::optim::AdamOptions(1e-3), backend, 8,
+                                           3, true, cuda);
+    export_and_compare<torch::optim::AdamW>([&] { return make_gpt(gpt); }, torch::optim::AdamWOptions(3e-3), backend, 4,
+                                            3, true, cuda);
+    export_and_compare<torch::optim::AdamW>([&] { return make_resnet(resnet); }, torch::optim::AdamWOptions(1e-3),
+                                            backend, 8, 3, /*with_state=*/false, cuda);
+  }
+}
+
+// NVRTC builds a GPU step's cubins without the GPU: a package for other
+// architectures is written anywhere, and a loader refuses one without its
+// GPU's architecture by naming what the package has.
+TEST_CASE("write_compiled: a GPU graph's package holds cubins for each architecture asked for",
+          "[pipeline][export][nvrtc]") {
+  const Model m = make_mlp();
+  torch::optim::Adam optimizer(m.module->parameters(), torch::optim::AdamOptions(1e-3));
   const pipeline::TrainStep step =
-      pipeline::Builder().backend("inductor").compile_train_step(model.module, optimizer, loss_of(model));
-  const data::Batch example = model.example_batch(8, 1);
+      pipeline::Builder().backend("interpreter").compile_train_step(m.module, optimizer, loss_of(m));
+  const data::Batch b = m.example_batch(8, 1);
+  step.compile({b.inputs, b.targets});
+  ir::Graph g = step.graph().clone();
+  testing::relabel_device(g, at::Device(at::kCUDA, 0));
+  inductor::InductorOptions options;
+  options.cache_dir = testing::temp_dir("crucible-export-nvrtc");
   TempDir dir;
-  CHECK_THROWS_WITH(pipeline::export_train_step(
-                        step, {example.inputs.to(testing::test_device()), example.targets.to(testing::test_device())},
-                        dir.path.string()),
-                    CRUCIBLE_HAS_SUBSTR("C++ kernels only"));
+  const std::string d = dir.path.string();
+  const std::vector<std::string> files = inductor::write_compiled(g, d, options, {"sm_80", "sm_90"});
+  const nlohmann::json info = nlohmann::json::parse(runtime::read_file(d + "/inductor.json"));
+  CHECK(info.at("device") == "cuda:0");
+  CHECK(info.at("cuda").at("archs") == nlohmann::json({"sm_80", "sm_90"}));
+  const size_t units = info.at("cuda").at("units").get<size_t>();
+  REQUIRE(units >= 1);
+  for (const std::string arch : {"sm_80", "sm_90"})
+    for (size_t u = 0; u < units; ++u) {
+      const std::string name = "inductor_" + arch + "_" + std::to_string(u) + ".cubin";
+      INFO(name);
+      CHECK(std::find(files.begin(), files.end(), name) != files.end());
+      CHECK(runtime::read_file(d + "/" + name)
+                .compare(0, 4,
+                         "\x7f"
+                         "ELF") == 0);
+    }
+  // The two architectures' cubins differ: each is its own machine code.
+  CHECK(runtime::read_file(d + "/inductor_sm_80_0.cubin") != runtime::read_file(d + "/inductor_sm_90_0.cubin"));
+
+  // With sm_80's cubins alone, a GPU of another architecture (the test
+  // machines' H100 and H200 are sm_90) is told which the package has;
+  // without a GPU, the loader says there is none.
+  inductor::write_compiled(g, d, options, {"sm_80"});
+  if (testing::test_device().is_cuda() && !testing::compile_only())
+    CHECK_THROWS_WITH(inductor::load_compiled(d), CRUCIBLE_HAS_SUBSTR("holds kernels for sm_80; CUDA device 0 is"));
+  else
+    CHECK_THROWS_AS(inductor::load_compiled(d), inductor::InductorError);
 }
