@@ -15,6 +15,7 @@
 #include <torch/nn/module.h>
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
@@ -94,7 +95,8 @@ ir::CompiledFn backend_fn(const std::string& dir, const runtime::PackageManifest
 
 }  // namespace
 
-LoadedTrainStep load_train_step(const std::string& dir, std::shared_ptr<torch::nn::Module> module) {
+LoadedTrainStep load_train_step(const std::string& dir, std::shared_ptr<torch::nn::Module> module,
+                                const std::vector<std::pair<std::string, at::Tensor>>& lifted) {
   auto s = std::make_shared<detail::LoadedStepState>();
   s->manifest = runtime::read_manifest(dir);
   const std::vector<runtime::PackageInput>& inputs = s->manifest.inputs;
@@ -112,7 +114,20 @@ LoadedTrainStep load_train_step(const std::string& dir, std::shared_ptr<torch::n
   const std::vector<at::Tensor> module_state = module ? std::vector<at::Tensor>{} : loaded(dir, m, "module.pt");
   const bool has_state = s->has_state = m.files.contains("state.pt");
   const std::vector<at::Tensor> state = has_state ? loaded(dir, m, "state.pt") : std::vector<at::Tensor>{};
-  size_t next_module = 0, next_state = 0;
+  std::unordered_map<std::string, at::Tensor> given;
+  for (const auto& [name, t] : lifted) {
+    const bool read = std::any_of(inputs.begin(), inputs.end(), [&](const runtime::PackageInput& in) {
+      return in.kind == ir::InputKind::Lifted && in.name == name;
+    });
+    if (!read)
+      throw runtime::PackageError("load_train_step: the package's step reads no lifted tensor '" + name +
+                                  "' (LoadedTrainStep::named_lifted_inputs lists those it reads)");
+    given.emplace(name, t.detach());
+  }
+  // lifted.pt holds the values of those not given, in order; read only
+  // where one is not given.
+  std::vector<at::Tensor> lifted_at_export;
+  size_t next_module = 0, next_state = 0, next_lifted = 0;
   s->bound.resize(inputs.size());
   for (const auto i : c10::irange(inputs.size())) {
     const runtime::PackageInput& in = inputs[i];
@@ -144,6 +159,23 @@ LoadedTrainStep load_train_step(const std::string& dir, std::shared_ptr<torch::n
           throw runtime::PackageError("package: " + dir + "/state.pt holds fewer tensors than the graph reads");
         s->bound[i] = state[next_state++];
         check(s->bound[i], in, "state.pt's " + in.name);
+        break;
+      case ir::InputKind::Lifted:
+        if (const auto it = given.find(in.name); it != given.end()) {
+          check(it->second, in, "lifted tensor '" + in.name + "'");
+          s->bound[i] = it->second;
+        } else {
+          if (!m.files.contains("lifted.pt"))
+            throw runtime::PackageError("load_train_step: the package in " + dir + " reads '" + in.name +
+                                        "' from outside the module and holds no value of it (exported without "
+                                        "ExportOptions::state): pass it to load_train_step's `lifted`");
+          if (lifted_at_export.empty()) lifted_at_export = loaded(dir, m, "lifted.pt");
+          if (next_lifted >= lifted_at_export.size())
+            throw runtime::PackageError("package: " + dir + "/lifted.pt holds fewer tensors than the graph reads");
+          s->bound[i] = lifted_at_export[next_lifted];
+          check(s->bound[i], in, "lifted.pt's " + in.name);
+        }
+        ++next_lifted;  // lifted.pt holds every lifted tensor, given or not
         break;
       case ir::InputKind::UserInput:
         break;  // the batch's, at each call
@@ -192,6 +224,15 @@ std::vector<std::pair<std::string, at::Tensor>> LoadedTrainStep::named_module_st
     const runtime::PackageInput& in = state_->manifest.inputs[i];
     if (!in.duplicate_of && (in.kind == ir::InputKind::Parameter || in.kind == ir::InputKind::Buffer))
       out.emplace_back(in.name, state_->bound[i]);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> LoadedTrainStep::named_lifted_inputs() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto i : c10::irange(state_->manifest.inputs.size())) {
+    const runtime::PackageInput& in = state_->manifest.inputs[i];
+    if (!in.duplicate_of && in.kind == ir::InputKind::Lifted) out.emplace_back(in.name, state_->bound[i]);
   }
   return out;
 }

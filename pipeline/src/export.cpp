@@ -84,21 +84,24 @@ void export_train_step(const TrainStep& step, const std::vector<at::Tensor>& exa
   runtime::PackageManifest m;
   m.backend = backend;
   m.torch_version = TORCH_VERSION;
-  std::vector<at::Tensor> module_state, state;
+  std::vector<at::Tensor> module_state, state, lifted;
+  size_t lifted_count = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     const ir::InputSpec& spec = specs[i];
-    if (spec.kind == ir::InputKind::Lifted)
-      throw PipelineError("export_train_step: the step reads " + (spec.target.empty() ? "a tensor" : spec.target) +
-                          " from outside the module (a lifted input), which a package cannot hold; pass it in the "
-                          "batch or register it on the module");
     const at::Tensor& t = inputs.at(i);
+    // A lifted tensor nobody named is named by its position among them.
+    const std::string name = spec.kind == ir::InputKind::Lifted && spec.target.empty()
+                                 ? "lifted tensor " + std::to_string(lifted_count)
+                                 : spec.target;
+    if (spec.kind == ir::InputKind::Lifted) ++lifted_count;
     m.inputs.push_back(
-        {spec.target, spec.kind, spec.duplicate_of, t.scalar_type(), t.sizes().vec(), t.device(), std::nullopt});
+        {name, spec.kind, spec.duplicate_of, t.scalar_type(), t.sizes().vec(), t.device(), std::nullopt});
     if (spec.kind == ir::InputKind::State && t.numel() == 1) m.inputs.back().value = t.item<double>();
     if (spec.duplicate_of || !options.state) continue;
     if (spec.kind == ir::InputKind::Parameter || spec.kind == ir::InputKind::Buffer)
       module_state.push_back(t.detach().clone());
     if (spec.kind == ir::InputKind::State) state.push_back(t.detach().clone());
+    if (spec.kind == ir::InputKind::Lifted) lifted.push_back(t.detach().clone());
   }
   add_file(m, dir, "graph.txt", ir::to_text(graph));
   if (backend != "interpreter" &&
@@ -107,10 +110,11 @@ void export_train_step(const TrainStep& step, const std::vector<at::Tensor>& exa
   if (backend != "interpreter")
     for (const std::string& name : registry.get(backend).write_compiled(graph, dir, options.cuda_archs))
       m.files[name] = runtime::checksum(runtime::read_file(dir + "/" + name));
-  for (const char* name : {"module.pt", "state.pt"}) std::filesystem::remove(dir + "/" + name, ec);
+  for (const char* name : {"module.pt", "state.pt", "lifted.pt"}) std::filesystem::remove(dir + "/" + name, ec);
   if (options.state) {
     add_file(m, dir, "module.pt", saved(module_state));
     add_file(m, dir, "state.pt", saved(state));
+    if (!lifted.empty()) add_file(m, dir, "lifted.pt", saved(lifted));
   }
   std::vector<at::Tensor> batch;
   for (const at::Tensor& t : example_batch) batch.push_back(t.detach());

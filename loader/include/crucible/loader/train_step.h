@@ -41,9 +41,14 @@ class LoadedTrainStep {
   /// by name ("fc.weight.exp_avg", "lr"): the package's, then each step's.
   /// Writing a learning rate's 0-dim tensor changes the next step's rate.
   std::vector<std::pair<std::string, at::Tensor>> named_optimizer_state() const;
+  /// The tensors the step reads from outside the module (lifted inputs:
+  /// another module's weights, a tensor the loss captured), by the names
+  /// load_train_step binds them by: those given to it, else the package's.
+  std::vector<std::pair<std::string, at::Tensor>> named_lifted_inputs() const;
 
  private:
-  friend LoadedTrainStep load_train_step(const std::string&, std::shared_ptr<torch::nn::Module>);
+  friend LoadedTrainStep load_train_step(const std::string&, std::shared_ptr<torch::nn::Module>,
+                                         const std::vector<std::pair<std::string, at::Tensor>>&);
   std::shared_ptr<detail::LoadedStepState> state_;
 };
 
@@ -53,15 +58,21 @@ class LoadedTrainStep {
 /// the package's copies of them as exported (module.pt). The optimizer
 /// state starts where it was at export (state.pt), or, for a package
 /// exported without it, from zeros as a fresh optimizer's does, with the
-/// learning rates and step counts of the export. Reads and checksums only
-/// the tensor files it binds. Throws runtime::PackageError for a package that
-/// is missing, malformed, of another format or LibTorch version, corrupt
-/// or altered (checksums), written by a backend this loader cannot run, or
-/// without weights when no module is given;
-/// for a module that lacks a tensor the package names or holds one of
-/// another dtype, sizes or device; and the backend's errors (the
+/// learning rates and step counts of the export. The tensors the step read
+/// from outside the module are `lifted`'s, by name (as the manifest and
+/// named_lifted_inputs name them: "d.fc.weight"), read at every step as
+/// in the process; those not given, their values at export (lifted.pt).
+/// Reads and checksums only the tensor files it binds. Throws
+/// runtime::PackageError for a package that is missing, malformed, of
+/// another format or LibTorch version, corrupt or altered (checksums),
+/// written by a backend this loader cannot run, or without weights when no
+/// module is given (or without a lifted tensor's value when `lifted` lacks
+/// it); for a module that lacks a tensor the package names or holds one of
+/// another dtype, sizes or device, and the same for `lifted` (a name the
+/// package does not read included); and the backend's errors (the
 /// inductor's InductorError: another code generator version, kernels built
-/// for another CPU).
-LoadedTrainStep load_train_step(const std::string& dir, std::shared_ptr<torch::nn::Module> module = nullptr);
+/// for another CPU or another GPU architecture).
+LoadedTrainStep load_train_step(const std::string& dir, std::shared_ptr<torch::nn::Module> module = nullptr,
+                                const std::vector<std::pair<std::string, at::Tensor>>& lifted = {});
 
 }  // namespace crucible

@@ -26,13 +26,18 @@ namespace crucible::pipeline {
 //    its graph, schedule, and kernels: a library for the CPU, cubins for
 //    each GPU architecture asked for), none for the interpreter;
 //  - with ExportOptions::state, module.pt: the module's parameters and
-//    buffers (Parameter and Buffer placeholders), and state.pt: the
-//    optimizer state (State placeholders), as they were at export
-//    (torch::save); without, their layout alone (the manifest), and the
-//    value of each one-element state (a learning rate, a step count);
+//    buffers (Parameter and Buffer placeholders), state.pt: the optimizer
+//    state (State placeholders), and lifted.pt where the step reads
+//    tensors from outside the module (Lifted placeholders: Note [Lifted
+//    tensors] in tracer/make_fx.h), as they were at export (torch::save);
+//    without, their layout alone (the manifest), and the value of each
+//    one-element state (a learning rate, a step count);
 //  - example_batch.pt: the batch the step was compiled for.
 // A loader given a module binds its own parameters and buffers by name, as
 // the step binds them in the process; without one it trains module.pt's.
+// A lifted tensor is read from outside the module at every call in the
+// process (another module's weights, a tensor the loss captured); a loader
+// binds the tensors it is given for them by name, else lifted.pt's values.
 // The optimizer state starts from state.pt, else from zeros as a fresh
 // optimizer's does (TrainStep::optimizer_state). A GPU step's package also
 // holds its CUDA-graph policy and the autotuning choices made on the
@@ -61,12 +66,11 @@ struct ExportOptions {
 /// export needs that memory again for a while. Static sizes: the
 /// loaded step takes batches of `example_batch`'s sizes. Throws
 /// PipelineError when the step's backend writes no package files of its
-/// own and is not the interpreter (a user backend), when the step's graph
-/// reads a tensor from outside the module (a Lifted placeholder, which a
-/// package cannot hold), or when `dir` cannot be made; the backend's errors
-/// (inductor: an architecture NVRTC does not know), ir::IrError for a
-/// graph the text form cannot hold, runtime::PackageError when a file cannot be
-/// written, and what TrainStep::compile throws.
+/// own and is not the interpreter (a user backend), or when `dir` cannot
+/// be made; the backend's errors (inductor: an architecture NVRTC does not
+/// know), ir::IrError for a graph the text form cannot hold,
+/// runtime::PackageError when a file cannot be written, and what
+/// TrainStep::compile throws.
 void export_train_step(const TrainStep& step, const std::vector<at::Tensor>& example_batch, const std::string& dir,
                        const ExportOptions& options = {});
 
