@@ -20,9 +20,11 @@
 #include <crucible/runtime/package.h>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/utils.h>
@@ -154,6 +156,69 @@ TEST_CASE("export_train_step: a loaded package trains bitwise as the step in the
     export_and_compare<torch::optim::AdamW>([&] { return make_gpt(gpt); }, torch::optim::AdamWOptions(3e-3), backend, 4,
                                             3);
   }
+  // The zoo's convolutional models, through the inductor (its C++ kernels
+  // for batch norm, pooling and the convolutions' epilogues).
+  const ResNetConfig resnet{.in_channels = 1, .image_size = 16, .width = 4, .blocks = {1, 1, 1, 1}};
+  export_and_compare<torch::optim::Adam>([] { return make_convnet(); }, torch::optim::AdamOptions(1e-3), "inductor", 8,
+                                         3);
+  export_and_compare<torch::optim::AdamW>([&] { return make_resnet(resnet); }, torch::optim::AdamWOptions(1e-3),
+                                          "inductor", 8, 3, /*with_state=*/false);
+}
+
+// A step whose loss reads a tensor from outside the module (a lifted input,
+// Note [Lifted tensors]): the package holds its value at export, and a
+// loader given the tensor itself reads it at every step, as the process
+// does, so a change in place reaches both.
+TEST_CASE("export_train_step: a lifted tensor is packaged, or bound by name at load", "[pipeline][export][lifted]") {
+  const OneThread one_thread;
+  torch::manual_seed(1);
+  auto in_process = std::make_shared<torch::nn::LinearImpl>(6, 3);
+  auto loaded = std::make_shared<torch::nn::LinearImpl>(6, 3);
+  copy_state(*in_process, *loaded);
+  at::Tensor scale = at::rand({3}) + 0.5;
+  torch::optim::Adam optimizer(in_process->parameters(), torch::optim::AdamOptions(1e-2));
+  const pipeline::TrainStep step =
+      pipeline::Builder()
+          .backend("inductor")
+          .compile_train_step(in_process, optimizer, [&scale](torch::nn::Module& m, const std::vector<at::Tensor>& b) {
+            return (static_cast<torch::nn::LinearImpl&>(m).forward(b[0]) * scale - b[1]).pow(2).mean();
+          });
+  auto batch = [](int64_t seed) {
+    const at::Generator g = at::make_generator<at::CPUGeneratorImpl>(seed);
+    return std::vector<at::Tensor>{at::randn({4, 6}, g), at::randn({4, 3}, g)};
+  };
+  TempDir dir;
+  const std::string d = dir.path.string();
+  pipeline::export_train_step(step, batch(0), d);
+
+  // Its value at export, without the tensor: a copy that no later change reaches.
+  const LoadedTrainStep own = load_train_step(d);
+  const auto named = own.named_lifted_inputs();
+  REQUIRE(named.size() == 1);
+  const std::string name = named[0].first;
+  CHECK(at::equal(named[0].second, scale));
+  CHECK(named[0].second.data_ptr() != scale.data_ptr());
+
+  // Bound by name: the process's step and the loaded one read `scale` as it
+  // is at each step.
+  const LoadedTrainStep bound = load_train_step(d, loaded, {{name, scale}});
+  REQUIRE(bound.named_lifted_inputs()[0].second.data_ptr() == scale.data_ptr());
+  for (int64_t i = 0; i < 4; ++i) {
+    if (i == 2) scale.mul_(2.0);  // changed in place: both read it
+    INFO("step " << i);
+    REQUIRE(at::equal(bound(batch(10 + i)), step(batch(10 + i))));
+  }
+  REQUIRE(step.num_compilations() == 1);
+  REQUIRE(at::equal(loaded->weight, in_process->weight));
+  REQUIRE(at::equal(loaded->bias, in_process->bias));
+
+  // A name the step does not read, a tensor of other sizes, and a package
+  // without values whose lifted tensor is not given.
+  CHECK_THROWS_WITH(load_train_step(d, loaded, {{"not.a.tensor", scale}}), CRUCIBLE_HAS_SUBSTR("reads no lifted"));
+  CHECK_THROWS_WITH(load_train_step(d, loaded, {{name, at::ones({4})}}), CRUCIBLE_HAS_SUBSTR("was exported for"));
+  pipeline::export_train_step(step, batch(0), d, {.state = false, .cuda_archs = {}});
+  CHECK_THROWS_WITH(load_train_step(d, loaded), CRUCIBLE_HAS_SUBSTR("holds no value of it"));
+  CHECK_NOTHROW(load_train_step(d, loaded, {{name, scale}}));
 }
 
 TEST_CASE("load_train_step: corrupt, altered, mismatched packages and batches are refused",
