@@ -2,11 +2,11 @@
 // pipeline/export.h) against the step in the process: two copies of a zoo
 // model from the same weights, one trained by the compiled step, the other
 // by the package loaded back (crucible::load_train_step), on the same
-// batches. The package runs the kernels the process compiled, on the same
-// operands in the same order, so the two end bitwise equal. A package that
-// is corrupt, altered, of another format or for other inputs is refused
-// with an error that names the fault. (Another process: the
-// exported_train_step example's test.)
+// batches, and a third trained from the package's own copies in another
+// process (Note [Another process]). The package runs the kernels the
+// process compiled, on the same operands in the same order, so all end
+// bitwise equal. A package that is corrupt, altered, of another format or
+// for other inputs is refused with an error that names the fault.
 #include <crucible/inductor/error.h>
 #include <crucible/inductor/options.h>
 #include <crucible/inductor/package.h>
@@ -27,13 +27,16 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
+#include <torch/serialize.h>
 #include <torch/utils.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -83,6 +86,50 @@ struct DeterministicKernels {
   }
 };
 
+// Note [Another process]: the package trained in a process of its own. The
+// test binary runs itself on the hidden test case "export worker" below,
+// told by environment variables which package to train on which batches
+// and where to write its losses and trained weights.
+constexpr const char* kWorkerPackage = "CRUCIBLE_EXPORT_WORKER_PACKAGE";
+constexpr const char* kWorkerBatches = "CRUCIBLE_EXPORT_WORKER_BATCHES";
+constexpr const char* kWorkerOut = "CRUCIBLE_EXPORT_WORKER_OUT";
+
+std::string saved(const std::vector<at::Tensor>& tensors) {
+  std::ostringstream out;
+  torch::save(tensors, out);
+  return out.str();
+}
+
+std::vector<at::Tensor> loaded_tensors(const std::string& bytes) {
+  std::vector<at::Tensor> tensors;
+  std::istringstream in(bytes);
+  torch::load(tensors, in);
+  return tensors;
+}
+
+// The losses of the package in `package` trained by another process on
+// `batches` (each step's inputs and targets), then its weights
+// (named_module_state's order).
+std::vector<at::Tensor> train_in_another_process(const std::string& package,
+                                                 const std::vector<std::vector<at::Tensor>>& batches) {
+  std::vector<at::Tensor> flat;
+  for (const std::vector<at::Tensor>& b : batches) flat.insert(flat.end(), b.begin(), b.end());
+  const std::string batches_file = package + ".batches.pt", out_file = package + ".out.pt";
+  runtime::write_atomically(batches_file, saved(flat));
+  ::setenv(kWorkerPackage, package.c_str(), 1);
+  ::setenv(kWorkerBatches, batches_file.c_str(), 1);
+  ::setenv(kWorkerOut, out_file.c_str(), 1);
+  const std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
+  const std::string log = package + ".log";
+  const int rc = std::system(("'" + exe + "' 'export worker' > '" + log + "' 2>&1").c_str());
+  for (const char* name : {kWorkerPackage, kWorkerBatches, kWorkerOut}) ::unsetenv(name);
+  INFO("the worker's output:\n" << runtime::read_file(log));
+  REQUIRE(rc == 0);
+  std::vector<at::Tensor> out = loaded_tensors(runtime::read_file(out_file));
+  for (const std::string& f : {batches_file, out_file, log}) std::filesystem::remove(f);
+  return out;
+}
+
 template <typename Optimizer, typename Options>
 void export_and_compare(const std::function<Model()>& make, const Options& options, const std::string& backend,
                         int64_t batch_size, int64_t steps, bool with_state = true, at::Device device = at::kCPU) {
@@ -121,14 +168,29 @@ void export_and_compare(const std::function<Model()>& make, const Options& optio
   REQUIRE(own.example_batch().size() == 2);
   CHECK(at::equal(own.example_batch()[0], example[0]));
 
+  // The package's own copies, trained by another process (Note [Another
+  // process]) on the batches this one trains on next.
+  std::vector<std::vector<at::Tensor>> batches;
+  for (int64_t i = 0; i < steps; ++i) batches.push_back(batch(200 + i));
+  const std::vector<at::Tensor> elsewhere =
+      with_state ? train_in_another_process(dir.path.string(), batches) : std::vector<at::Tensor>{};
+
   // With a module: its parameters, trained as the process trains its twin.
   const LoadedTrainStep step_loaded = load_train_step(dir.path.string(), loaded.module);
   for (int64_t i = 0; i < steps; ++i) {
-    const std::vector<at::Tensor> b = batch(200 + i);
-    const at::Tensor expected = step(b);
-    const at::Tensor got = step_loaded(b);
+    const at::Tensor expected = step(batches[i]);
+    const at::Tensor got = step_loaded(batches[i]);
     INFO("step " << i);
     REQUIRE(at::equal(got, expected));
+    if (with_state) REQUIRE(at::equal(elsewhere.at(i).to(device), expected));
+  }
+  if (with_state) {
+    const auto state = step_loaded.named_module_state();
+    REQUIRE(elsewhere.size() == static_cast<size_t>(steps) + state.size());
+    for (size_t k = 0; k < state.size(); ++k) {
+      INFO("another process's " << state[k].first);
+      REQUIRE(at::equal(elsewhere[steps + k].to(device), state[k].second));
+    }
   }
   REQUIRE(step.num_compilations() == 1);
   auto trained = loaded.module->named_parameters();
@@ -347,4 +409,21 @@ TEST_CASE("write_compiled: a GPU graph's package holds cubins for each architect
     CHECK_THROWS_WITH(inductor::load_compiled(d), CRUCIBLE_HAS_SUBSTR("holds kernels for sm_80; CUDA device 0 is"));
   else
     CHECK_THROWS_AS(inductor::load_compiled(d), inductor::InductorError);
+}
+
+// Note [Another process]: trains the package named by the environment on
+// its batches, one OpenMP thread and deterministic kernels as its parent,
+// and writes the losses and the trained weights. Hidden: run by
+// train_in_another_process only.
+TEST_CASE("export worker", "[.]") {
+  const char* package = std::getenv(kWorkerPackage);
+  if (!package) CRUCIBLE_SKIP("run by the export tests, in a process of its own");
+  const OneThread one_thread;
+  const DeterministicKernels deterministic;
+  const LoadedTrainStep step = load_train_step(package);
+  const std::vector<at::Tensor> flat = loaded_tensors(runtime::read_file(std::getenv(kWorkerBatches)));
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i + 1 < flat.size(); i += 2) out.push_back(step({flat[i], flat[i + 1]}).cpu());
+  for (const auto& [name, t] : step.named_module_state()) out.push_back(t.cpu());
+  runtime::write_atomically(std::getenv(kWorkerOut), saved(out));
 }
