@@ -50,14 +50,24 @@ uint16_t free_port() {
 
 int launch(const LaunchOptions& options) {
   if (options.nproc < 1) throw SpmdError("launch: --nproc must be at least 1, not " + std::to_string(options.nproc));
+  if (options.nnodes < 1) throw SpmdError("launch: --nnodes must be at least 1, not " + std::to_string(options.nnodes));
+  if (options.node_rank < 0 || options.node_rank >= options.nnodes)
+    throw SpmdError("launch: --node-rank " + std::to_string(options.node_rank) +
+                    " is outside [0, --nnodes = " + std::to_string(options.nnodes) + ")");
+  if (options.nnodes > 1 && options.master_port == 0)
+    throw SpmdError("launch: " + std::to_string(options.nnodes) +
+                    " nodes must agree on the store's port: give every node the same --master-port (and node 0's "
+                    "address as --master-addr)");
   if (options.command.empty()) throw SpmdError("launch: no command to run (crucible launch --nproc N -- command ...)");
   const uint16_t port = options.master_port != 0 ? options.master_port : free_port();
+  const int world = options.nnodes * options.nproc, first_rank = options.node_rank * options.nproc;
 
   std::vector<std::string> base;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string kv = *e;
     bool ours = false;
-    for (const char* k : {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT="})
+    for (const char* k : {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=", "GROUP_RANK=",
+                          "GROUP_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT="})
       ours = ours || kv.rfind(k, 0) == 0;
     if (!ours) base.push_back(kv);
   }
@@ -84,10 +94,12 @@ int launch(const LaunchOptions& options) {
   };
   for (int r = 0; r < options.nproc; ++r) {
     std::vector<std::string> env = base;
-    for (const auto& [k, v] : {std::pair<const char*, std::string>{"RANK", std::to_string(r)},
+    for (const auto& [k, v] : {std::pair<const char*, std::string>{"RANK", std::to_string(first_rank + r)},
                                {"LOCAL_RANK", std::to_string(r)},
-                               {"WORLD_SIZE", std::to_string(options.nproc)},
+                               {"WORLD_SIZE", std::to_string(world)},
                                {"LOCAL_WORLD_SIZE", std::to_string(options.nproc)},
+                               {"GROUP_RANK", std::to_string(options.node_rank)},
+                               {"GROUP_WORLD_SIZE", std::to_string(options.nnodes)},
                                {"MASTER_ADDR", options.master_addr},
                                {"MASTER_PORT", std::to_string(port)}})
       env.push_back(std::string(k) + "=" + v);
@@ -99,7 +111,7 @@ int launch(const LaunchOptions& options) {
     if (err != 0) {
       stop_all(SIGKILL);
       for (pid_t p : pids) ::waitpid(p, nullptr, 0);
-      throw SpmdError("launch: cannot start rank " + std::to_string(r) + " (`" + options.command[0] +
+      throw SpmdError("launch: cannot start rank " + std::to_string(first_rank + r) + " (`" + options.command[0] +
                       "`): " + std::strerror(err));
     }
     pids.push_back(pid);
@@ -131,7 +143,7 @@ int launch(const LaunchOptions& options) {
       --running;
       const int code = status_code(status);
       if (code == 0) continue;
-      std::cerr << "launch: rank " << r << " exited with " << code
+      std::cerr << "launch: rank " << first_rank + static_cast<int>(r) << " exited with " << code
                 << (stopping ? "\n" : "; stopping the other ranks\n");
       if (!stopping) {
         result = code;

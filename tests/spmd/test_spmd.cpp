@@ -28,6 +28,9 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "catch.h"
 #include "ddp_programs.h"
@@ -81,8 +84,11 @@ struct Run {
   fs::path dir;
 };
 
+// `nnodes` > 1: as many launches, one a "node" of `nproc` ranks (node
+// ranks 0, 1, ...), run side by side on this machine over loopback, as
+// `crucible launch --nnodes K --node-rank R` runs on each node of a job.
 Run launch_workers(const std::string& scenario, int nproc, const std::string& model, const std::string& opt,
-                   int64_t bucket_bytes, const std::vector<std::string>& env = {}) {
+                   int64_t bucket_bytes, const std::vector<std::string>& env = {}, int nnodes = 1) {
   const char* worker = std::getenv("CRUCIBLE_SPMD_WORKER");
   REQUIRE(worker != nullptr);
   static int runs = 0;
@@ -98,7 +104,22 @@ Run launch_workers(const std::string& scenario, int nproc, const std::string& mo
   o.env = {"CRUCIBLE_DIST_TIMEOUT_S=20", "OMP_NUM_THREADS=1"};
   o.env.insert(o.env.end(), env.begin(), env.end());
   o.grace = std::chrono::seconds(40);
-  r.code = spmd::launch(o);
+  if (nnodes == 1) {
+    r.code = spmd::launch(o);
+    return r;
+  }
+  o.nnodes = nnodes;
+  o.master_port = spmd::free_port();
+  std::vector<int> codes(static_cast<size_t>(nnodes));
+  std::vector<std::thread> nodes;
+  for (int node = 0; node < nnodes; ++node)
+    nodes.emplace_back([&codes, o, node]() mutable {
+      o.node_rank = node;
+      codes[static_cast<size_t>(node)] = spmd::launch(o);
+    });
+  for (std::thread& t : nodes) t.join();
+  for (int code : codes)
+    if (code != 0 && r.code == 0) r.code = code;
   return r;
 }
 
@@ -400,6 +421,47 @@ TEST_CASE("2 to 8 ranks over Gloo end where one process on the global batch ends
     }
     fs::remove_all(run.dir);
   }
+}
+
+TEST_CASE("two nodes of two ranks, launched apart, train as four ranks of one node", "[spmd][multiprocess]") {
+  // Node r's ranks are 2r and 2r + 1 of 4, meeting at node 0's store: the
+  // same group as one launch of 4, so the same collectives in the same
+  // order, and the same bits.
+  const Reference ref = train_global("mlp", "sgd", 4);
+  const Run one_node = launch_workers("train", 4, "mlp", "sgd", 4096);
+  const Run two_nodes = launch_workers("train", 2, "mlp", "sgd", 4096, {}, /*nnodes=*/2);
+  REQUIRE(one_node.code == 0);
+  REQUIRE(two_nodes.code == 0);
+  for (int rank = 0; rank < 4; ++rank) {
+    CAPTURE(rank);
+    const Reference a = read_rank(one_node.dir, rank, ref.params.numel());
+    const Reference b = read_rank(two_nodes.dir, rank, ref.params.numel());
+    REQUIRE_EQUAL_TENSORS(b.params, a.params);
+    CHECK(b.losses == a.losses);                     // each rank trained its own shard, as in one node
+    REQUIRE_CLOSE(b.params, ref.params, 0.0, 1e-6);  // tolerance: the 2-to-8-rank case's, for SGD
+  }
+  fs::remove_all(one_node.dir);
+  fs::remove_all(two_nodes.dir);
+}
+
+TEST_CASE("launch refuses nodes it cannot place", "[spmd]") {
+  spmd::LaunchOptions o;
+  o.command = {"true"};
+  o.nnodes = 2;
+  CHECK_THROWS_WITH(spmd::launch(o), CRUCIBLE_HAS_SUBSTR("give every node the same --master-port"));
+  o.master_port = spmd::free_port();
+  o.node_rank = 2;
+  CHECK_THROWS_WITH(spmd::launch(o), CRUCIBLE_HAS_SUBSTR("--node-rank 2 is outside [0, --nnodes = 2)"));
+  o.nnodes = 0;
+  CHECK_THROWS_WITH(spmd::launch(o), CRUCIBLE_HAS_SUBSTR("--nnodes must be at least 1"));
+  // A node's ranks see the job's numbering.
+  o.nnodes = 3;
+  o.node_rank = 2;
+  o.nproc = 2;
+  o.command = {"sh", "-c",
+               "test \"$WORLD_SIZE\" = 6 && test \"$GROUP_RANK\" = 2 && test \"$GROUP_WORLD_SIZE\" = 3 && "
+               "test \"$RANK\" = $((4 + LOCAL_RANK)) && test \"$LOCAL_WORLD_SIZE\" = 2"};
+  CHECK(spmd::launch(o) == 0);
 }
 
 TEST_CASE("a rank that dies makes the others fail with an error naming them", "[spmd][multiprocess]") {
