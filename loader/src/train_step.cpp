@@ -124,8 +124,8 @@ LoadedTrainStep load_train_step(const std::string& dir, std::shared_ptr<torch::n
                                   "' (LoadedTrainStep::named_lifted_inputs lists those it reads)");
     given.emplace(name, t.detach());
   }
-  // lifted.pt holds the values of those not given, in order; read only
-  // where one is not given.
+  // lifted.pt holds every lifted tensor's value at export, in order; it is
+  // read only where one is not given.
   std::vector<at::Tensor> lifted_at_export;
   size_t next_module = 0, next_state = 0, next_lifted = 0;
   s->bound.resize(inputs.size());
@@ -175,7 +175,7 @@ LoadedTrainStep load_train_step(const std::string& dir, std::shared_ptr<torch::n
           s->bound[i] = lifted_at_export[next_lifted];
           check(s->bound[i], in, "lifted.pt's " + in.name);
         }
-        ++next_lifted;  // lifted.pt holds every lifted tensor, given or not
+        ++next_lifted;
         break;
       case ir::InputKind::UserInput:
         break;  // the batch's, at each call
