@@ -67,7 +67,8 @@ void add_export_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--cuda-arch", o->cuda_archs,
                   "a GPU architecture to build the kernels for (sm_80, sm_90, ...; repeat for several): the "
-                  "package loads on GPUs of these; default: the exporting GPU's");
+                  "package loads on GPUs of these; compute_90 and the like add PTX, for that architecture and "
+                  "newer ones; default: the exporting GPU's");
   cmd->add_flag("!--no-state", o->state,
                 "write the layout of the weights and optimizer state, not their values (a loader then binds a "
                 "module of its own)");

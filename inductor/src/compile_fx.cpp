@@ -14,6 +14,7 @@
 #include "fx_passes/fx_passes.h"
 #include "runtime/autotune.h"
 #include "runtime/cuda_graphs.h"
+#include "runtime/cuda_library.h"
 #include "runtime/kernel_runner.h"
 #include "runtime/memory_plan.h"
 #include "runtime/plan.h"

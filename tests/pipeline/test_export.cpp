@@ -405,8 +405,25 @@ TEST_CASE("write_compiled: a GPU graph's package holds cubins for each architect
   // machines' H100 and H200 are sm_90) is told which the package has;
   // without a GPU, the loader says there is none.
   inductor::write_compiled(g, d, options, {"sm_80"});
-  if (testing::test_device().is_cuda() && !testing::compile_only())
+  const bool gpu = testing::test_device().is_cuda() && !testing::compile_only();
+  if (gpu)
     CHECK_THROWS_WITH(inductor::load_compiled(d), CRUCIBLE_HAS_SUBSTR("holds kernels for sm_80; CUDA device 0 is"));
+  else
+    CHECK_THROWS_AS(inductor::load_compiled(d), inductor::InductorError);
+
+  // A virtual architecture's PTX, which the driver compiles when loading:
+  // compute_80's runs on the sm_90 GPUs too (forward compatibility).
+  const std::vector<std::string> ptx_files = inductor::write_compiled(g, d, options, {"compute_80"});
+  for (size_t u = 0; u < units; ++u) {
+    const std::string name = "inductor_compute_80_" + std::to_string(u) + ".ptx";
+    INFO(name);
+    REQUIRE(std::find(ptx_files.begin(), ptx_files.end(), name) != ptx_files.end());
+    const std::string ptx = runtime::read_file(d + "/" + name);
+    CHECK(ptx.find(".target sm_80") != std::string::npos);
+    CHECK(ptx.find(".entry") != std::string::npos);
+  }
+  if (gpu)
+    CHECK_NOTHROW(inductor::load_compiled(d));
   else
     CHECK_THROWS_AS(inductor::load_compiled(d), inductor::InductorError);
 }

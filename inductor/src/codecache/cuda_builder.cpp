@@ -99,12 +99,14 @@ std::string compile_cubin(const std::string& source, const std::string& arch, co
   const std::string stem =
       dir + "/k" +
       cache_key("nvrtc " + std::to_string(major) + "." + std::to_string(minor) + "\n" + arch + "\n" + source);
-  const std::string cu = stem + ".cu", cubin_path = stem + ".cubin";
-  // A cubin is an ELF file; anything else (a truncated write from a
-  // process that died) is compiled again.
-  if (std::string cached = runtime::read_file(cubin_path); cached.size() > 4 && cached.compare(0, 4,
-                                                                                               "\x7f"
-                                                                                               "ELF") == 0)
+  const bool ptx = is_virtual_arch(arch);
+  const std::string cu = stem + ".cu", cubin_path = stem + (ptx ? ".ptx" : ".cubin");
+  // A cubin is an ELF file, PTX text names its version; anything else (a
+  // truncated write from a process that died) is compiled again.
+  if (std::string cached = runtime::read_file(cubin_path); ptx ? cached.find(".version") != std::string::npos
+                                                               : cached.size() > 4 && cached.compare(0, 4,
+                                                                                                     "\x7f"
+                                                                                                     "ELF") == 0)
     return cached;
   write_atomically(cu, source);
 
@@ -126,9 +128,16 @@ std::string compile_cubin(const std::string& source, const std::string& arch, co
   size_t size = 0;
   std::string cubin;
   try {
-    check(nvrtcGetCUBINSize(prog, &size), "nvrtcGetCUBINSize");
-    cubin.resize(size);
-    check(nvrtcGetCUBIN(prog, cubin.data()), "nvrtcGetCUBIN");
+    if (ptx) {
+      check(nvrtcGetPTXSize(prog, &size), "nvrtcGetPTXSize");
+      cubin.resize(size);
+      check(nvrtcGetPTX(prog, cubin.data()), "nvrtcGetPTX");
+      cubin.resize(cubin.find('\0'));  // the size counts the terminating NUL
+    } else {
+      check(nvrtcGetCUBINSize(prog, &size), "nvrtcGetCUBINSize");
+      cubin.resize(size);
+      check(nvrtcGetCUBIN(prog, cubin.data()), "nvrtcGetCUBIN");
+    }
   } catch (...) {
     nvrtcDestroyProgram(&prog);
     throw;

@@ -24,11 +24,14 @@ std::vector<std::string> compile_cubins(const std::string& source, const std::st
                                         const InductorOptions& options);
 
 /// The cubin (its bytes) of CUDA C++ `source` compiled by NVRTC for `arch`
-/// ("sm_90"), through the cache: the key hashes the source, the
-/// architecture, NVRTC's version and kCodegenVersion, and the source is
-/// kept beside the cubin as k<key>.cu. Runs without a GPU. Throws
-/// InductorError naming that file and quoting NVRTC's log when NVRTC
-/// rejects the source, and when this build has no NVRTC.
+/// ("sm_90"), or its PTX (text) for a virtual architecture ("compute_90",
+/// which the driver compiles at load time for its GPU, of that
+/// architecture or a newer one), through the cache: the key hashes the
+/// source, the architecture, NVRTC's version and kCodegenVersion, and the
+/// source is kept beside the cubin as k<key>.cu. Runs without a GPU.
+/// Throws InductorError naming that file and quoting NVRTC's log when
+/// NVRTC rejects the source (or the architecture), and when this build has
+/// no NVRTC.
 std::string compile_cubin(const std::string& source, const std::string& arch, const InductorOptions& options);
 
 /// The architecture of CUDA device `device` as NVRTC names it ("sm_90").

@@ -52,13 +52,6 @@ struct CompiledSchedule {
 /// package's checksums, not a cache key, vouch for it.
 inline constexpr const char* kPackageKey = "package";
 
-/// The file of `arch`'s cubin of the generated source's unit `unit`
-/// (cuda_units) in an exported package (Note [Packaged cubins] in
-/// runtime/load_compiled.cpp).
-inline std::string packaged_cubin(const std::string& arch, size_t unit) {
-  return "inductor_" + arch + "_" + std::to_string(unit) + ".cubin";
-}
-
 /// The entry text of `s`, whose nodes and values are `graph`'s, under
 /// `key`. Throws InductorError when `s` names a node or value outside
 /// `graph`.

@@ -14,6 +14,20 @@
 
 namespace crucible::inductor::detail {
 
+/// Whether `arch` names a virtual architecture ("compute_90": PTX, which
+/// the driver compiles when loading it, for a GPU of that architecture or
+/// a newer one) rather than a real one ("sm_90": a cubin for that GPU's
+/// architecture only).
+inline bool is_virtual_arch(const std::string& arch) { return arch.starts_with("compute_"); }
+
+/// The file of `arch`'s code for the generated source's unit `unit`
+/// (NVRTC's units, Note [Parallel NVRTC]) in an exported package: a cubin,
+/// or PTX for a virtual architecture (Note [Packaged cubins] in
+/// runtime/load_compiled.cpp).
+inline std::string packaged_cubin(const std::string& arch, size_t unit) {
+  return "inductor_" + arch + "_" + std::to_string(unit) + (is_virtual_arch(arch) ? ".ptx" : ".cubin");
+}
+
 /// The compute capability of CUDA device `device` as one number (major *
 /// 10 + minor: 90 for an H100). Throws InductorError where the driver
 /// cannot be loaded or has no such device, and where this build has no
@@ -25,12 +39,14 @@ int compute_capability(int device);
 /// HBM3, 132 SMs"). Throws as compute_capability does.
 std::string device_identity(int device);
 
-/// Cubins loaded for one device (the driver's context-independent
-/// libraries, cuLibraryLoadData), their kernels looked up by name.
+/// Cubins (or PTX, which the driver compiles for the device) loaded for
+/// one device (the driver's context-independent libraries,
+/// cuLibraryLoadData), their kernels looked up by name.
 class CudaLibrary {
  public:
   /// Throws InductorError when the driver rejects one of `cubins` (a
-  /// corrupt file, another architecture), quoting its error.
+  /// corrupt file, another architecture, PTX newer than the device),
+  /// quoting its error.
   CudaLibrary(const std::vector<std::string>& cubins, int device);
   ~CudaLibrary();
   CudaLibrary(const CudaLibrary&) = delete;

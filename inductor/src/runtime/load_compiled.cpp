@@ -24,8 +24,11 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace crucible::inductor {
@@ -34,15 +37,36 @@ namespace {
 
 // Note [Packaged cubins]
 // A package holds the generated CUDA source's units (Note [Parallel
-// NVRTC]) as cubins, for each architecture write_compiled was asked for
-// (the exporting GPU's by default): NVRTC compiles for any of them without
-// that GPU. A cubin runs only on its own architecture's GPUs, so the
-// loader takes the set of its device's architecture, and names those the
-// package has where it has none. The autotuning choices the exporting
-// process made (Note [Autotuning]) travel too, with the device they were
-// timed on: a loaded step on a GPU of the same name and size launches what
-// the process launched (the same bits) and times nothing at its first
-// step; on another GPU it times its own.
+// NVRTC]) built for each architecture write_compiled was asked for (the
+// exporting GPU's by default): NVRTC compiles for any of them without that
+// GPU. A real architecture's cubins ("sm_90") run only on GPUs of that
+// architecture; a virtual one's PTX ("compute_90") is compiled by the
+// driver when it is loaded, for any GPU of that architecture or a newer
+// one (CUDA's forward compatibility, at a load that takes longer). So the
+// loader takes its device's cubins where the package has them, else the
+// PTX of the newest virtual architecture the device runs, else names what
+// the package has. The autotuning choices the exporting process made (Note
+// [Autotuning]) travel too, with the device they were timed on: a loaded
+// step on a GPU of the same name and size launches what the process
+// launched (the same bits) and times nothing at its first step; on
+// another GPU it times its own.
+
+// The architecture among `archs` whose code runs on a GPU of compute
+// capability `cc`: its own cubins, else the newest PTX not newer than it;
+// nullopt where there is none.
+std::optional<std::string> loadable_arch(const std::vector<std::string>& archs, int cc) {
+  const std::string own = "sm_" + std::to_string(cc);
+  if (std::find(archs.begin(), archs.end(), own) != archs.end()) return own;
+  std::optional<std::string> best;
+  int best_cc = -1;
+  for (const std::string& a : archs) {
+    if (!detail::is_virtual_arch(a)) continue;
+    const int v = std::atoi(a.c_str() + std::string_view("compute_").size());
+    if (v <= cc && v > best_cc) best = a, best_cc = v;
+  }
+  return best;
+}
+
 void load_cubins(detail::Plan& plan, const nlohmann::json& cuda, const std::string& dir,
                  const InductorOptions& options) {
   if (!c10::impl::hasDeviceGuardImpl(c10::kCUDA))
@@ -50,18 +74,22 @@ void load_cubins(detail::Plan& plan, const nlohmann::json& cuda, const std::stri
                         ", and this LibTorch has no CUDA");
   const int index = plan.device.index() < 0 ? 0 : plan.device.index();
   const std::vector<std::string> archs = cuda.value("archs", std::vector<std::string>{});
-  const std::string arch = "sm_" + std::to_string(detail::compute_capability(index));
-  if (std::find(archs.begin(), archs.end(), arch) == archs.end()) {
+  const int cc = detail::compute_capability(index);
+  const std::optional<std::string> arch = loadable_arch(archs, cc);
+  if (!arch) {
     std::string have;
     for (const std::string& a : archs) have += (have.empty() ? "" : ", ") + a;
+    const std::string own = "sm_" + std::to_string(cc);
     throw InductorError("inductor: load_compiled: the package in " + dir + " holds kernels for " +
                         (have.empty() ? std::string("no architecture") : have) + "; CUDA device " +
-                        std::to_string(index) + " is " + arch + ": export it again with " + arch +
-                        " among its CUDA architectures (crucible export --cuda-arch " + arch + ")");
+                        std::to_string(index) + " is " + own + ": export it again with " + own +
+                        " among its CUDA architectures (crucible export --cuda-arch " + own +
+                        "), or with the PTX of one at or below it (--cuda-arch compute_" + std::to_string(cc) +
+                        ") for this GPU and newer ones");
   }
   std::vector<std::string> cubins;
   for (size_t u = 0; u < cuda.value("units", size_t{0}); ++u) {
-    const std::string name = detail::packaged_cubin(arch, u);
+    const std::string name = detail::packaged_cubin(*arch, u);
     cubins.push_back(runtime::read_file(dir + "/" + name));
     if (cubins.back().empty())
       throw InductorError("inductor: load_compiled: " + dir + "/" + name + " is missing or empty");

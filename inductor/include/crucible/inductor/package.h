@@ -24,9 +24,11 @@ namespace crucible::inductor {
 ///    kernel caches) as compile_fx_inner builds them: for a CPU graph,
 ///    inductor_kernels.so; for a GPU graph, inductor_<arch>_<unit>.cubin,
 ///    the cubins of each architecture in `cuda_archs` ("sm_90"; empty:
-///    options.cuda_arch, else the graph's GPU's), which NVRTC builds
-///    without that GPU (Note [Packaged cubins] in
-///    src/runtime/load_compiled.cpp);
+///    options.cuda_arch, else the graph's GPU's), and
+///    inductor_compute_<N>_<unit>.ptx for a virtual one ("compute_90":
+///    PTX, which the driver compiles at load for GPUs of that architecture
+///    and newer ones), which NVRTC builds without that GPU (Note [Packaged
+///    cubins] in src/runtime/load_compiled.cpp);
 ///  - inductor.json: the code generator's version, the device, whether
 ///    calls run as CUDA graphs (options.cuda_graphs), the values of the
 ///    size symbols the kernels take (Note [Dynamic sizes]), the CPU the
@@ -49,8 +51,9 @@ std::vector<std::string> write_compiled(const ir::Graph& graph, const std::strin
 /// NVRTC: a GPU graph loads its architecture's cubins). Throws
 /// InductorError naming the file and the fault: a file missing or
 /// unreadable, a package of another code generator version, a library
-/// built for another CPU (-march=native), a GPU package without this GPU's
-/// architecture (the message names the architectures it has), a GPU
+/// built for another CPU (-march=native), a GPU package with neither this
+/// GPU's cubins nor PTX it can run (the message names the architectures
+/// it has), a GPU
 /// package where LibTorch has no CUDA, or a schedule that does not fit the
 /// graph; the parser's ir::ParseError for a graph that does not read back.
 ir::CompiledFn load_compiled(const std::string& dir, const InductorOptions& options = {});

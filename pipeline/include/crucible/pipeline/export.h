@@ -51,9 +51,11 @@ struct ExportOptions {
   /// own. Off: the layout only, for loaders that bind a module of theirs.
   bool state = true;
   /// A GPU step's architectures ("sm_80", "sm_90", ...): the package holds
-  /// its kernels built for each, and loads on GPUs of these only. Empty:
-  /// the exporting GPU's (InductorOptions::cuda_arch where set). Unused
-  /// for a CPU step.
+  /// its kernels built for each, and loads on GPUs of these. A virtual
+  /// architecture ("compute_90") adds PTX, which loads on GPUs of that
+  /// architecture and every newer one (the driver compiles it at load).
+  /// Empty: the exporting GPU's (InductorOptions::cuda_arch where set).
+  /// Unused for a CPU step.
   std::vector<std::string> cuda_archs;
 };
 
