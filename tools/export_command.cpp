@@ -9,10 +9,8 @@
 
 #include <crucible/models/zoo.h>
 #include <crucible/pipeline/builder.h>
-#include <crucible/pipeline/error.h>
 #include <crucible/pipeline/export.h>
 
-#include <ATen/Context.h>
 #include <c10/core/Device.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -34,10 +32,7 @@ struct ExportCommandOptions : ZooStepFlags {
 
 void run_export_command(const ExportCommandOptions& o) {
   const at::Device device(o.device);
-  if (device.is_cuda() && !at::hasCUDA())
-    throw pipeline::PipelineError(
-        "--device cuda: no CUDA device is usable here (no GPU, or a LibTorch without CUDA); export with --device cpu, "
-        "or on a machine with the GPU");
+  require_usable(device, "export");
   const models::Model model = models::make_model(o.model, o.size);
   model.module->to(device);
   model.module->train();
@@ -62,9 +57,7 @@ void add_export_command(CLI::App& app) {
       "export", "compile a zoo model's training step into a package that trains without the compiler");
   o->add_to(*cmd, "batch size of the example batch (the package's, fixed)");
   cmd->add_option("--out", o->out, "the package's directory (created if missing)")->required();
-  cmd->add_option("--device", o->device, "where the step trains (the package's device)")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
-      ->capture_default_str();
+  add_device_option(*cmd, o->device, "where the step trains (the package's device)");
   cmd->add_option("--cuda-arch", o->cuda_archs,
                   "a GPU architecture to build the kernels for (sm_80, sm_90, ...; repeat for several): the "
                   "package loads on GPUs of these; compute_90 and the like add PTX, for that architecture and "

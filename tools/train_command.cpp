@@ -259,10 +259,7 @@ Run set_up(const TrainCommandOptions& o, Ranks ranks) {
   run.device = o.device == "cuda" && run.ranks.group
                    ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(run.ranks.rank))
                    : at::Device(o.device);
-  if (run.device.is_cuda() && !at::hasCUDA())
-    throw pipeline::PipelineError(
-        "--device cuda: no CUDA device is usable here (no GPU, or a LibTorch without "
-        "CUDA); train with --device cpu");
+  require_usable(run.device, "train");
   run.deterministic = o.check_eager && run.device.is_cuda();
   if (run.deterministic) use_deterministic_kernels();
 
@@ -555,9 +552,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--backend", o->backend, "eager (no compilation), or a compiler backend")
       ->check(CLI::IsMember(backends))
       ->capture_default_str();
-  cmd->add_option("--device", o->device, "where the model, the batches and the optimizer state live")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
-      ->capture_default_str();
+  add_device_option(*cmd, o->device, "where the model, the batches and the optimizer state live");
   add_size_option(*cmd, o->size);
   o->compile.add_to(*cmd);
   cmd->add_flag("--check-eager", o->check_eager,

@@ -8,6 +8,7 @@
 #include <crucible/runtime/timing.h>
 #include <crucible/tracer/decomposition.h>
 
+#include <ATen/Context.h>
 #include <torch/nn/module.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -148,6 +149,17 @@ void add_size_option(CLI::App& cmd, std::string& size) {
   cmd.add_option("--size", size, "model size: small (quick on a CPU) or full (as PyTorch's compiler is measured)")
       ->check(CLI::IsMember(models::model_sizes()))
       ->capture_default_str();
+}
+
+void add_device_option(CLI::App& cmd, std::string& device, const std::string& help) {
+  cmd.add_option("--device", device, help)->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+}
+
+void require_usable(const at::Device& device, const std::string& verb) {
+  if (device.is_cuda() && !at::hasCUDA())
+    throw pipeline::PipelineError(
+        "--device cuda: no CUDA device is usable here (no GPU, or a LibTorch without CUDA); " + verb +
+        " with --device cpu");
 }
 
 CLI::Validator at_least_one() {

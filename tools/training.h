@@ -6,6 +6,8 @@
 #include <crucible/models/zoo.h>
 #include <crucible/pipeline/train_step.h>
 
+#include <c10/core/Device.h>
+
 #include <functional>
 #include <memory>
 #include <optional>
@@ -91,6 +93,14 @@ struct ZooStepFlags {
 
 /// --size small|full: the zoo's model sizes (models::model_sizes()).
 void add_size_option(CLI::App& cmd, std::string& size);
+
+/// --device cpu|cuda, described by `help`.
+void add_device_option(CLI::App& cmd, std::string& device, const std::string& help);
+
+/// Throws pipeline::PipelineError naming --device cuda and what to do
+/// (`verb` with --device cpu) when `device` is a GPU and no CUDA device is
+/// usable here.
+void require_usable(const at::Device& device, const std::string& verb);
 
 /// Checks that a count (--epochs, --batch) is at least 1, saying so in words.
 CLI::Validator at_least_one();
