@@ -323,6 +323,15 @@ void Graph::set_output(std::vector<Value*> outputs) {
   signature_.outputs.resize(outputs.size());
 }
 
+void Graph::move_before(Node* node, Node* anchor) {
+  if (node->graph_ != this || anchor->graph_ != this) throw IrError("move_before: a node belongs to another graph");
+  if (!node->is_call() || anchor->is_placeholder())
+    throw IrError("move_before: only a call moves, and not before a placeholder (%" +
+                  (node->num_results() ? node->result()->name() : node->target_) + ")");
+  if (node == anchor) return;
+  nodes_.splice(anchor->self_, nodes_, node->self_);  // iterators, hence self_, stay valid
+}
+
 void Graph::erase(Node* node) {
   if (node->graph_ != this) throw IrError("erase: the node belongs to another graph");
   for (const auto& r : node->results_)

@@ -64,6 +64,32 @@ TEST_CASE("replace_all_uses_with rewrites values and lists, erase needs no users
   REQUIRE(g.num_nodes() == 4);
 }
 
+TEST_CASE("move_before schedules a call elsewhere and keeps its uses", "[ir][graph]") {
+  Graph g;
+  Value* x = g.add_placeholder("x", f32({3}));
+  Node* neg = g.add_call("aten::neg", {x});
+  Node* exp = g.add_call("aten::exp", {x});
+  Node* add = g.add_call("aten::add.Tensor", {neg->result(), exp->result()});
+  g.set_output({add->result()});
+  g.move_before(neg, add);
+  REQUIRE(exp->next() == neg);
+  REQUIRE(neg->next() == add);
+  REQUIRE(neg->result()->users() == std::vector<Node*>{add});
+  g.move_before(neg, neg);  // before itself: stays
+  REQUIRE(neg->next() == add);
+  {
+    // Nodes added while a guard anchors on the moved node follow it.
+    Graph::InsertGuard guard(g, neg);
+    g.move_before(neg, exp);
+    REQUIRE(g.add_call("aten::relu", {x})->next() == neg);
+  }
+  REQUIRE_THROWS_WITH(g.move_before(neg, x->node()), CRUCIBLE_HAS_SUBSTR("not before a placeholder"));
+  REQUIRE_THROWS_WITH(g.move_before(x->node(), neg), CRUCIBLE_HAS_SUBSTR("only a call moves"));
+  Graph other;
+  Node* foreign = other.add_call("aten::neg", {other.add_placeholder("y", f32({3}))});
+  REQUIRE_THROWS_WITH(g.move_before(foreign, neg), CRUCIBLE_HAS_SUBSTR("another graph"));
+}
+
 TEST_CASE("InsertGuard places nodes before or after an anchor", "[ir][graph]") {
   Graph g;
   Value* x = g.add_placeholder("x", f32({3}));

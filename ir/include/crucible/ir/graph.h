@@ -245,6 +245,12 @@ class Graph {
 
   /// Erases a node whose results have no users. Throws IrError otherwise.
   void erase(Node* node);
+  /// Moves a call node to just before `anchor` (a node of this graph, not a
+  /// placeholder), keeping its results and their uses: schedules it
+  /// elsewhere. The caller keeps the order valid (inputs before, users
+  /// after; the verifier checks it). Throws IrError for a node of another
+  /// graph or one that is not a call.
+  void move_before(Node* node, Node* anchor);
 
   /// RAII: new nodes go before (or after) `anchor` while the guard lives.
   class InsertGuard {
