@@ -72,6 +72,35 @@ TEST_CASE("functional_call lifts parameters and replays the MLP and the ConvNet"
   }
 }
 
+TEST_CASE("functional_call: a parameter pointed at a computed value by set_data is traced as that value", "[tracer]") {
+  // What spmd's fully-sharded step does (Note [Fully-sharded step]): the
+  // module reads its parameter, whose data is, for a while, a traced value
+  // of other sizes; the TensorImpl stays the parameter's. In both modes.
+  torch::manual_seed(4);
+  torch::nn::Linear linear(3, 2);
+  const at::Tensor x = torch::randn({5, 3});
+  auto fn = [&](torch::nn::Module&, const Tensors& in) {
+    const at::Tensor& w = linear->weight;
+    const at::Tensor own = w.variable_data();
+    w.set_data(at::cat({own, own}, 1).narrow(1, 1, 3) * 2);  // a value of other storage
+    at::Tensor out = linear->forward(in[0]);
+    w.set_data(own);
+    return Tensors{out, w * 1};  // read again: the placeholder's value
+  };
+  for (const TraceMode mode : {TraceMode::Real, TraceMode::Fake}) {
+    CAPTURE(static_cast<int>(mode));
+    ModuleTraceOptions options;
+    options.trace.mode = mode;
+    const auto r = functional_call(*linear, fn, {x}, options);
+    torch::NoGradGuard no_grad;
+    const at::Tensor w = linear->weight.detach();
+    const Tensors out = run_traced(r, module_graph_inputs(*linear, {x}));
+    const at::Tensor moved = at::cat({w, w}, 1).narrow(1, 1, 3) * 2;
+    REQUIRE_EQUAL_TENSORS(out[0], at::linear(x, moved, linear->bias));
+    REQUIRE_EQUAL_TENSORS(out[1], w);
+  }
+}
+
 TEST_CASE("functional_call: embedding, LayerNorm, buffers and a module registered twice", "[tracer]") {
   torch::manual_seed(1);
   auto net = std::make_shared<TiedNet>();

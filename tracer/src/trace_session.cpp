@@ -30,7 +30,11 @@ namespace crucible::tracer::detail {
 // of the op (or placeholder) that produced it:
 //  * first by TensorImpl*: the common case, and the one that follows in-place
 //    ops — their result IS the mutated tensor, and it is re-mapped to the
-//    op's result Value so later reads depend on the mutation;
+//    op's result Value so later reads depend on the mutation. Unless the
+//    TensorImpl holds another storage than when it was mapped: its data was
+//    replaced outside the dispatcher (Tensor::set_data, as spmd's
+//    fully-sharded step points a parameter at its gathered value), and it
+//    is looked up by what it holds now, as below;
 //  * then by (storage, offset, dtype, sizes, strides): autograd unpacks saved
 //    outputs into fresh TensorImpls sharing the storage (and .data /
 //    variable_data() make such shallow copies too), which the first key misses;
@@ -45,6 +49,10 @@ namespace crucible::tracer::detail {
 // another tensor while the trace runs.
 
 namespace {
+
+const c10::StorageImpl* storage_of(const at::Tensor& t) {
+  return t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
+}
 
 std::string meta_string(const at::Tensor& t) {
   std::ostringstream os;
@@ -233,7 +241,7 @@ void TraceSession::define(ir::Value* v, const at::Tensor& t, bool alias_base) {
   if (!t.defined()) return;
   v->set_meta(ir::TensorMeta::of(t));
   by_impl_.insert_or_assign(t.unsafeGetTensorImpl(),
-                            ImplEntry{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), v});
+                            ImplEntry{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), v, storage_of(t)});
   if (!t.has_storage()) return;
   const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
   by_view_[ViewKey{storage, t.storage_offset(), t.scalar_type(), t.sizes().vec(), t.strides().vec()}] = v;
@@ -241,13 +249,17 @@ void TraceSession::define(ir::Value* v, const at::Tensor& t, bool alias_base) {
 }
 
 ir::Value* TraceSession::lookup(const at::Tensor& t) {
-  if (auto it = by_impl_.find(t.unsafeGetTensorImpl()); it != by_impl_.end()) return it->second.value;
+  if (auto it = by_impl_.find(t.unsafeGetTensorImpl()); it != by_impl_.end()) {
+    if (it->second.storage == storage_of(t)) return it->second.value;
+    by_impl_.erase(it);  // its data was replaced: Note [Value tracking]
+  }
   if (!t.has_storage()) return nullptr;
   const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
   ViewKey key{storage, t.storage_offset(), t.scalar_type(), t.sizes().vec(), t.strides().vec()};
   if (auto it = by_view_.find(key); it != by_view_.end()) {
-    by_impl_.insert_or_assign(t.unsafeGetTensorImpl(),
-                              ImplEntry{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), it->second});
+    by_impl_.insert_or_assign(
+        t.unsafeGetTensorImpl(),
+        ImplEntry{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), it->second, storage});
     return it->second;
   }
   auto s = by_storage_.find(storage);

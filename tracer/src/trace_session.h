@@ -133,6 +133,9 @@ class TraceSession {
   struct ImplEntry {
     c10::weak_intrusive_ptr<c10::TensorImpl> keep;  // keeps the address unique
     ir::Value* value;
+    // The tensor's storage when it was mapped (null without one): another
+    // one since means its data was replaced (Note [Value tracking]).
+    const c10::StorageImpl* storage;
   };
   struct StorageEntry {
     c10::weak_intrusive_ptr<c10::StorageImpl> keep;
