@@ -1,4 +1,5 @@
 // See api.h.
+#include "fully_shard.h"
 #include "group_state.h"
 
 #include <crucible/autograd/aot_module.h>
@@ -11,6 +12,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 
 #include <algorithm>
 #include <memory>
@@ -18,6 +20,7 @@
 #include <optional>
 #include <set>
 #include <string_view>
+#include <utility>
 
 namespace crucible::spmd {
 
@@ -36,8 +39,16 @@ struct SpmdState {
   // The module state indices (tracer::module_state order) of the buffers
   // some compilation of the step writes: Note [Buffers across ranks].
   std::set<size_t> written_buffers;
+  // FullyShard's parameters (Note [Fully-sharded step]); null under Replicate.
+  std::shared_ptr<FullyShard> fully_shard;
 
   explicit SpmdState(ProcessGroup g) : group(std::move(g)) {}
+
+  // Under FullyShard, the model as shards: at compile, and again after
+  // SpmdStep::unshard().
+  void shard() const {
+    if (fully_shard && !fully_shard->sharded()) fully_shard->shard(step->optimizer_state());
+  }
 
   std::vector<at::Tensor> flat_state() const {
     std::vector<at::Tensor> flat = autograd::module_state(*module);
@@ -200,7 +211,29 @@ SpmdStep compile(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimi
   s->module = module;
   s->broadcast_buffers = options.broadcast_buffers;
 
+  // See Note [Fully-sharded step]: the loss runs on whole parameters
+  // gathered from the shards, and the update reads the gradients' shards.
+  pipeline::TrainStepOptions step_options;
+  if (options.parallel_mode.style == DataParallelStyle::FullyShard) {
+    std::vector<at::Tensor> params;
+    for (const torch::optim::OptimizerParamGroup& g : optimizer.param_groups())
+      params.insert(params.end(), g.params().begin(), g.params().end());
+    s->fully_shard = std::make_shared<detail::FullyShard>(s->group, options.parallel_mode.group, std::move(params));
+    loss_fn = s->fully_shard->wrap(std::move(loss_fn));
+    step_options.gradient_hook = s->fully_shard->gradient_hook();
+  } else {
+    step_options.gradient_hook = [](std::vector<at::Tensor> grads) {
+      for (at::Tensor& g : grads)
+        if (g.defined()) g = tag_grad(g);
+      return grads;
+    };
+  }
+
   pipeline::Builder builder = options.builder;
+  // The pre-grad passes' forward trace would hold the gathers, and its
+  // replay in the step cannot carry gradients to the shards: Note
+  // [Fully-sharded step].
+  if (s->fully_shard) builder.pre_grad_passes({});
   const ir::Pass expand{
       "data_parallel", [state = std::weak_ptr<detail::SpmdState>(s), options](ir::Graph& g) {
         auto s = state.lock();
@@ -208,6 +241,10 @@ SpmdStep compile(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimi
         SpmdReport report;
         report.data_parallel = expand_data_parallel(g, options.parallel_mode);
         report.deduplicated = dedup_collectives(g);
+        if (s->fully_shard) {
+          report.fully_shard = schedule_fully_shard(g, options.parallel_mode);
+          report.fully_shard.parameters = s->fully_shard->num_sharded();
+        }
         for (const auto& o : options.module_override) o->transform(g, s->flat_state());
         if (options.gm_transformation) options.gm_transformation(g);
         // Ranks whose graphs differ would issue different collectives and hang
@@ -231,15 +268,10 @@ SpmdStep compile(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimi
       }};
   builder.add_joint_pass(expand);
   builder.instrument(std::make_shared<CompileFailures>(s));
-  pipeline::TrainStepOptions step_options;
-  step_options.gradient_hook = [](std::vector<at::Tensor> grads) {
-    for (at::Tensor& g : grads)
-      if (g.defined()) g = tag_grad(g);
-    return grads;
-  };
   s->step.emplace(pipeline::compile_train_step(module, optimizer, std::move(loss_fn), builder, step_options));
   broadcast_state(s->group, s->flat_state());
   s->step->adopt_step_counts();  // rank 0's counts are the optimizer's own on every rank
+  s->shard();
   SpmdStep step;
   step.state_ = std::move(s);
   return step;
@@ -260,6 +292,7 @@ std::vector<at::Tensor> at_offset_zero(const std::vector<at::Tensor>& batch) {
 }  // namespace
 
 at::Tensor SpmdStep::operator()(const std::vector<at::Tensor>& batch) const {
+  state_->shard();
   detail::AwaitedCollectives awaited;  // See Note [Waiting for NCCL] in collectives.cpp.
   if (state_->broadcast_buffers) {     // See Note [Buffers across ranks].
     std::set<size_t> written;
@@ -273,10 +306,17 @@ at::Tensor SpmdStep::operator()(const std::vector<at::Tensor>& batch) const {
   awaited.await();
   return loss;
 }
-void SpmdStep::compile(const std::vector<at::Tensor>& batch) const { state_->step->compile(at_offset_zero(batch)); }
+void SpmdStep::compile(const std::vector<at::Tensor>& batch) const {
+  state_->shard();
+  state_->step->compile(at_offset_zero(batch));
+}
 const ir::Graph& SpmdStep::graph() const { return state_->step->graph(); }
 const pipeline::TrainStep& SpmdStep::train_step() const { return *state_->step; }
 const ProcessGroup& SpmdStep::group() const { return state_->group; }
+
+void SpmdStep::unshard() const {
+  if (state_->fully_shard) state_->fully_shard->unshard(state_->step->optimizer_state());
+}
 
 const SpmdReport& SpmdStep::report() const {
   std::lock_guard lock(state_->mu);

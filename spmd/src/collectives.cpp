@@ -11,7 +11,10 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace crucible::spmd {
 
@@ -24,6 +27,7 @@ struct Pending {
   at::Tensor out;
   int64_t divisor = 1;  // Avg on a backend without AVG: divide after the sum
   ProcessGroup group;
+  const char* what = "crucible::wait_tensor: an all_reduce";  // the collective, as a failure names it
 };
 
 std::mutex pending_mu;
@@ -41,47 +45,63 @@ ReduceOp parse_reduce_op(c10::string_view s) {
                   "\"; use \"sum\", \"avg\", \"max\" or \"min\"");
 }
 
-// Issues an all-reduce of `out` in place and records it as pending until
-// wait_tensor; `out` is the collective's own buffer, which nothing else reads.
-void issue_all_reduce(const at::Tensor& out, c10::string_view reduce_op, c10::string_view group_name,
-                      const char* op_name) {
-  const ReduceOp op = parse_reduce_op(reduce_op);
+// The group a collective runs on, checked against the tensor it is given:
+// Gloo reduces CPU tensors, and CUDA tensors where LibTorch is a CUDA
+// build; NCCL reduces CUDA tensors only.
+ProcessGroup group_for(const at::Tensor& t, c10::string_view group_name, const char* op_name) {
   ProcessGroup group = resolve_process_group(std::string(group_name));
-  const detail::GroupState& s = *group.state();
-  // Gloo reduces CPU tensors, and CUDA tensors where LibTorch is a CUDA
-  // build; NCCL reduces CUDA tensors only.
-  if (s.backend_name == "nccl" && !out.is_cuda())
-    throw SpmdError(std::string(op_name) + ": a " + out.device().str() + " tensor given to " + group.describe() +
+  if (group.backend() == "nccl" && !t.is_cuda())
+    throw SpmdError(std::string(op_name) + ": a " + t.device().str() + " tensor given to " + group.describe() +
                     ", which reduces CUDA tensors");
-  c10d::AllreduceOptions o;
-  o.timeout = group.timeout();
-  int64_t divisor = 1;
-  switch (op) {
+  return group;
+}
+
+// c10d's reduce op for `reduce_op` on `group`, and what the result is divided
+// by once waited for (Avg on a backend without AVG sums first).
+std::pair<c10d::ReduceOp, int64_t> c10d_reduce_op(c10::string_view reduce_op, const ProcessGroup& group) {
+  switch (parse_reduce_op(reduce_op)) {
     case ReduceOp::Sum:
-      o.reduceOp = c10d::ReduceOp::SUM;
-      break;
+      return {c10d::ReduceOp::SUM, 1};
     case ReduceOp::Max:
-      o.reduceOp = c10d::ReduceOp::MAX;
-      break;
+      return {c10d::ReduceOp::MAX, 1};
     case ReduceOp::Min:
-      o.reduceOp = c10d::ReduceOp::MIN;
-      break;
+      return {c10d::ReduceOp::MIN, 1};
     case ReduceOp::Avg:
-      o.reduceOp = s.native_avg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
-      divisor = s.native_avg ? 1 : group.size();
       break;
   }
-  std::vector<at::Tensor> tensors{out};
+  if (group.state()->native_avg) return {c10d::ReduceOp::AVG, 1};
+  return {c10d::ReduceOp::SUM, group.size()};
+}
+
+// Records `work`, which writes `out` (the collective's own buffer, which
+// nothing else reads), as pending until wait_tensor. `issue` starts it.
+template <typename Issue>
+void issue(const at::Tensor& out, ProcessGroup group, int64_t divisor, const char* op_name, const char* what,
+           Issue&& start) {
   c10::intrusive_ptr<c10d::Work> work;
   try {
-    work = s.backend->allreduce(tensors, o);
+    work = start(*group.state()->backend);
   } catch (const std::exception& e) {
     throw SpmdError(std::string(op_name) + " could not be issued on " + group.describe() + ": " +
                     detail::message_of(e));
   }
   std::lock_guard lock(pending_mu);
   pending().insert_or_assign(out.storage().unsafeGetStorageImpl(),
-                             Pending{std::move(work), out, divisor, std::move(group)});
+                             Pending{std::move(work), out, divisor, std::move(group), what});
+}
+
+// Issues an all-reduce of `out` in place.
+void issue_all_reduce(const at::Tensor& out, c10::string_view reduce_op, c10::string_view group_name,
+                      const char* op_name) {
+  ProcessGroup group = group_for(out, group_name, op_name);
+  c10d::AllreduceOptions o;
+  o.timeout = group.timeout();
+  int64_t divisor = 1;
+  std::tie(o.reduceOp, divisor) = c10d_reduce_op(reduce_op, group);
+  issue(out, std::move(group), divisor, op_name, "crucible::wait_tensor: an all_reduce", [&](c10d::Backend& b) {
+    std::vector<at::Tensor> tensors{out};
+    return b.allreduce(tensors, o);
+  });
 }
 
 at::Tensor all_reduce_kernel(const at::Tensor& input, c10::string_view reduce_op, c10::string_view group_name) {
@@ -120,6 +140,75 @@ at::Tensor all_reduce_bucket_kernel(const at::TensorList inputs, c10::string_vie
   at::cat_out(out, flat);
   issue_all_reduce(out, reduce_op, group_name, "crucible::all_reduce_bucket");
   return out;
+}
+
+// The sizes of an all_gather's result (dim 0 times group_size) and of a
+// reduce_scatter's (dim 0 divided by it).
+std::vector<int64_t> collective_sizes(const at::Tensor& input, int64_t group_size, const char* op_name) {
+  if (group_size < 1)
+    throw SpmdError(std::string(op_name) + ": group_size is " + std::to_string(group_size) + "; give the group's size");
+  if (input.dim() == 0)
+    throw SpmdError(std::string(op_name) + " takes a tensor of one dimension or more and was given a 0-dim one; " +
+                    "view it as [1]");
+  return input.sizes().vec();
+}
+std::vector<int64_t> gathered_sizes(const at::Tensor& input, int64_t group_size, const char* op_name) {
+  std::vector<int64_t> sizes = collective_sizes(input, group_size, op_name);
+  sizes[0] *= group_size;
+  return sizes;
+}
+std::vector<int64_t> scattered_sizes(const at::Tensor& input, int64_t group_size, const char* op_name) {
+  std::vector<int64_t> sizes = collective_sizes(input, group_size, op_name);
+  if (sizes[0] % group_size != 0)
+    throw SpmdError(std::string(op_name) + ": dim 0 of the input (" + std::to_string(sizes[0]) +
+                    ") is not a multiple of group_size " + std::to_string(group_size) + "; pad it to one");
+  sizes[0] /= group_size;
+  return sizes;
+}
+
+// `group_size` is part of the op for its meta kernel, which knows no group:
+// it must be the group's.
+void check_group_size(const ProcessGroup& group, int64_t group_size, const char* op_name) {
+  if (group_size != group.size())
+    throw SpmdError(std::string(op_name) + ": group_size " + std::to_string(group_size) + " but " + group.describe() +
+                    " has " + std::to_string(group.size()) + " ranks");
+}
+
+// What a collective along dim 0 works on: the group, checked against the
+// input and `group_size`; a new result of `sizes`; the input, contiguous.
+struct Dim0Collective {
+  ProcessGroup group;
+  at::Tensor out, in;
+};
+Dim0Collective dim0_collective(const at::Tensor& input, const std::vector<int64_t>& sizes, int64_t group_size,
+                               c10::string_view group_name, const char* op_name) {
+  ProcessGroup group = group_for(input, group_name, op_name);
+  check_group_size(group, group_size, op_name);
+  return {std::move(group), at::empty(sizes, input.options().memory_format(at::MemoryFormat::Contiguous)),
+          input.contiguous()};
+}
+
+at::Tensor all_gather_into_tensor_kernel(const at::Tensor& input, int64_t group_size, c10::string_view group_name) {
+  constexpr const char* kOp = "crucible::all_gather_into_tensor";
+  Dim0Collective c = dim0_collective(input, gathered_sizes(input, group_size, kOp), group_size, group_name, kOp);
+  c10d::AllgatherOptions o;
+  o.timeout = c.group.timeout();
+  issue(c.out, std::move(c.group), 1, kOp, "crucible::wait_tensor: an all_gather",
+        [&](c10d::Backend& b) { return b._allgather_base(c.out, c.in, o); });
+  return c.out;
+}
+
+at::Tensor reduce_scatter_tensor_kernel(const at::Tensor& input, c10::string_view reduce_op, int64_t group_size,
+                                        c10::string_view group_name) {
+  constexpr const char* kOp = "crucible::reduce_scatter_tensor";
+  Dim0Collective c = dim0_collective(input, scattered_sizes(input, group_size, kOp), group_size, group_name, kOp);
+  c10d::ReduceScatterOptions o;
+  o.timeout = c.group.timeout();
+  int64_t divisor = 1;
+  std::tie(o.reduceOp, divisor) = c10d_reduce_op(reduce_op, c.group);
+  issue(c.out, std::move(c.group), divisor, kOp, "crucible::wait_tensor: a reduce_scatter",
+        [&](c10d::Backend& b) { return b._reduce_scatter_base(c.out, c.in, o); });
+  return c.out;
 }
 
 // Note [Waiting for NCCL]
@@ -195,7 +284,7 @@ at::Tensor wait_tensor_kernel(const at::Tensor& input) {
       p.work->wait(p.group.timeout());
     }
   } catch (const std::exception& e) {
-    collective_failed(p.out.numel(), p.group, e);
+    collective_failed(p.out.numel(), p.group, e, p.what);
   }
   if (p.divisor != 1) p.out.div_(p.divisor);
   return input;
@@ -211,6 +300,16 @@ at::Tensor all_reduce_meta(const at::Tensor& input, c10::string_view reduce_op, 
 at::Tensor all_reduce_bucket_meta(const at::TensorList inputs, c10::string_view reduce_op, c10::string_view /*group*/) {
   parse_reduce_op(reduce_op);
   return bucket_buffer(inputs);
+}
+at::Tensor all_gather_into_tensor_meta(const at::Tensor& input, int64_t group_size, c10::string_view /*group*/) {
+  return at::empty(gathered_sizes(input, group_size, "crucible::all_gather_into_tensor"),
+                   input.options().memory_format(at::MemoryFormat::Contiguous));
+}
+at::Tensor reduce_scatter_tensor_meta(const at::Tensor& input, c10::string_view reduce_op, int64_t group_size,
+                                      c10::string_view /*group*/) {
+  parse_reduce_op(reduce_op);
+  return at::empty(scattered_sizes(input, group_size, "crucible::reduce_scatter_tensor"),
+                   input.options().memory_format(at::MemoryFormat::Contiguous));
 }
 at::Tensor wait_tensor_meta(const at::Tensor& input) { return input; }
 
@@ -245,6 +344,21 @@ at::Tensor all_reduce_bucket(const std::vector<at::Tensor>& inputs, ReduceOp op,
   return handle.call(inputs, to_string(op), group_name);
 }
 
+at::Tensor all_gather_into_tensor(const at::Tensor& input, int64_t group_size, const std::string& group_name) {
+  static const auto handle = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("crucible::all_gather_into_tensor", "")
+                                 .typed<at::Tensor(const at::Tensor&, int64_t, c10::string_view)>();
+  return handle.call(input, group_size, group_name);
+}
+
+at::Tensor reduce_scatter_tensor(const at::Tensor& input, ReduceOp op, int64_t group_size,
+                                 const std::string& group_name) {
+  static const auto handle = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("crucible::reduce_scatter_tensor", "")
+                                 .typed<at::Tensor(const at::Tensor&, c10::string_view, int64_t, c10::string_view)>();
+  return handle.call(input, to_string(op), group_size, group_name);
+}
+
 at::Tensor wait_tensor(const at::Tensor& input) {
   static const auto handle = c10::Dispatcher::singleton()
                                  .findSchemaOrThrow("crucible::wait_tensor", "")
@@ -266,24 +380,32 @@ size_t pending_collectives() {
 TORCH_LIBRARY_FRAGMENT(crucible, m) {
   m.def("all_reduce(Tensor input, str reduce_op, str group_name) -> Tensor");
   m.def("all_reduce_bucket(Tensor[] inputs, str reduce_op, str group_name) -> Tensor");
+  m.def("all_gather_into_tensor(Tensor input, int group_size, str group_name) -> Tensor");
+  m.def("reduce_scatter_tensor(Tensor input, str reduce_op, int group_size, str group_name) -> Tensor");
   m.def("wait_tensor(Tensor input) -> Tensor");
   m.def("tag_grad(Tensor grad) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(crucible, CPU, m) {
   m.impl("all_reduce", &all_reduce_kernel);
   m.impl("all_reduce_bucket", &all_reduce_bucket_kernel);
+  m.impl("all_gather_into_tensor", &all_gather_into_tensor_kernel);
+  m.impl("reduce_scatter_tensor", &reduce_scatter_tensor_kernel);
   m.impl("wait_tensor", &wait_tensor_kernel);
   m.impl("tag_grad", &tag_grad_kernel);
 }
 TORCH_LIBRARY_IMPL(crucible, CUDA, m) {
   m.impl("all_reduce", &all_reduce_kernel);
   m.impl("all_reduce_bucket", &all_reduce_bucket_kernel);
+  m.impl("all_gather_into_tensor", &all_gather_into_tensor_kernel);
+  m.impl("reduce_scatter_tensor", &reduce_scatter_tensor_kernel);
   m.impl("wait_tensor", &wait_tensor_kernel);
   m.impl("tag_grad", &tag_grad_kernel);
 }
 TORCH_LIBRARY_IMPL(crucible, Meta, m) {
   m.impl("all_reduce", &all_reduce_meta);
   m.impl("all_reduce_bucket", &all_reduce_bucket_meta);
+  m.impl("all_gather_into_tensor", &all_gather_into_tensor_meta);
+  m.impl("reduce_scatter_tensor", &reduce_scatter_tensor_meta);
   m.impl("wait_tensor", &wait_tensor_meta);
   m.impl("tag_grad", &like_meta);
 }

@@ -24,6 +24,12 @@ void set_contiguous_meta(ir::Value* v, std::vector<int64_t> sizes, const ir::Ten
 
 }  // namespace
 
+DataParallelStyle parse_data_parallel_style(const std::string& name) {
+  if (name == "replicate") return DataParallelStyle::Replicate;
+  if (name == "fully_shard") return DataParallelStyle::FullyShard;
+  throw SpmdError("unknown data-parallel style \"" + name + "\"; use \"replicate\" or \"fully_shard\"");
+}
+
 DataParallelReport expand_data_parallel(ir::Graph& graph, const DataParallelOptions& options) {
   std::unordered_map<const ir::Node*, size_t> position;
   std::vector<Slot> slots;

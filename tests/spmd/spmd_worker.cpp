@@ -17,6 +17,11 @@
 //             batches of seeds 100 and 101 (its optimizer holds Adam's
 //             moments and counts, the others' none): every rank's optimizer
 //             must end holding counts of 2 + 10 (rank<R>.err otherwise).
+//   checkpoint
+//             as train under CRUCIBLE_TEST_STYLE=fully_shard, but after 5
+//             steps every rank saves its module and optimizer (its shards)
+//             with torch::save, and a new model, optimizer and step (of
+//             other initial weights) load them and take the last 5.
 //   ddp       MODEL names a program of ddp_programs.h (OPTIMIZER is ignored:
 //             the program has its own); kDdpSteps steps from the program's
 //             per-rank seeds; writes OUT_DIR/rank<R>.bin: rank_result as
@@ -29,7 +34,10 @@
 // CRUCIBLE_TEST_DEVICE=cuda trains on cuda:(LOCAL_RANK mod GPUs), and
 // CRUCIBLE_TEST_BACKEND picks the group's backend (default: auto), and
 // CRUCIBLE_TEST_COMPILER the step's backend (default: interpreter; the
-// inductor traces with its core decompositions, as it registered them).
+// inductor traces with its core decompositions, as it registered them), and
+// CRUCIBLE_TEST_STYLE the data-parallel style (replicate, the default, or
+// fully_shard: the train scenario then also unshards the model after step 3
+// and trains on, and every scenario writes the parameters after unshard()).
 #include <crucible/models/zoo.h>
 #include <crucible/spmd/api.h>
 #include <crucible/spmd/collectives.h>
@@ -41,6 +49,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
+#include <torch/serialize.h>
 
 #include <unistd.h>
 
@@ -61,6 +70,12 @@ constexpr int kSteps = 10;
 const char* compiler() {
   const char* name = std::getenv("CRUCIBLE_TEST_COMPILER");
   return name ? name : "interpreter";
+}
+
+// CRUCIBLE_TEST_STYLE.
+spmd::DataParallelStyle style() {
+  const char* name = std::getenv("CRUCIBLE_TEST_STYLE");
+  return spmd::parse_data_parallel_style(name ? name : "replicate");
 }
 
 void write_error(const std::string& dir, int rank, const std::string& what) {
@@ -124,11 +139,12 @@ int main(int argc, char** argv) {
   at::manual_seed(100 + rank);
   models::Model model = models::make_model(model_name);
   model.module->to(device);
-  std::unique_ptr<torch::optim::Optimizer> opt;
-  if (opt_name == "sgd")
-    opt = std::make_unique<torch::optim::SGD>(model.module->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  else
-    opt = std::make_unique<torch::optim::Adam>(model.module->parameters(), torch::optim::AdamOptions(1e-3));
+  auto make_optimizer = [&opt_name](models::Model& m) -> std::unique_ptr<torch::optim::Optimizer> {
+    if (opt_name == "sgd")
+      return std::make_unique<torch::optim::SGD>(m.module->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    return std::make_unique<torch::optim::Adam>(m.module->parameters(), torch::optim::AdamOptions(1e-3));
+  };
+  std::unique_ptr<torch::optim::Optimizer> opt = make_optimizer(model);
   auto shard = [&](int s) {
     const data::Batch global = model.example_batch(kPerRank * world, static_cast<uint64_t>(s));
     int64_t n = kPerRank;
@@ -155,6 +171,7 @@ int main(int argc, char** argv) {
     }
   spmd::SpmdOptions options;
   options.parallel_mode.bucket_bytes = bucket_bytes;
+  options.parallel_mode.style = scenario == "checkpoint" ? spmd::DataParallelStyle::FullyShard : style();
   options.builder.backend(compiler());
   pipeline::LossFn loss = models::loss_of(model);
   if (scenario == "trace_fails" && rank == world - 1)
@@ -167,8 +184,25 @@ int main(int argc, char** argv) {
   try {
     for (int s = 0; s < kSteps; ++s) {
       if (scenario == "die" && rank == world - 1 && s == 2) _exit(3);
+      if (scenario == "checkpoint" && s == kSteps / 2) {
+        // Each rank's shards, saved and loaded by the rank alone.
+        const std::string file = dir + "/rank" + std::to_string(rank);
+        torch::save(model.module, file + ".module.pt");
+        torch::save(*opt, file + ".optimizer.pt");
+        at::manual_seed(200 + rank);
+        model = models::make_model(model_name);
+        model.module->to(device);
+        opt = make_optimizer(model);
+        step = spmd::compile(model.module, *opt, models::loss_of(model), options);
+        torch::load(model.module, file + ".module.pt");
+        torch::load(*opt, file + ".optimizer.pt");
+      }
       losses.push_back(step(shard(s)).item<double>());
+      // The whole model between two steps, which the next one shards again.
+      if (scenario == "train" && options.parallel_mode.style == spmd::DataParallelStyle::FullyShard && s == 3)
+        step.unshard();
     }
+    step.unshard();
   } catch (const std::exception& e) {
     write_error(dir, rank, e.what());
     return 1;
@@ -185,7 +219,7 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
-  if (scenario != "train" && scenario != "two_steps" && scenario != "resume") {
+  if (scenario != "train" && scenario != "two_steps" && scenario != "resume" && scenario != "checkpoint") {
     write_error(dir, rank, "no error after " + std::to_string(kSteps) + " steps");
     return 1;
   }

@@ -49,7 +49,8 @@ struct SpmdOptions {
   /// Applied to the expanded graph once per compilation, after the
   /// overrides (the seed applies it at the first iteration).
   std::function<void(ir::Graph&)> gm_transformation;
-  /// The data-parallel mode: the group and the bucket size.
+  /// The data-parallel mode: the group, replicated or fully-sharded
+  /// parameters (DataParallelOptions::style), and the bucket size.
   DataParallelOptions parallel_mode;
   /// Before each step, copy rank 0's buffers (batch norm's running
   /// statistics, ...) to every rank, as DDP's broadcast_buffers (on by
@@ -73,6 +74,9 @@ struct SpmdReport {
   DataParallelReport data_parallel;
   /// Collectives dedup_collectives removed.
   size_t deduplicated = 0;
+  /// DataParallelStyle::FullyShard's parameters and gathers (zeros under
+  /// Replicate).
+  FullyShardReport fully_shard;
   /// The graph's hash, the same on every rank (checked at compile time).
   std::string graph_hash;
 };
@@ -111,6 +115,17 @@ class SpmdStep {
   /// The compiled step underneath.
   const pipeline::TrainStep& train_step() const;
   const ProcessGroup& group() const;
+  /// Under DataParallelStyle::FullyShard: gathers every sharded parameter,
+  /// and the optimizer's state for it, whole into the module's and the
+  /// optimizer's own tensors (an all_gather of each: every rank calls it
+  /// at the same point, and then holds the whole model), as FSDP2's
+  /// unshard() does: to evaluate the module eagerly, or save it and the
+  /// optimizer as one process would. The next call of the step cuts them
+  /// into shards again. (Each rank's shards, between steps, are its module's
+  /// parameters and its optimizer's state: torch::save and torch::load them
+  /// per rank, for a job of the same world size.) A no-op under Replicate
+  /// and while whole. Throws SpmdError when a gather fails.
+  void unshard() const;
   /// Throws SpmdError before the first compilation.
   const SpmdReport& report() const;
 
@@ -124,9 +139,14 @@ class SpmdStep {
 /// `options.parallel_mode.group` (init_process_group first). Applies the
 /// overrides' replacements, then makes every rank start alike, as DDP does:
 /// rank 0's parameters, buffers and optimizer state are broadcast to the
-/// others (blocking: every rank must call compile). Throws SpmdError when
-/// the group does not exist or the broadcast fails; what
-/// pipeline::compile_train_step throws.
+/// others (blocking: every rank must call compile). Under
+/// DataParallelStyle::FullyShard it then cuts, in place, each parameter the
+/// optimizer updates and the optimizer's state for it into this rank's
+/// shard (Note [Fully-sharded step] in data_parallel.h): from then on the
+/// module holds shards, which `module->forward` cannot run on; train
+/// through the step, and SpmdStep::unshard() for the whole model.
+/// Throws SpmdError when the group does not exist or the broadcast fails;
+/// what pipeline::compile_train_step throws.
 SpmdStep compile(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimizer& optimizer,
                  pipeline::LossFn loss_fn, SpmdOptions options = {});
 

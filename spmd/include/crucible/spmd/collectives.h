@@ -15,6 +15,16 @@
 //     all-reduce then reduces in place; returned at once, final after
 //     wait_tensor. One copy of the gradients, where all_reduce(cat(...))
 //     makes two.
+//   crucible::all_gather_into_tensor(Tensor input, int group_size, str group_name) -> Tensor
+//     Every rank's `input` (each of the same sizes) concatenated along dim 0
+//     in rank order, into a new tensor of dim 0 group_size times the
+//     input's (c10d's _allgather_base; _c10d_functional's op of this name).
+//     group_size is the group's, so the meta kernel knows the result's sizes.
+//   crucible::reduce_scatter_tensor(Tensor input, str reduce_op, int group_size, str group_name) -> Tensor
+//     The ranks' `input`s reduced, and split along dim 0 into group_size
+//     equal chunks: rank r gets chunk r, a new tensor (c10d's
+//     _reduce_scatter_base; _c10d_functional's op of this name). Dim 0 must
+//     be a multiple of group_size.
 //   crucible::wait_tensor(Tensor input) -> Tensor
 //     Waits for the collective that writes `input` (none: returns at once)
 //     and returns `input`: the point where the result is read.
@@ -23,8 +33,8 @@
 //     a traced train step by these tags and replaces them (the seed's
 //     _spmd.tag_grad).
 //
-// All four have meta kernels (the result is like the input, or the packed
-// bucket), so graphs holding them propagate metadata and trace on fake
+// All have meta kernels (the result is like the input, the packed bucket,
+// or the input with dim 0 gathered or scattered), so graphs holding them propagate metadata and trace on fake
 // tensors.
 #pragma once
 
@@ -52,6 +62,17 @@ at::Tensor all_reduce(const at::Tensor& input, ReduceOp op, const std::string& g
 /// Throws SpmdError as all_reduce does, and for an empty bucket or one
 /// whose inputs differ in dtype or device.
 at::Tensor all_reduce_bucket(const std::vector<at::Tensor>& inputs, ReduceOp op, const std::string& group_name);
+/// Calls crucible::all_gather_into_tensor: the ranks' `input`s one after the
+/// other along dim 0 (sizes [group_size * d0, ...]). Read it only after
+/// wait_tensor. Throws SpmdError as all_reduce does, for a 0-dim `input`,
+/// and when `group_size` is not the group's size.
+at::Tensor all_gather_into_tensor(const at::Tensor& input, int64_t group_size, const std::string& group_name);
+/// Calls crucible::reduce_scatter_tensor: rank r's chunk r of the ranks'
+/// reduced `input`s (sizes [d0 / group_size, ...]). Read it only after
+/// wait_tensor. Throws SpmdError as all_gather_into_tensor does, and when
+/// dim 0 is not a multiple of `group_size`.
+at::Tensor reduce_scatter_tensor(const at::Tensor& input, ReduceOp op, int64_t group_size,
+                                 const std::string& group_name);
 /// Calls crucible::wait_tensor. Throws SpmdError naming the rank and the
 /// group when the collective failed (a rank died, timed out, or issued other
 /// collectives).

@@ -37,13 +37,93 @@ namespace crucible::spmd {
 // collectives in the same order (Note [Order of side effects] in
 // ir/effects.h).
 
+// Note [Fully-sharded step]
+// DataParallelStyle::FullyShard (ZeRO-3, PyTorch's FSDP2 fully_shard, and
+// the seed's DataParallelStyle.FULLY_SHARD): each rank holds 1/N of every
+// parameter the optimizer updates, of its gradient and of its optimizer
+// state. spmd::compile cuts each such parameter along dim 0 into N chunks
+// of ceil(d0 / N) rows, the last ones padded with zeros (a 0-dim parameter
+// is one row), and points the module's parameter at rank r's chunk
+// (Tensor::set_data: the tensor the optimizer holds stays the same one),
+// as fully_shard leaves DTensor shards in the module; the optimizer's state
+// for it is cut alike. The step then traces, around the user's loss:
+//   full = wait_tensor(all_gather_into_tensor(shard))[:d0]   before the loss
+//          (the parameter points at `full` while the loss and its backward run)
+//   g'   = wait_tensor(reduce_scatter_tensor(pad(grad), "avg"))
+//          issued from a hook on the parameter, so where the backward
+//          finishes its gradient
+//   the optimizer's update on the shard, with g' and the state's chunk
+// and the shard's update is written back into the module's parameter. A
+// rank therefore holds the whole parameters only inside the step; the
+// backends sink each wait to the first kernel reading it (Note [Sinking
+// waits]), so the gathers are in flight while the step starts and each
+// reduce_scatter while the rest of the backward runs. The gradient is the
+// ranks' average, as under Replicate, so both styles train alike (bit for
+// bit over 2 ranks: two addends sum alike in either order). Parameters the
+// optimizer does not update (frozen) and buffers stay whole on every rank.
+// The builder's pre-grad passes (the inductor's fuse_flash_attention) do
+// not run: their forward graph, replayed inside the step, would gather the
+// parameters with no gradient flowing back to the shards.
+// schedule_fully_shard then places the gathers (Note [Scheduling a
+// fully-sharded step]). Not yet: one collective per parameter (no
+// buckets), and no mixed-precision gathers.
+//
+// Note [Scheduling a fully-sharded step]
+// As traced, every gather is issued before the loss and its result is
+// read until the backward is done with it: the whole model lives through
+// the step. schedule_fully_shard moves them, as SimpleFSDP's reordering in
+// Inductor does:
+//  - reshard after forward (FSDP2's default, DataParallelOptions::
+//    reshard_after_forward): where the backward reads a gathered parameter
+//    (through views the forward took of it, as autograd saved them), it
+//    reads a second gather, issued in the backward, and the views taken
+//    again of that; the forward's is then dead after its last forward use.
+//    What the backward reads through other ops (a cast under autocast) is
+//    left as it is.
+//  - prefetch: each gather is issued just before the first use of an
+//    earlier parameter, so that the parameters gathered ahead of the one in
+//    use hold at most `prefetch_bytes` (at least the next one), and waited
+//    for just before its own first use. The backward's gathers are issued
+//    no earlier than the forward's last one is first read.
+// Every rank schedules the same graph alike, so the collectives keep one
+// order across ranks.
+
+/// How parameters are laid out over the ranks (the seed's DataParallelStyle).
+enum class DataParallelStyle {
+  /// Every rank holds every parameter; gradients are all_reduced (DDP).
+  Replicate,
+  /// Every rank holds a shard of each parameter, gradient and optimizer
+  /// state (FSDP2's fully_shard): Note [Fully-sharded step].
+  FullyShard,
+};
+
+/// The style named "replicate" or "fully_shard"; throws SpmdError otherwise.
+DataParallelStyle parse_data_parallel_style(const std::string& name);
+
 /// How the expansion reduces gradients.
 struct DataParallelOptions {
   /// The process group (process_group.h) the collectives run on.
   std::string group = "default";
   /// A bucket closes once it holds this many bytes (DDP's default, 25 MiB);
-  /// 0: one all_reduce per gradient.
+  /// 0: one all_reduce per gradient. Replicate only.
   int64_t bucket_bytes = 25 * 1024 * 1024;
+  /// Replicate (DDP) or FullyShard (FSDP).
+  DataParallelStyle style = DataParallelStyle::Replicate;
+  /// FullyShard: gather the parameters again in the backward instead of
+  /// keeping the forward's (Note [Scheduling a fully-sharded step]).
+  bool reshard_after_forward = true;
+  /// FullyShard: bytes of parameters gathered ahead of the one in use.
+  int64_t prefetch_bytes = 25 * 1024 * 1024;
+};
+
+/// What schedule_fully_shard made.
+struct FullyShardReport {
+  /// Parameters held as shards.
+  size_t parameters = 0;
+  /// Gathers the step issues: one per parameter it reads, plus a second in
+  /// the backward for each it gathers again (`regathers`).
+  size_t gathers = 0;
+  size_t regathers = 0;
 };
 
 /// What the expansion made.
@@ -58,6 +138,11 @@ struct DataParallelReport {
 /// (Note [Data-parallel expansion]). A graph without tags is left as it is.
 /// Throws SpmdError when a tagged gradient has no metadata.
 DataParallelReport expand_data_parallel(ir::Graph& graph, const DataParallelOptions& options);
+
+/// Reschedules the crucible::all_gather_into_tensor nodes of a fully-sharded
+/// step (each read by one wait_tensor): Note [Scheduling a fully-sharded
+/// step]. Leaves `parameters` 0. A graph without gathers is left as it is.
+FullyShardReport schedule_fully_shard(ir::Graph& graph, const DataParallelOptions& options);
 
 /// Merges collectives with the same target and arguments (the seed's
 /// _dedup_collectives): a later one's uses go to the first, and it is
