@@ -1,5 +1,6 @@
 // `crucible train --model M --dataset D [--epochs E | --steps N] [--batch B]
-// [--lr X] [--optimizer sgd|adam|adamw] --backend B [--device cpu|cuda] [--check-eager] [--json]`:
+// [--lr X] [--optimizer sgd|adam|adamw] --backend B [--device cpu|cuda] [--check-eager] [--json]
+// [--nproc N [--parallel-mode replicate|fully_shard]]`:
 // train a zoo model through the compiled training step (one graph: forward,
 // backward, optimizer update; see crucible/pipeline/train_step.h), or eagerly
 // with --backend eager; report per-stage compile times, throughput and the
@@ -64,6 +65,7 @@ struct TrainCommandOptions {
   std::string data_dir = data::kFashionMnistDir;
   double tolerance = 1e-4;
   int nproc = 1;
+  std::string parallel_mode = "replicate";
 };
 
 constexpr int64_t kSyntheticSteps = 200;
@@ -223,6 +225,10 @@ struct Run {
   std::optional<models::Model> eager;
   std::unique_ptr<torch::optim::Optimizer> eager_optimizer;
   std::optional<Float64Reference> reference;
+  // The data-parallel step, with several ranks: unshard() gathers a
+  // fully-sharded model whole into the module before it is compared or
+  // evaluated.
+  std::optional<spmd::SpmdStep> spmd;
 
   // With N ranks each step reads a global batch of N * --batch examples,
   // and each rank trains on its slice of it (the seed's DataParallel).
@@ -295,7 +301,8 @@ void print_header(const TrainCommandOptions& o, const Run& run) {
   std::cout << "model " << o.model << " (" << num_params << " parameters) on " << run.data.description << "\n"
             << "optimizer " << o.optimizer.kind << " lr " << o.optimizer.effective_lr() << ", batch " << o.batch;
   if (run.ranks.world > 1)
-    std::cout << " per rank x " << run.ranks.world << " ranks (" << run.ranks.group->backend() << ")";
+    std::cout << " per rank x " << run.ranks.world << " ranks (" << run.ranks.group->backend() << ", "
+              << o.parallel_mode << ")";
   std::cout << ", " << run.steps << " steps";
   if (run.data.steps_per_epoch) std::cout << " (" << run.data.steps_per_epoch << " per epoch)";
   std::cout << ", backend " << o.backend << " on " << run.placed
@@ -320,9 +327,10 @@ StepFn compile_step(const TrainCommandOptions& o, Run& run, const pipeline::Buil
     spmd::SpmdOptions so;
     so.builder = timed;
     so.parallel_mode.group = run.ranks.group->name();
-    spmd::SpmdStep dp = spmd::compile(run.model.module, *run.optimizer, models::loss_of(run.model), so);
-    dp.compile({first.inputs, first.targets});
-    step = dp;
+    so.parallel_mode.style = spmd::parse_data_parallel_style(o.parallel_mode);
+    run.spmd = spmd::compile(run.model.module, *run.optimizer, models::loss_of(run.model), so);
+    run.spmd->compile({first.inputs, first.targets});
+    step = *run.spmd;
   } else {
     pipeline::TrainStep single = timed.compile_train_step(run.model.module, *run.optimizer, models::loss_of(run.model));
     single.compile({first.inputs, first.targets});
@@ -371,6 +379,7 @@ Trained train(Run& run, const StepFn& step, const std::vector<at::Tensor>& first
       t.losses.push_back(compiled_loss);
       t.eager_losses.push_back(t.eager_loss);
       if (i == 0) {
+        if (run.spmd) run.spmd->unshard();
         const at::Tensor reference_loss =
             models::eager_train_step(run.reference->model, *run.reference->optimizer, in_float64(b));
         t.one_step = compare_one_step(at::scalar_tensor(compiled_loss, at::kDouble).to(at::kFloat),
@@ -477,6 +486,7 @@ void report(const TrainCommandOptions& o, Run& run, const pipeline::Builder& bui
   j["optimizer"] = o.optimizer.kind;
   j["batch"] = o.batch;
   j["ranks"] = run.ranks.world;
+  if (run.ranks.world > 1) j["parallel_mode"] = o.parallel_mode;
   j["steps"] = run.steps;
   j["final_loss"] = t.loss;
   j["test_accuracy"] = accuracy;
@@ -525,6 +535,7 @@ void run_train_command(const TrainCommandOptions& o) {
   if (run.compiled) step = compile_step(o, run, builder, timer, counters);
   std::cout.flush();
   const Trained trained = train(run, step, first_grads);
+  if (run.spmd) run.spmd->unshard();  // evaluated and compared whole
   report(o, run, builder, trained, timer, counters);
 }
 
@@ -570,6 +581,11 @@ void add_train_command(CLI::App& app) {
                   "train data-parallel on N local ranks (spmd over Gloo on cpu, NCCL on cuda); --batch is per "
                   "rank, and --check-eager compares with one eager process on the global batch")
       ->check(at_least_one())
+      ->capture_default_str();
+  cmd->add_option("--parallel-mode", o->parallel_mode,
+                  "with --nproc: replicate every parameter on every rank (DDP), or fully_shard parameters, "
+                  "gradients and optimizer state over the ranks (FSDP)")
+      ->check(CLI::IsMember({"replicate", "fully_shard"}))
       ->capture_default_str();
   cmd->callback([o] { run_train_command(*o); });
 }
