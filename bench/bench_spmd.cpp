@@ -30,7 +30,10 @@
 // dtype: an H100 SXM's or H200's dense bf16 is 989, TF32 495, fp32 67;
 // BM_Step then counts MFU, the step's TFLOPS over P), --busy N (N processes
 // that spin on the CPU for the whole run, as other jobs on a shared machine
-// would: Note [Threads on a shared machine] in inductor/src/runtime/threads.cpp).
+// would: Note [Threads on a shared machine] in inductor/src/runtime/threads.cpp),
+// --dist-backend auto|gloo|nccl (the group's; ranks beyond the GPUs share
+// them, local rank modulo the count, which only Gloo allows: to compare a
+// rank's memory under replicate and fully_shard on one GPU).
 //
 // Under `crucible launch` the step rows count slowest_rank_ms: the most
 // milliseconds a step took on any rank (each row is rank 0's own time).
@@ -54,6 +57,9 @@
 //                              attention FLOPs (ir/flop_count.h) per second
 //   BM_StepEager/<model>       the same step in eager LibTorch
 //   BM_SpmdStep/<model>/<MB>   the data-parallel step, gradient buckets of MB MiB
+//   BM_FullyShardStep/<model>/<MB>  the fully-sharded step (parameters,
+//                              gradients and optimizer state sharded), MB MiB
+//                              of parameters gathered ahead of their use
 //   BM_GradAllReduce/<model>/<MB>  that step's buckets alone, all_reduced one
 //                              after another: the communication the step has
 //                              to hide (hidden = this - (SpmdStep - Step));
@@ -111,7 +117,7 @@ using namespace crucible;
 struct Flags {
   std::string model = "gpt", size = "small", device = "cpu", backend = "interpreter", matmul_precision = "highest",
               memory_format = "contiguous", remat = "auto", remat_ban = "off", pre_grad_passes, autocast = "off",
-              broadcast_buffers = "on", trace;
+              broadcast_buffers = "on", trace, dist_backend = "auto";
   int64_t batch = 8, steps = 20, busy = 0;
   double peak_tflops = 0;  // the device's peak for the step's dtype; 0: no MFU
 };
@@ -130,7 +136,8 @@ Flags parse_flags(int& argc, char** argv) {
                                               {"--pre-grad-passes", &f.pre_grad_passes},
                                               {"--autocast", &f.autocast},
                                               {"--broadcast-buffers", &f.broadcast_buffers},
-                                              {"--trace", &f.trace}};
+                                              {"--trace", &f.trace},
+                                              {"--dist-backend", &f.dist_backend}};
   std::map<std::string, int64_t*> ints{{"--batch", &f.batch}, {"--steps", &f.steps}, {"--busy", &f.busy}};
   std::map<std::string, double*> doubles{{"--peak-tflops", &f.peak_tflops}};
   int kept = 1;
@@ -387,6 +394,24 @@ void step_spmd(benchmark::State& state, int64_t bucket_mb) {
   state.counters["buckets"] = static_cast<double>(buckets_of()[bucket_mb].size());
 }
 
+// The fully-sharded step (Note [Fully-sharded step]): parameters gathered
+// ahead of their use up to `prefetch_mb` MiB, reshard after forward.
+void step_fully_shard(benchmark::State& state, int64_t prefetch_mb) {
+  Replica r;
+  spmd::SpmdOptions o;
+  o.builder = builder();
+  o.parallel_mode.group = context().group->name();
+  o.parallel_mode.style = spmd::DataParallelStyle::FullyShard;
+  o.parallel_mode.prefetch_bytes = prefetch_mb << 20;
+  o.broadcast_buffers = context().flags.broadcast_buffers == "on";
+  spmd::SpmdStep step = spmd::compile(r.model.module, *r.optimizer, loss_fn(r.model), o);
+  step.compile(r.batch);
+  time_steps(state, [&] { return step(r.batch); });
+  trace_steps("FullyShardStep_" + context().flags.model + "_" + std::to_string(prefetch_mb),
+              [&] { return step(r.batch); });
+  state.counters["gathers"] = static_cast<double>(step.report().fully_shard.gathers);
+}
+
 // One all_reduce per tensor, in order, through the functional collectives the
 // step's graph runs (each issued on a copy of its tensor, waited after the
 // last is issued); reading an element of the last one waits for all of them.
@@ -448,6 +473,10 @@ void register_rows() {
     fixed(benchmark::RegisterBenchmark(("BM_SpmdStep/" + suffix).c_str(), step_spmd, mb), c.flags.steps);
     fixed(benchmark::RegisterBenchmark(("BM_GradAllReduce/" + suffix).c_str(), grad_all_reduce, mb), c.flags.steps);
   }
+  for (const int64_t mb : {4, 25, 100})
+    fixed(benchmark::RegisterBenchmark(("BM_FullyShardStep/" + m + "/" + std::to_string(mb)).c_str(), step_fully_shard,
+                                       mb),
+          c.flags.steps);
   for (const int64_t mb : {1, 4, 25, 100, 1024})
     fixed(benchmark::RegisterBenchmark(("BM_AllReduce/" + std::to_string(mb)).c_str(), all_reduce_bandwidth, mb), 20);
 }
@@ -468,9 +497,12 @@ int main(int argc, char** argv) {
   if (std::getenv("WORLD_SIZE") != nullptr) {
     spmd::ProcessGroupOptions g = spmd::options_from_env();
     g.device = c.flags.device;
+    g.backend = c.flags.dist_backend;
     c.group = spmd::init_process_group(g);
-    c.device = c.flags.device == "cuda" ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(g.local_rank))
-                                        : at::Device(at::kCPU);
+    c.device = c.flags.device == "cuda"
+                   ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(
+                                               g.local_rank % std::max<int>(1, static_cast<int>(at::getNumGPUs()))))
+                   : at::Device(at::kCPU);
   } else {
     c.device = at::Device(c.flags.device);
   }

@@ -6,6 +6,7 @@ run on the same machine:
   python3 bench/ddp_zoo.py --size full                         # one GPU, no DDP
   torchrun --nproc-per-node 2 bench/ddp_zoo.py --size full     # DDP, buckets of 1, 4, 25, 100 MiB
   torchrun --nproc-per-node 4 bench/ddp_zoo.py --model resnet18 --size full --batch 64
+  torchrun --nproc-per-node 2 bench/ddp_zoo.py --size full --buckets 25 --fsdp --compile   # and FSDP2
 
 The replicas are torch_zoo.py's (the zoo's layout, sizes and
 initialization; GPT is nanoGPT's GPT-2 with its head tied to the token
@@ -15,8 +16,12 @@ the zoo's too: mean cross-entropy, backward, AdamW(3e-4) (torch's default,
 the foreach implementation on CUDA). DDP keeps its defaults (BatchNorm's
 running statistics broadcast from rank 0 at every forward). Each timed
 step ends by reading the loss, which waits for the step's kernels, as the
-C++ rows do. Rows are printed as `name  ms/step  samples/s` (samples of the
-global batch).
+C++ rows do. --fsdp adds FSDP2 (torch.distributed.fsdp.fully_shard on each
+transformer block or residual block, then the model; its defaults: fp32,
+reshard after forward), with --compile also compiled. Rows are printed as
+`name  ms/step  samples/s  peak MiB` (samples of the global batch; the
+peak is torch.cuda.max_memory_allocated over the timed steps, the
+parameters, gradients and optimizer state included).
 """
 import argparse
 import os
@@ -40,12 +45,14 @@ def time_steps(name, model, batch, steps, global_batch, rank):
 
     for _ in range(3):  # warm-up: the caching allocator, cuBLAS, DDP's first-iteration bucket rebuild
         step()
+    torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     for _ in range(steps):
         step()
     ms = (time.perf_counter() - start) / steps * 1e3
+    peak = torch.cuda.max_memory_allocated() / 2**20
     if rank == 0:
-        print(f"{name:40s} {ms:9.2f} ms/step {global_batch / ms * 1e3:10.1f} samples/s", flush=True)
+        print(f"{name:40s} {ms:9.2f} ms/step {global_batch / ms * 1e3:10.1f} samples/s {peak:9.0f} MiB", flush=True)
 
 
 def main():
@@ -57,14 +64,17 @@ def main():
     ap.add_argument("--buckets", default="1,4,25,100", help="DDP bucket_cap_mb values, comma-separated")
     ap.add_argument("--matmul-precision", default="highest", choices=["highest", "high"])
     ap.add_argument("--compile", action="store_true", help="also time torch.compile(model) (default mode)")
+    ap.add_argument("--fsdp", action="store_true", help="also time FSDP2's fully_shard (with --compile, compiled too)")
+    ap.add_argument("--dist-backend", default="nccl", choices=["nccl", "gloo"],
+                    help="gloo lets ranks share GPUs (local rank modulo the count): to compare memory on one GPU")
     args = ap.parse_args()
     torch.set_float32_matmul_precision(args.matmul_precision)
 
     distributed = "WORLD_SIZE" in os.environ
     if distributed:
-        dist.init_process_group("nccl")
+        dist.init_process_group(args.dist_backend)
         local = int(os.environ["LOCAL_RANK"])
-        torch.cuda.set_device(local)
+        torch.cuda.set_device(local % torch.cuda.device_count())
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     device = torch.device("cuda", torch.cuda.current_device())
     inputs, targets = make_model(args.model, args.size)[1](args.batch, 1 + rank)  # each rank a batch of its own
@@ -92,6 +102,22 @@ def main():
         if args.compile:
             model = torch.compile(DDP(fresh(), device_ids=[device.index], bucket_cap_mb=mb))
             time_steps(f"ddp-compile/{name}/{mb:g}", model, batch, args.steps, global_batch, rank)
+    if args.fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        def sharded():
+            model = fresh()
+            for m in model.modules():
+                if type(m).__name__ in ("Block", "BasicBlock"):
+                    fully_shard(m)
+            return fully_shard(model)
+
+        del model
+        torch.cuda.empty_cache()
+        time_steps(f"fsdp2/{name}", sharded(), batch, args.steps, global_batch, rank)
+        if args.compile:
+            torch.cuda.empty_cache()
+            time_steps(f"fsdp2-compile/{name}", torch.compile(sharded()), batch, args.steps, global_batch, rank)
     dist.destroy_process_group()
 
 
