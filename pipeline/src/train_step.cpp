@@ -51,6 +51,8 @@ struct StepSpec {
   size_t num_flat = 0;             // optimizer-state inputs, before the rates
   LossFn loss_fn;
   GradientHook gradient_hook;
+  AroundLoss around_loss;
+  std::function<void(bool)> around_pre_grad_trace;
   std::optional<double> clip_grad_value;
   std::optional<ClipGradNorm> clip_grad_norm;
   bool keep_gradients = false;
@@ -253,7 +255,9 @@ tracer::ModuleFn step_function(StepSpec spec) {
     at::AutoGradMode grad_on(true);
     const std::vector<at::Tensor> batch(in.begin() + static_cast<std::ptrdiff_t>(spec.num_flat + spec.groups.size()),
                                         in.end());
-    at::Tensor loss = with_clipping_hint(spec.params, [&] { return spec.loss_fn(m, batch); });
+    at::Tensor loss = with_clipping_hint(spec.params, [&] {
+      return spec.around_loss ? spec.around_loss(m, batch, spec.loss_fn) : spec.loss_fn(m, batch);
+    });
     // One element, as eager's backward() takes without a gradient argument.
     if (!loss.defined() || loss.numel() != 1)
       throw PipelineError(
@@ -318,7 +322,22 @@ tracer::TensorFn pre_grad_step(const Builder& builder, const std::shared_ptr<tor
   // one, decomposes by whether its operands require grad, and ops the loss
   // runs under no_grad are tagged so (Note [Nodes traced under no_grad]).
   at::AutoGradMode grad_on(true);
-  tracer::TensorFn forward = builder.pre_grad_function(loss_alone, trace, forward_args);
+  struct Around {  // TrainStepOptions::around_pre_grad_trace
+    const std::function<void(bool)>& fn;
+    explicit Around(const std::function<void(bool)>& f) : fn(f) {
+      if (fn) fn(true);
+    }
+    ~Around() {
+      if (fn) fn(false);
+    }
+    Around(const Around&) = delete;
+    Around& operator=(const Around&) = delete;
+  };
+  tracer::TensorFn forward;
+  {
+    const Around around(spec.around_pre_grad_trace);
+    forward = builder.pre_grad_function(loss_alone, trace, forward_args);
+  }
   spec.loss_fn = [forward = std::move(forward)](torch::nn::Module& m, const std::vector<at::Tensor>& batch) {
     std::vector<at::Tensor> in = autograd::module_state(m);
     in.insert(in.end(), batch.begin(), batch.end());
@@ -480,6 +499,8 @@ TrainStep compile_train_step(std::shared_ptr<torch::nn::Module> module, torch::o
     spec.num_flat += g.num_params * OptimizerState::field_names(g.options).size();
   spec.loss_fn = std::move(loss_fn);
   spec.gradient_hook = std::move(step_options.gradient_hook);
+  spec.around_loss = std::move(step_options.around_loss);
+  spec.around_pre_grad_trace = std::move(step_options.around_pre_grad_trace);
   spec.clip_grad_value = step_options.clip_grad_value;
   spec.clip_grad_norm = step_options.clip_grad_norm;
   spec.keep_gradients = step_options.keep_gradients;

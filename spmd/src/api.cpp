@@ -219,7 +219,8 @@ SpmdStep compile(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimi
     for (const torch::optim::OptimizerParamGroup& g : optimizer.param_groups())
       params.insert(params.end(), g.params().begin(), g.params().end());
     s->fully_shard = std::make_shared<detail::FullyShard>(s->group, options.parallel_mode.group, std::move(params));
-    loss_fn = s->fully_shard->wrap(std::move(loss_fn));
+    step_options.around_loss = s->fully_shard->around_loss();
+    step_options.around_pre_grad_trace = s->fully_shard->around_pre_grad_trace();
     step_options.gradient_hook = s->fully_shard->gradient_hook();
   } else {
     step_options.gradient_hook = [](std::vector<at::Tensor> grads) {
@@ -230,10 +231,6 @@ SpmdStep compile(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimi
   }
 
   pipeline::Builder builder = options.builder;
-  // The pre-grad passes' forward trace would hold the gathers, and its
-  // replay in the step cannot carry gradients to the shards: Note
-  // [Fully-sharded step].
-  if (s->fully_shard) builder.pre_grad_passes({});
   const ir::Pass expand{
       "data_parallel", [state = std::weak_ptr<detail::SpmdState>(s), options](ir::Graph& g) {
         auto s = state.lock();

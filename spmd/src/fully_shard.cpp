@@ -96,9 +96,9 @@ void FullyShard::restore(bool point_back) {
   }
 }
 
-pipeline::LossFn FullyShard::wrap(pipeline::LossFn loss) {
-  return [self = shared_from_this(), loss = std::move(loss)](torch::nn::Module& m,
-                                                             const std::vector<at::Tensor>& batch) {
+pipeline::AroundLoss FullyShard::around_loss() {
+  return [self = shared_from_this()](torch::nn::Module& m, const std::vector<at::Tensor>& batch,
+                                     const pipeline::LossFn& loss) {
     const int64_t world = self->group_.size();
     // A trace that threw in its backward left its hooks; the tracer has put
     // the tensors' own data back.
@@ -129,6 +129,27 @@ pipeline::LossFn FullyShard::wrap(pipeline::LossFn loss) {
       return loss(m, batch);
     } catch (...) {
       self->restore(/*point_back=*/true);
+      throw;
+    }
+  };
+}
+
+std::function<void(bool)> FullyShard::around_pre_grad_trace() {
+  return [self = shared_from_this()](bool before) {
+    auto put_back = [&self] {
+      for (Param& p : self->params_)
+        if (p.untraced_shard.defined()) p.tensor.set_data(std::exchange(p.untraced_shard, at::Tensor()));
+    };
+    if (!before) return put_back();
+    at::NoGradGuard no_grad;
+    try {
+      for (Param& p : self->params_) {
+        const at::Tensor whole = self->gather(p.tensor, p);
+        p.untraced_shard = p.tensor.variable_data();
+        p.tensor.set_data(whole);
+      }
+    } catch (...) {
+      put_back();
       throw;
     }
   };

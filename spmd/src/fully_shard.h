@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,9 +36,15 @@ class FullyShard : public std::enable_shared_from_this<FullyShard> {
   void unshard(const pipeline::OptimizerState& state);
   bool sharded() const { return sharded_; }
 
-  /// `loss`, whole parameters in place of the shards while it and its
-  /// backward run (traced: all_gather, and a reduce_scatter hook).
-  pipeline::LossFn wrap(pipeline::LossFn loss);
+  /// The step's TrainStepOptions::around_loss: whole parameters in place of
+  /// the shards while the loss and its backward run (traced: all_gather,
+  /// and a reduce_scatter hook).
+  pipeline::AroundLoss around_loss();
+  /// The step's TrainStepOptions::around_pre_grad_trace: with true, points
+  /// each parameter at its whole value (a blocking all_gather: every rank
+  /// compiles alike), which the pre-grad passes' trace of the loss reads;
+  /// with false, back at its shard (never throws).
+  std::function<void(bool)> around_pre_grad_trace();
   /// The gradient hook that hands the update the reduced shards of the
   /// gradients and points the parameters back at their shards.
   pipeline::GradientHook gradient_hook();
@@ -50,6 +57,8 @@ class FullyShard : public std::enable_shared_from_this<FullyShard> {
     std::vector<int64_t> sizes;  // the whole parameter's
     int64_t rows = 0;            // dim 0 (1 for a 0-dim parameter)
     int64_t chunk = 0;           // rows of a shard: ceil(rows / world)
+    // While the pre-grad passes trace the loss: the shard, put back after.
+    at::Tensor untraced_shard;
     // While a step traces: the shard it was given, the hook on the
     // parameter, and the gradient's reduced shard.
     at::Tensor traced_shard;

@@ -528,6 +528,34 @@ TEST_CASE("2 to 8 ranks over Gloo end where one process on the global batch ends
   }
 }
 
+TEST_CASE("a fully-sharded step runs the pre-grad passes on the whole parameters: GPT's attention fused", "[spmd]") {
+  // The pre-grad passes trace the loss over the parameters gathered whole
+  // (TrainStepOptions::around_pre_grad_trace), and the step gathers around
+  // their graph as around the loss itself. Tolerance: the fused attention
+  // kernel sums in another order than eager's matmul and softmax (a few
+  // ulps of float32); 1e-5 after 3 Adam steps of lr 1e-3 bounds that.
+  std::unique_ptr<torch::optim::Optimizer> opt_c, opt_e;
+  models::Model compiled = make_optimizer_twin("gpt", 7, opt_c, "adam");
+  models::Model eager = make_optimizer_twin("gpt", 7, opt_e, "adam");
+  spmd::SpmdOptions o;
+  o.builder.backend("interpreter");
+  o.builder.pre_grad_passes({"fuse_flash_attention"});
+  o.parallel_mode.group = solo_group().name();
+  o.parallel_mode.style = spmd::DataParallelStyle::FullyShard;
+  const spmd::SpmdStep step = spmd::compile(compiled.module, *opt_c, models::loss_of(compiled), o);
+  for (int s = 0; s < 3; ++s) {
+    const data::Batch b = compiled.example_batch(8, static_cast<uint64_t>(s));
+    REQUIRE_CLOSE(step({b.inputs, b.targets}), models::eager_train_step(eager, *opt_e, b), 1e-5, 1e-6);
+  }
+  CHECK(models::max_param_diff(*compiled.module, *eager.module) <= 1e-5);
+  size_t fused = 0;
+  for (const ir::Node* n : step.graph().nodes())
+    fused += n->is_call() && n->target().find("attention") != std::string::npos;
+  CHECK(fused > 0);
+  CHECK(step.report().fully_shard.gathers > compiled.module->parameters().size());
+  CHECK(spmd::pending_collectives() == 0);
+}
+
 TEST_CASE("fully_shard over 2 to 4 Gloo ranks trains as replicate and as one process on the global batch",
           "[spmd][multiprocess]") {
   // Tolerances against one process: the 2-to-8-rank case's (the ranks'
@@ -547,7 +575,9 @@ TEST_CASE("fully_shard over 2 to 4 Gloo ranks trains as replicate and as one pro
   };
   for (const Case& c : {Case{2, "mlp", "sgd", 1e-6}, Case{2, "mlp", "adam", 1e-4}, Case{3, "mlp", "adam", 1e-4},
                         Case{4, "mlp", "sgd", 1e-6}, Case{2, "gpt", "adam", 1e-4}, Case{4, "gpt", "sgd", 1e-6},
-                        Case{3, "convnet", "sgd", 1e-6}, Case{2, "mlp", "adam", 1e-4, "inductor"}}) {
+                        Case{3, "convnet", "sgd", 1e-6}, Case{2, "mlp", "adam", 1e-4, "inductor"},
+                        // Its pre-grad pass fuses the attention (over the gathered parameters).
+                        Case{2, "gpt", "adam", 1e-4, "inductor"}}) {
     CAPTURE(c.nproc, c.model, c.opt, c.compiler);
     const Reference ref = train_global(c.model, c.opt, c.nproc);
     const Run sharded = launch_workers("train", c.nproc, c.model, c.opt, 4096,

@@ -89,7 +89,9 @@ class Builder;
 // functionalized, not decomposed), runs the passes over that forward graph,
 // and gives AOTAutograd a step whose loss is that graph run by the
 // interpreter on the module's tensors: the step's trace records the ops the
-// interpreter dispatches, their backward and the update. A loss whose
+// interpreter dispatches, their backward and the update
+// (TrainStepOptions::around_loss runs around that graph, as around the loss
+// without pre-grad passes). A loss whose
 // gradient is not its ops' derivative (a custom autograd Function, a hook on
 // an intermediate tensor) is traced without the pre-grad passes, with a
 // warning (Note [Pre-grad graphs that autograd cannot replay] in
@@ -117,6 +119,16 @@ struct TrainStepState;
 /// gradients_tagging does.
 using GradientHook = std::function<std::vector<at::Tensor>(std::vector<at::Tensor> grads)>;
 
+/// Runs the loss inside the traced step, around it: the step calls
+/// `around(module, batch, loss)`, where `loss` is the loss function, or,
+/// with pre-grad passes, their graph of it (Note [Pre-grad passes in a
+/// training step]), which `around` must call once and whose value it
+/// returns. What it computes besides is traced into the graph: spmd's
+/// fully-sharded step points the parameters at their gathered values
+/// around it (Note [Fully-sharded step] in spmd/data_parallel.h).
+using AroundLoss =
+    std::function<at::Tensor(torch::nn::Module& module, const std::vector<at::Tensor>& batch, const LossFn& loss)>;
+
 /// Clipping by the gradients' total norm, as torch::nn::utils::clip_grad_norm_
 /// (torch/nn/utils/clip_grad.h) computes it, op for op: the norm of order
 /// `norm_type` of the per-parameter norms (infinity: the largest absolute
@@ -131,6 +143,14 @@ struct ClipGradNorm {
 struct TrainStepOptions {
   /// Applied to the gradients before the update (empty: none).
   GradientHook gradient_hook;
+  /// Runs the loss (empty: the loss alone).
+  AroundLoss around_loss;
+  /// With pre-grad passes: called with true before they trace the loss
+  /// alone (outside any trace, at each compilation), and with false after,
+  /// also when that throws; the module's tensors must then hold what the
+  /// loss reads inside around_loss (spmd's fully-sharded step gathers its
+  /// parameters whole for that trace).
+  std::function<void(bool before)> around_pre_grad_trace;
   /// Clamps every gradient element to [-value, value] before the update, as
   /// torch::nn::utils::clip_grad_value_ (after gradient_hook).
   std::optional<double> clip_grad_value;

@@ -46,7 +46,8 @@ namespace crucible::spmd {
 // is one row), and points the module's parameter at rank r's chunk
 // (Tensor::set_data: the tensor the optimizer holds stays the same one),
 // as fully_shard leaves DTensor shards in the module; the optimizer's state
-// for it is cut alike. The step then traces, around the user's loss:
+// for it is cut alike. The step then traces, around the user's loss
+// (pipeline's TrainStepOptions::around_loss):
 //   full = wait_tensor(all_gather_into_tensor(shard))[:d0]   before the loss
 //          (the parameter points at `full` while the loss and its backward run)
 //   g'   = wait_tensor(reduce_scatter_tensor(pad(grad), "avg"))
@@ -61,9 +62,11 @@ namespace crucible::spmd {
 // ranks' average, as under Replicate, so both styles train alike (bit for
 // bit over 2 ranks: two addends sum alike in either order). Parameters the
 // optimizer does not update (frozen) and buffers stay whole on every rank.
-// The builder's pre-grad passes (the inductor's fuse_flash_attention) do
-// not run: their forward graph, replayed inside the step, would gather the
-// parameters with no gradient flowing back to the shards.
+// The builder's pre-grad passes (the inductor's fuse_flash_attention) trace
+// the loss alone over the parameters gathered whole for that trace
+// (TrainStepOptions::around_pre_grad_trace: the whole model on each rank
+// while it runs, at compile time), so their graph is the user's loss, and
+// the step gathers around it as around the loss.
 // schedule_fully_shard then places the gathers (Note [Scheduling a
 // fully-sharded step]). Not yet: one collective per parameter (no
 // buckets), and no mixed-precision gathers.
