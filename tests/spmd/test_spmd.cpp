@@ -668,23 +668,32 @@ TEST_CASE("launch refuses nodes it cannot place", "[spmd]") {
 }
 
 TEST_CASE("a rank that dies makes the others fail with an error naming them", "[spmd][multiprocess]") {
-  const Run run = launch_workers("die", 2, "mlp", "sgd", 25 << 20);
-  CHECK(run.code == 3);  // the dead rank's status, reported first
-  const std::string err = read_file(run.dir / "rank0.err");
-  CHECK_THAT(err, CRUCIBLE_HAS_SUBSTR("rank 0 of 2"));
-  CHECK_THAT(err, CRUCIBLE_HAS_SUBSTR("all_reduce"));
-  fs::remove_all(run.dir);
+  // Under fully_shard the survivor's next collective is a gather of the
+  // next step's forward.
+  for (const auto& [style, collective] : {std::pair<std::string, std::string>{"replicate", "an all_reduce"},
+                                          std::pair<std::string, std::string>{"fully_shard", "an all_gather"}}) {
+    CAPTURE(style);
+    const Run run = launch_workers("die", 2, "mlp", "sgd", 25 << 20, {"CRUCIBLE_TEST_STYLE=" + style});
+    CHECK(run.code == 3);  // the dead rank's status, reported first
+    const std::string err = read_file(run.dir / "rank0.err");
+    CHECK_THAT(err, CRUCIBLE_HAS_SUBSTR("rank 0 of 2"));
+    CHECK_THAT(err, CRUCIBLE_HAS_SUBSTR(collective));
+    fs::remove_all(run.dir);
+  }
 }
 
 TEST_CASE("ranks that compile other graphs fail at compile time", "[spmd][multiprocess]") {
-  const Run run = launch_workers("mismatch", 2, "mlp", "sgd", 25 << 20);
-  CHECK(run.code == 1);
-  for (int rank = 0; rank < 2; ++rank) {
-    const std::string err = read_file(run.dir / ("rank" + std::to_string(rank) + ".err"));
-    CAPTURE(rank);
-    CHECK_THAT(err, CRUCIBLE_HAS_SUBSTR("rank 1 compiled another graph than rank 0"));
+  for (const std::string style : {"replicate", "fully_shard"}) {
+    CAPTURE(style);
+    const Run run = launch_workers("mismatch", 2, "mlp", "sgd", 25 << 20, {"CRUCIBLE_TEST_STYLE=" + style});
+    CHECK(run.code == 1);
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::string err = read_file(run.dir / ("rank" + std::to_string(rank) + ".err"));
+      CAPTURE(rank);
+      CHECK_THAT(err, CRUCIBLE_HAS_SUBSTR("rank 1 compiled another graph than rank 0"));
+    }
+    fs::remove_all(run.dir);
   }
-  fs::remove_all(run.dir);
 }
 
 TEST_CASE("a rank whose trace fails makes the others fail with its error, not a store timeout",
