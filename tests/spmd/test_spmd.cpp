@@ -572,10 +572,15 @@ TEST_CASE("fully_shard over 2 to 4 Gloo ranks trains as replicate and as one pro
     std::string model, opt;
     double atol;
     std::string compiler = "interpreter";
+    // ResNet's batch norm normalizes each rank's shard with its own
+    // statistics (DDP's semantics, no SyncBatchNorm), which one process on
+    // the global batch does not: compared with replicate alone.
+    bool like_one_process = true;
   };
   for (const Case& c : {Case{2, "mlp", "sgd", 1e-6}, Case{2, "mlp", "adam", 1e-4}, Case{3, "mlp", "adam", 1e-4},
                         Case{4, "mlp", "sgd", 1e-6}, Case{2, "gpt", "adam", 1e-4}, Case{4, "gpt", "sgd", 1e-6},
-                        Case{3, "convnet", "sgd", 1e-6}, Case{2, "mlp", "adam", 1e-4, "inductor"},
+                        Case{3, "convnet", "sgd", 1e-6}, Case{2, "resnet18", "sgd", 1e-6, "interpreter", false},
+                        Case{2, "mlp", "adam", 1e-4, "inductor"},
                         // Its pre-grad pass fuses the attention (over the gathered parameters).
                         Case{2, "gpt", "adam", 1e-4, "inductor"}}) {
     CAPTURE(c.nproc, c.model, c.opt, c.compiler);
@@ -596,7 +601,7 @@ TEST_CASE("fully_shard over 2 to 4 Gloo ranks trains as replicate and as one pro
         REQUIRE_EQUAL_TENSORS(s.params, r.params);
       else
         REQUIRE_CLOSE(s.params, r.params, 0.0, c.atol);
-      REQUIRE_CLOSE(s.params, ref.params, 0.0, c.atol);
+      if (c.like_one_process) REQUIRE_CLOSE(s.params, ref.params, 0.0, c.atol);
       for (int step = 0; step < kSteps; ++step) {
         CAPTURE(step);
         CHECK(std::abs(s.losses[step] - r.losses[step]) <= 1e-5 * std::max(1.0, std::abs(r.losses[step])));
