@@ -149,7 +149,8 @@ struct TrainStepOptions {
   /// alone (outside any trace, at each compilation), and with false after,
   /// also when that throws; the module's tensors must then hold what the
   /// loss reads inside around_loss (spmd's fully-sharded step gathers its
-  /// parameters whole for that trace).
+  /// parameters whole for that trace). The call with false must not throw:
+  /// it runs as the trace unwinds.
   std::function<void(bool before)> around_pre_grad_trace;
   /// Clamps every gradient element to [-value, value] before the update, as
   /// torch::nn::utils::clip_grad_value_ (after gradient_hook).

@@ -34,8 +34,8 @@
 //     _spmd.tag_grad).
 //
 // All have meta kernels (the result is like the input, the packed bucket,
-// or the input with dim 0 gathered or scattered), so graphs holding them propagate metadata and trace on fake
-// tensors.
+// or the input with dim 0 gathered or scattered), so graphs holding them
+// propagate metadata and trace on fake tensors.
 #pragma once
 
 #include <ATen/core/Tensor.h>
