@@ -3,6 +3,7 @@
 
 #include <crucible/ir/aliasing.h>
 #include <crucible/ir/graph.h>
+#include <crucible/ir/propagate_meta.h>
 #include <crucible/spmd/collectives.h>
 #include <crucible/spmd/data_parallel.h>
 #include <crucible/spmd/error.h>
@@ -11,8 +12,9 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
-#include <numeric>
 #include <optional>
+#include <sstream>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -172,29 +174,46 @@ namespace crucible::spmd {
 
 namespace {
 
-// A gather of a fully-sharded step and the wait that reads it.
+// A gather of a fully-sharded step, as schedule_fully_shard moves it: the
+// nodes that issue it (the all_gather last; before it, for a bucket, the
+// shards flattened and concatenated) and those from its wait on (the wait
+// first; after it, for a bucket, each parameter copied out of the gathered
+// buffer), and the values the step reads.
 struct Gather {
-  ir::Node* gather;
-  ir::Node* wait;
+  std::vector<ir::Node*> issue;
+  std::vector<ir::Node*> unpack;
+  std::vector<ir::Value*> outputs;
+  ir::Node* gather() const { return issue.back(); }
+  ir::Node* wait() const { return unpack.front(); }
 };
 
 std::vector<Gather> gathers_of(const ir::Graph& graph) {
   std::vector<Gather> out;
   for (ir::Node* n : graph.nodes())
     if (n->is_call() && n->target() == "crucible::all_gather_into_tensor" && n->result()->users().size() == 1 &&
-        n->result()->users().front()->target() == "crucible::wait_tensor")
-      out.push_back({n, n->result()->users().front()});
+        n->result()->users().front()->target() == "crucible::wait_tensor") {
+      ir::Node* wait = n->result()->users().front();
+      out.push_back({{n}, {wait}, {wait->result()}});
+    }
   return out;
 }
 
 bool in_backward(const ir::Node* n) { return n->has_tag("backward"); }
 
+using Positions = std::unordered_map<const ir::Node*, size_t>;
+
+Positions positions_of(const ir::Graph& graph) {
+  Positions position;
+  for (const ir::Node* n : graph.nodes()) position.emplace(n, position.size());
+  return position;
+}
+
 // Reshard after forward for one gather: Note [Scheduling a fully-sharded
 // step]. Returns whether the backward now gathers it again.
-bool regather(ir::Graph& graph, const Gather& g, const std::unordered_map<const ir::Node*, size_t>& position) {
+bool regather(ir::Graph& graph, const Gather& g, const Positions& position) {
   // What the forward derives from the gathered parameter by views alone.
-  std::vector<ir::Value*> derived{g.wait->result()};
-  std::unordered_set<const ir::Value*> is_derived{g.wait->result()};
+  std::vector<ir::Value*> derived{g.wait()->result()};
+  std::unordered_set<const ir::Value*> is_derived{g.wait()->result()};
   for (size_t k = 0; k < derived.size(); ++k)
     for (ir::Node* u : derived[k]->users())
       if (!in_backward(u) && u->is_call() && u->num_results() == 1 && ir::aliased_argument(*u->result()) &&
@@ -220,8 +239,8 @@ bool regather(ir::Graph& graph, const Gather& g, const std::unordered_map<const 
     again.emplace(like->result(), n->result());
     return n->result();
   };
-  ir::Value* gathered = add(g.gather, g.gather->args());
-  add(g.wait, {gathered});
+  ir::Value* gathered = add(g.gather(), g.gather()->args());
+  add(g.wait(), {gathered});
   // The forward's views, taken again of the second gather (in graph order,
   // so each one's base is taken first).
   for (ir::Value* v : derived) {
@@ -247,49 +266,222 @@ bool regather(ir::Graph& graph, const Gather& g, const std::unordered_map<const 
   return true;
 }
 
+// Adds a bucket's nodes at the insertion point: calls whose metadata their
+// op derives, tagged as the collectives they replace (backward or not).
+class BucketNodes {
+ public:
+  BucketNodes(ir::Graph& graph, const ir::Node* like) : graph_(graph), backward_(in_backward(like)) {}
+  ir::Node* call(const c10::OperatorHandle& op, std::vector<ir::Argument> args, std::string_view name,
+                 std::optional<size_t> list_size = {}) {
+    return added(graph_.add_call(op, std::move(args), list_size, name));
+  }
+  ir::Node* call(std::string_view op, std::vector<ir::Argument> args, std::string_view name,
+                 std::optional<size_t> list_size = {}) {
+    return added(graph_.add_call(op, std::move(args), list_size, name));
+  }
+  // `v`'s elements in order as `rows` rows (copied first where its layout
+  // is not contiguous).
+  ir::Value* rows(ir::Value* v, int64_t rows, std::string_view name) {
+    if (!v->meta().is_contiguous()) v = copy(v, name);
+    return call("aten::view", {v, std::vector<int64_t>{rows, v->meta().numel() / rows}}, name)->result();
+  }
+  ir::Value* copy(ir::Value* v, std::string_view name) {
+    return call("aten::clone", {v, static_cast<int64_t>(c10::MemoryFormat::Contiguous)}, name)->result();
+  }
+  std::vector<ir::Node*> nodes;
+
+ private:
+  ir::Node* added(ir::Node* n) {
+    ir::infer_meta(*n);
+    if (backward_) n->add_tag("backward");
+    nodes.push_back(n);
+    return n;
+  }
+  ir::Graph& graph_;
+  bool backward_;
+};
+
+// The collectives that may share a bucket: those of one phase (forward or
+// backward), dtype, device and constant arguments (group, op).
+std::string bucket_key(const ir::Node* collective) {
+  std::ostringstream key;
+  const ir::TensorMeta& m = collective->arg(0).value()->meta();
+  key << in_backward(collective) << '|' << m.dtype << '|' << m.device;
+  for (size_t i = 1; i < collective->args().size(); ++i) key << '|' << collective->arg(i).constant();
+  return key.str();
+}
+
+// One all_gather for the gathers of `bucket`: Note [Buckets of a
+// fully-sharded step].
+Gather bucket_gathers(ir::Graph& graph, const std::vector<Gather>& bucket) {
+  const ir::Node* first = bucket.front().gather();
+  const int64_t world = first->arg(1).constant().toInt();
+  Gather out;
+  std::vector<int64_t> numels;
+  ir::Value* gathered = nullptr;
+  {
+    ir::Graph::InsertGuard at(graph, bucket.front().gather());
+    BucketNodes b(graph, first);
+    ir::Argument::ValueList flat;
+    for (const Gather& g : bucket) {
+      flat.push_back(b.rows(g.gather()->arg(0).value(), 1, "shard"));
+      numels.push_back(flat.back()->meta().numel());
+    }
+    ir::Value* shards = b.call("aten::cat", {flat, int64_t{1}}, "shards")->result();
+    std::vector<ir::Argument> args = first->args();
+    args[0] = ir::Argument(shards);
+    gathered = b.call(first->op(), std::move(args), "all_gather")->result();
+    out.issue = std::move(b.nodes);
+  }
+  ir::Graph::InsertGuard at(graph, bucket.front().wait());
+  BucketNodes b(graph, first);
+  // Rank r's shards are row r: [world, the sum of the numels].
+  ir::Value* by_rank = b.rows(b.call("crucible::wait_tensor", {gathered}, "wait")->result(), world, "gathered");
+  ir::Node* split = b.call("aten::split_with_sizes", {by_rank, numels, int64_t{1}}, "split", numels.size());
+  for (size_t k = 0; k < bucket.size(); ++k) {
+    ir::Value* param = bucket[k].wait()->result();
+    ir::Value* whole =
+        b.call("aten::view", {b.copy(split->result(k), "whole"), param->meta().sizes}, param->name())->result();
+    param->replace_all_uses_with(whole);
+    out.outputs.push_back(whole);
+  }
+  out.unpack = std::move(b.nodes);
+  for (const Gather& g : bucket) {
+    graph.erase(g.wait());
+    graph.erase(g.gather());
+  }
+  return out;
+}
+
+// A reduce_scatter of a fully-sharded step and the wait that reads it.
+struct Scatter {
+  ir::Node* reduce;
+  ir::Node* wait;
+};
+
+// One reduce_scatter for the gradients of `bucket`, where the last one's
+// wait was: Note [Buckets of a fully-sharded step].
+void bucket_scatters(ir::Graph& graph, const std::vector<Scatter>& bucket) {
+  const ir::Node* first = bucket.front().reduce;
+  const int64_t world = first->arg(2).constant().toInt();
+  ir::Graph::InsertGuard at(graph, bucket.back().wait);
+  BucketNodes b(graph, first);
+  ir::Argument::ValueList by_rank;  // each [world, numel / world]: rank r's chunk is row r
+  std::vector<int64_t> numels;
+  for (const Scatter& s : bucket) {
+    by_rank.push_back(b.rows(s.reduce->arg(0).value(), world, "grad"));
+    numels.push_back(by_rank.back()->meta().sizes[1]);
+  }
+  std::vector<ir::Argument> args = first->args();
+  args[0] = ir::Argument(b.call("aten::cat", {by_rank, int64_t{1}}, "grads")->result());
+  ir::Value* reduced = b.call(first->op(), std::move(args), "reduce_scatter")->result();
+  ir::Value* flat = b.rows(b.call("crucible::wait_tensor", {reduced}, "wait")->result(), 1, "reduced");
+  ir::Node* split = b.call("aten::split_with_sizes", {flat, numels, int64_t{1}}, "split", numels.size());
+  for (size_t k = 0; k < bucket.size(); ++k) {
+    ir::Value* shard = bucket[k].wait->result();
+    shard->replace_all_uses_with(
+        b.call("aten::view", {split->result(k), shard->meta().sizes}, shard->name())->result());
+  }
+  for (const Scatter& s : bucket) {
+    graph.erase(s.wait);
+    graph.erase(s.reduce);
+  }
+}
+
+// Buckets the reduce_scatters in graph order. A bucket is issued at its
+// last member, so it takes another only while no node before that one
+// reads a member's result. Returns the reduce_scatters the step issues.
+size_t bucket_all_scatters(ir::Graph& graph, int64_t bucket_bytes) {
+  std::vector<Scatter> scatters;
+  for (ir::Node* n : graph.nodes())
+    if (n->is_call() && n->target() == "crucible::reduce_scatter_tensor" && n->result()->users().size() == 1 &&
+        n->result()->users().front()->target() == "crucible::wait_tensor")
+      scatters.push_back({n, n->result()->users().front()});
+  if (bucket_bytes <= 0) return scatters.size();
+  const Positions position = positions_of(graph);
+  std::vector<std::vector<Scatter>> buckets;
+  int64_t bytes = 0;
+  size_t read_at = 0;  // the open bucket's first read of a result
+  for (const Scatter& s : scatters) {
+    const int64_t more = s.reduce->arg(0).value()->meta().nbytes();
+    const bool fits = !buckets.empty() && bytes + more <= bucket_bytes && read_at > position.at(s.wait) &&
+                      bucket_key(buckets.back().front().reduce) == bucket_key(s.reduce);
+    if (!fits) {
+      buckets.emplace_back();
+      bytes = 0;
+      read_at = position.size();
+    }
+    buckets.back().push_back(s);
+    bytes += more;
+    for (const ir::Node* u : s.wait->result()->users()) read_at = std::min(read_at, position.at(u));
+  }
+  for (const std::vector<Scatter>& bucket : buckets)
+    if (bucket.size() > 1) bucket_scatters(graph, bucket);
+  return buckets.size();
+}
+
+// Merges consecutive gathers of one bucket_key into buckets of at most
+// `bucket_bytes`.
+std::vector<Gather> bucket_all_gathers(ir::Graph& graph, const std::vector<Gather>& gathers, int64_t bucket_bytes) {
+  if (bucket_bytes <= 0) return gathers;
+  auto bytes = [&](size_t i) { return gathers[i].gather()->result()->meta().nbytes(); };
+  std::vector<Gather> out;
+  for (size_t i = 0, end = 0; i < gathers.size(); i = end) {
+    const std::string key = bucket_key(gathers[i].gather());
+    int64_t held = bytes(i);
+    for (end = i + 1;
+         end < gathers.size() && held + bytes(end) <= bucket_bytes && bucket_key(gathers[end].gather()) == key; ++end)
+      held += bytes(end);
+    if (end == i + 1)
+      out.push_back(gathers[i]);
+    else
+      out.push_back(bucket_gathers(graph, {gathers.begin() + static_cast<std::ptrdiff_t>(i),
+                                           gathers.begin() + static_cast<std::ptrdiff_t>(end)}));
+  }
+  return out;
+}
+
 }  // namespace
 
 FullyShardReport schedule_fully_shard(ir::Graph& graph, const DataParallelOptions& options) {
   FullyShardReport report;
-  auto positions = [&graph] {
-    std::unordered_map<const ir::Node*, size_t> position;
-    for (const ir::Node* n : graph.nodes()) position.emplace(n, position.size());
-    return position;
-  };
   if (options.reshard_after_forward) {
-    const std::unordered_map<const ir::Node*, size_t> position = positions();
+    const Positions position = positions_of(graph);
     for (const Gather& g : gathers_of(graph)) report.regathers += regather(graph, g, position);
   }
+  report.reduce_scatters = bucket_all_scatters(graph, options.bucket_bytes);
   std::vector<Gather> gathers = gathers_of(graph);
   report.gathers = gathers.size();
-  // Prefetch: in the order of their first readers.
-  const std::unordered_map<const ir::Node*, size_t> position = positions();
+  // In the order of their first readers.
+  Positions position = positions_of(graph);
   auto first_reader = [&](const Gather& g) {
-    const std::vector<ir::Node*>& users = g.wait->result()->users();
-    return users.empty() ? nullptr
-                         : *std::min_element(users.begin(), users.end(), [&](const ir::Node* a, const ir::Node* b) {
-                             return position.at(a) < position.at(b);
-                           });
+    ir::Node* first = nullptr;
+    for (const ir::Value* v : g.outputs)
+      for (ir::Node* u : v->users())
+        if (first == nullptr || position.at(u) < position.at(first)) first = u;
+    return first;
   };
   std::erase_if(gathers, [&](const Gather& g) { return first_reader(g) == nullptr; });
+  std::stable_sort(gathers.begin(), gathers.end(), [&](const Gather& a, const Gather& b) {
+    return position.at(first_reader(a)) < position.at(first_reader(b));
+  });
+  gathers = bucket_all_gathers(graph, gathers, options.bucket_bytes);
+  report.all_gathers = gathers.size();
+  position = positions_of(graph);
   std::vector<ir::Node*> firsts;
   for (const Gather& g : gathers) firsts.push_back(first_reader(g));
-  std::vector<size_t> order(gathers.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return position.at(firsts[a]) < position.at(firsts[b]); });
-  // Gather k (in that order) is issued at the first reader of gather j, the
-  // earliest such that gathers j+1 .. k hold at most prefetch_bytes (j < k);
-  // a backward one no earlier than at the last forward one's, which would
-  // keep both gathers of a parameter alive.
+  // Gather k is waited for at its first reader, and issued at the wait for
+  // gather j, the earliest such that gathers j+1 .. k hold at most
+  // prefetch_bytes (j < k): ahead of the wait, which blocks the host on
+  // Gloo. A backward one is issued no earlier than at the last forward
+  // one's wait, which would keep both gathers of a parameter alive.
   std::optional<size_t> last_forward;
-  for (size_t k = 0; k < order.size(); ++k)
-    if (!in_backward(gathers[order[k]].gather)) last_forward = k;
+  for (size_t k = 0; k < gathers.size(); ++k)
+    if (!in_backward(gathers[k].gather())) last_forward = k;
   size_t j = 0;
   int64_t ahead_bytes = 0;  // of gathers j+1 .. k
-  auto bytes = [&](size_t k) { return gathers[order[k]].gather->result()->meta().nbytes(); };
-  for (size_t k = 0; k < order.size(); ++k) {
-    const Gather& g = gathers[order[k]];
+  auto bytes = [&](size_t k) { return gathers[k].gather()->result()->meta().nbytes(); };
+  for (size_t k = 0; k < gathers.size(); ++k) {
     if (k > 0) {
       if (last_forward && k > *last_forward && j < *last_forward) {
         for (size_t i = j + 1; i <= *last_forward; ++i) ahead_bytes -= bytes(i);
@@ -297,9 +489,9 @@ FullyShardReport schedule_fully_shard(ir::Graph& graph, const DataParallelOption
       }
       ahead_bytes += bytes(k);
       while (j + 1 < k && ahead_bytes > options.prefetch_bytes) ahead_bytes -= bytes(++j);
-      graph.move_before(g.gather, firsts[order[j]]);
+      for (ir::Node* n : gathers[k].issue) graph.move_before(n, gathers[j].wait());
     }
-    graph.move_before(g.wait, firsts[order[k]]);
+    for (ir::Node* n : gathers[k].unpack) graph.move_before(n, firsts[k]);
   }
   return report;
 }

@@ -68,8 +68,8 @@ namespace crucible::spmd {
 // while it runs, at compile time), so their graph is the user's loss, and
 // the step gathers around it as around the loss.
 // schedule_fully_shard then places the gathers (Note [Scheduling a
-// fully-sharded step]). Not yet: one collective per parameter (no
-// buckets), and no mixed-precision gathers.
+// fully-sharded step]) and packs them into buckets (Note [Buckets of a
+// fully-sharded step]). Not yet: mixed-precision gathers.
 //
 // Note [Scheduling a fully-sharded step]
 // As traced, every gather is issued before the loss and its result is
@@ -83,13 +83,43 @@ namespace crucible::spmd {
 //    again of that; the forward's is then dead after its last forward use.
 //    What the backward reads through other ops (a cast under autocast) is
 //    left as it is.
-//  - prefetch: each gather is issued just before the first use of an
-//    earlier parameter, so that the parameters gathered ahead of the one in
-//    use hold at most `prefetch_bytes` (at least the next one), and waited
-//    for just before its own first use. The backward's gathers are issued
-//    no earlier than the forward's last one is first read.
+//  - prefetch: each gather is waited for just before its own first use,
+//    and issued just before the wait for an earlier one, so that the
+//    parameters gathered ahead of the one in use hold at most
+//    `prefetch_bytes` (at least the next one), and are in flight while the
+//    host waits (Gloo's waits block it). The backward's gathers are issued
+//    no earlier than the forward's last one is waited for.
 // Every rank schedules the same graph alike, so the collectives keep one
 // order across ranks.
+//
+// Note [Buckets of a fully-sharded step]
+// One collective per parameter costs its latency per parameter (GPT-2
+// small: 222 gathers and 148 reduce_scatters a step; on the CPU, 4 to 7x
+// replicate's step). schedule_fully_shard packs them into buckets of
+// `bucket_bytes` as FSDP2 packs a module's parameters into one all_gather
+// (its foreach_all_gather and foreach_reduce), and SimpleFSDP's bucketing
+// in Inductor does by size:
+//  - gathers, consecutive in the order of their first readers and of one
+//    phase (forward or backward), dtype and group:
+//      shards   = cat([shard_1.view(1, -1), ...], 1)
+//      gathered = wait_tensor(all_gather_into_tensor(shards)).view(N, -1)
+//      param_k  = split_with_sizes(gathered, numels, 1)[k].clone().view(sizes_k)
+//    rank r's shards are row r of the gathered buffer, so each whole
+//    parameter is a column block of it, copied out (as FSDP2's
+//    split_with_sizes_copy); the buffer dies once the copies are made. The
+//    bucket is prefetched and waited for as one gather.
+//  - reduce_scatters, consecutive in graph order, where the bucket's last
+//    gradient is complete (and no member's result is read before):
+//      grads   = cat([pad(grad_1).view(N, -1), ...], 1)
+//      reduced = wait_tensor(reduce_scatter_tensor(grads, "avg")).view(1, -1)
+//      g'_k    = split_with_sizes(reduced, numels, 1)[k].view(shard sizes_k)
+//    rank r's chunks of every gradient are row r, so the reduced row is
+//    this rank's shards side by side, read in place.
+// A bucket takes the next collective while it then holds at most
+// bucket_bytes, so a parameter larger than that is gathered alone, without
+// the copies; bucket_bytes 0 keeps one collective per parameter. The
+// values are the same as unbucketed: the same elements are gathered, and
+// summed over the same ranks.
 
 /// How parameters are laid out over the ranks (the seed's DataParallelStyle).
 enum class DataParallelStyle {
@@ -107,8 +137,10 @@ DataParallelStyle parse_data_parallel_style(const std::string& name);
 struct DataParallelOptions {
   /// The process group (process_group.h) the collectives run on.
   std::string group = "default";
-  /// A bucket closes once it holds this many bytes (DDP's default, 25 MiB);
-  /// 0: one all_reduce per gradient. Replicate only.
+  /// Replicate: a bucket closes once it holds this many bytes (DDP's
+  /// default, 25 MiB). FullyShard: a bucket holds at most this many bytes
+  /// of gathered parameters, or of gradients (Note [Buckets of a
+  /// fully-sharded step]). 0: one collective per gradient or parameter.
   int64_t bucket_bytes = 25 * 1024 * 1024;
   /// Replicate (DDP) or FullyShard (FSDP).
   DataParallelStyle style = DataParallelStyle::Replicate;
@@ -123,10 +155,13 @@ struct DataParallelOptions {
 struct FullyShardReport {
   /// Parameters held as shards.
   size_t parameters = 0;
-  /// Gathers the step issues: one per parameter it reads, plus a second in
-  /// the backward for each it gathers again (`regathers`).
+  /// Parameters gathered: one per parameter the step reads, plus a second
+  /// in the backward for each it gathers again (`regathers`).
   size_t gathers = 0;
   size_t regathers = 0;
+  /// Collectives the step issues, gathers and gradients packed into buckets.
+  size_t all_gathers = 0;
+  size_t reduce_scatters = 0;
 };
 
 /// What the expansion made.
