@@ -57,9 +57,11 @@
 //                              attention FLOPs (ir/flop_count.h) per second
 //   BM_StepEager/<model>       the same step in eager LibTorch
 //   BM_SpmdStep/<model>/<MB>   the data-parallel step, gradient buckets of MB MiB
-//   BM_FullyShardStep/<model>/<MB>  the fully-sharded step (parameters,
+//   BM_FullyShardStep/<model>/<MB>/b<B>  the fully-sharded step (parameters,
 //                              gradients and optimizer state sharded), MB MiB
-//                              of parameters gathered ahead of their use
+//                              of parameters gathered ahead of their use,
+//                              gathers and gradients in buckets of B MiB (0:
+//                              one collective per parameter)
 //   BM_GradAllReduce/<model>/<MB>  that step's buckets alone, all_reduced one
 //                              after another: the communication the step has
 //                              to hide (hidden = this - (SpmdStep - Step));
@@ -104,6 +106,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <sys/prctl.h>
@@ -395,21 +398,25 @@ void step_spmd(benchmark::State& state, int64_t bucket_mb) {
 }
 
 // The fully-sharded step (Note [Fully-sharded step]): parameters gathered
-// ahead of their use up to `prefetch_mb` MiB, reshard after forward.
-void step_fully_shard(benchmark::State& state, int64_t prefetch_mb) {
+// ahead of their use up to `prefetch_mb` MiB, reshard after forward, and
+// buckets of `bucket_mb` MiB (0: one collective per parameter).
+void step_fully_shard(benchmark::State& state, int64_t prefetch_mb, int64_t bucket_mb) {
   Replica r;
   spmd::SpmdOptions o;
   o.builder = builder();
   o.parallel_mode.group = context().group->name();
   o.parallel_mode.style = spmd::DataParallelStyle::FullyShard;
   o.parallel_mode.prefetch_bytes = prefetch_mb << 20;
+  o.parallel_mode.bucket_bytes = bucket_mb << 20;
   o.broadcast_buffers = context().flags.broadcast_buffers == "on";
   spmd::SpmdStep step = spmd::compile(r.model.module, *r.optimizer, loss_fn(r.model), o);
   step.compile(r.batch);
   time_steps(state, [&] { return step(r.batch); });
-  trace_steps("FullyShardStep_" + context().flags.model + "_" + std::to_string(prefetch_mb),
-              [&] { return step(r.batch); });
-  state.counters["gathers"] = static_cast<double>(step.report().fully_shard.gathers);
+  trace_steps(
+      "FullyShardStep_" + context().flags.model + "_" + std::to_string(prefetch_mb) + "_b" + std::to_string(bucket_mb),
+      [&] { return step(r.batch); });
+  state.counters["all_gathers"] = static_cast<double>(step.report().fully_shard.all_gathers);
+  state.counters["reduce_scatters"] = static_cast<double>(step.report().fully_shard.reduce_scatters);
 }
 
 // One all_reduce per tensor, in order, through the functional collectives the
@@ -473,9 +480,10 @@ void register_rows() {
     fixed(benchmark::RegisterBenchmark(("BM_SpmdStep/" + suffix).c_str(), step_spmd, mb), c.flags.steps);
     fixed(benchmark::RegisterBenchmark(("BM_GradAllReduce/" + suffix).c_str(), grad_all_reduce, mb), c.flags.steps);
   }
-  for (const int64_t mb : {4, 25, 100})
-    fixed(benchmark::RegisterBenchmark(("BM_FullyShardStep/" + m + "/" + std::to_string(mb)).c_str(), step_fully_shard,
-                                       mb),
+  for (const auto& [prefetch, bucket] : {std::pair{4, 0}, std::pair{25, 0}, std::pair{25, 25}, std::pair{100, 25}})
+    fixed(benchmark::RegisterBenchmark(
+              ("BM_FullyShardStep/" + m + "/" + std::to_string(prefetch) + "/b" + std::to_string(bucket)).c_str(),
+              step_fully_shard, int64_t{prefetch}, int64_t{bucket}),
           c.flags.steps);
   for (const int64_t mb : {1, 4, 25, 100, 1024})
     fixed(benchmark::RegisterBenchmark(("BM_AllReduce/" + std::to_string(mb)).c_str(), all_reduce_bandwidth, mb), 20);

@@ -16,12 +16,13 @@ the zoo's too: mean cross-entropy, backward, AdamW(3e-4) (torch's default,
 the foreach implementation on CUDA). DDP keeps its defaults (BatchNorm's
 running statistics broadcast from rank 0 at every forward). Each timed
 step ends by reading the loss, which waits for the step's kernels, as the
-C++ rows do. --fsdp adds FSDP2 (torch.distributed.fsdp.fully_shard on each
-transformer block or residual block, then the model; its defaults: fp32,
-reshard after forward), with --compile also compiled. Rows are printed as
-`name  ms/step  samples/s  peak MiB` (samples of the global batch; the
-peak is torch.cuda.max_memory_allocated over the timed steps, the
-parameters, gradients and optimizer state included).
+C++ rows do. --fused: AdamW(fused=True) instead, in every row. --fsdp adds
+FSDP2 (torch.distributed.fsdp.fully_shard on each transformer block or
+residual block, then the model; its defaults: fp32, reshard after forward),
+with --compile also compiled. Rows are printed as `name ms/step samples/s
+peak MiB` (samples of the global batch; the peak is
+torch.cuda.max_memory_allocated over the timed steps, the parameters,
+gradients and optimizer state included).
 """
 import argparse
 import os
@@ -32,8 +33,8 @@ import torch.distributed as dist
 from torch_zoo import MODEL_NAMES, WithLoss, make_model
 
 
-def time_steps(name, model, batch, steps, global_batch, rank):
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+def time_steps(name, model, batch, steps, global_batch, rank, fused=False):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=fused or None)
     inputs, targets = batch
 
     def step():
@@ -65,6 +66,8 @@ def main():
     ap.add_argument("--matmul-precision", default="highest", choices=["highest", "high"])
     ap.add_argument("--compile", action="store_true", help="also time torch.compile(model) (default mode)")
     ap.add_argument("--fsdp", action="store_true", help="also time FSDP2's fully_shard (with --compile, compiled too)")
+    ap.add_argument("--fused", action="store_true",
+                    help="AdamW's fused (single-kernel) implementation in every row, as a PyTorch user chasing speed would pick")
     ap.add_argument("--dist-backend", default="nccl", choices=["nccl", "gloo"],
                     help="gloo lets ranks share GPUs (local rank modulo the count): to compare memory on one GPU")
     args = ap.parse_args()
@@ -90,18 +93,18 @@ def main():
     global_batch = args.batch * world
     name = f"{args.model}-{args.size}"
     if not distributed:
-        time_steps(f"eager/{name}", fresh(), batch, args.steps, global_batch, rank)
+        time_steps(f"eager/{name}", fresh(), batch, args.steps, global_batch, rank, args.fused)
         if args.compile:
-            time_steps(f"compile/{name}", torch.compile(fresh()), batch, args.steps, global_batch, rank)
+            time_steps(f"compile/{name}", torch.compile(fresh()), batch, args.steps, global_batch, rank, args.fused)
         return
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     for mb in (float(b) for b in args.buckets.split(",")):
         model = DDP(fresh(), device_ids=[device.index], bucket_cap_mb=mb)
-        time_steps(f"ddp/{name}/{mb:g}", model, batch, args.steps, global_batch, rank)
+        time_steps(f"ddp/{name}/{mb:g}", model, batch, args.steps, global_batch, rank, args.fused)
         if args.compile:
             model = torch.compile(DDP(fresh(), device_ids=[device.index], bucket_cap_mb=mb))
-            time_steps(f"ddp-compile/{name}/{mb:g}", model, batch, args.steps, global_batch, rank)
+            time_steps(f"ddp-compile/{name}/{mb:g}", model, batch, args.steps, global_batch, rank, args.fused)
     if args.fsdp:
         from torch.distributed.fsdp import fully_shard
 
@@ -114,10 +117,10 @@ def main():
 
         del model
         torch.cuda.empty_cache()
-        time_steps(f"fsdp2/{name}", sharded(), batch, args.steps, global_batch, rank)
+        time_steps(f"fsdp2/{name}", sharded(), batch, args.steps, global_batch, rank, args.fused)
         if args.compile:
             torch.cuda.empty_cache()
-            time_steps(f"fsdp2-compile/{name}", torch.compile(sharded()), batch, args.steps, global_batch, rank)
+            time_steps(f"fsdp2-compile/{name}", torch.compile(sharded()), batch, args.steps, global_batch, rank, args.fused)
     dist.destroy_process_group()
 
 
