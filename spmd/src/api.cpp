@@ -218,11 +218,23 @@ SpmdStep compile(std::shared_ptr<torch::nn::Module> module, torch::optim::Optimi
     std::vector<at::Tensor> params;
     for (const torch::optim::OptimizerParamGroup& g : optimizer.param_groups())
       params.insert(params.end(), g.params().begin(), g.params().end());
-    s->fully_shard = std::make_shared<detail::FullyShard>(s->group, options.parallel_mode.group, std::move(params));
+    s->fully_shard = std::make_shared<detail::FullyShard>(s->group, options.parallel_mode.group, std::move(params),
+                                                          options.parallel_mode.param_dtype);
+    if (const std::optional<c10::ScalarType> dtype = options.parallel_mode.param_dtype)
+      loss_fn = [dtype = *dtype, loss = std::move(loss_fn)](torch::nn::Module& m,
+                                                            const std::vector<at::Tensor>& batch) {
+        std::vector<at::Tensor> cast;
+        for (const at::Tensor& t : batch) cast.push_back(t.is_floating_point() ? t.to(dtype) : t);
+        return loss(m, cast);
+      };
     step_options.around_loss = s->fully_shard->around_loss();
     step_options.around_pre_grad_trace = s->fully_shard->around_pre_grad_trace();
     step_options.gradient_hook = s->fully_shard->gradient_hook();
   } else {
+    if (options.parallel_mode.param_dtype)
+      throw SpmdError(
+          "spmd::compile: DataParallelOptions::param_dtype is fully_shard's (the dtype parameters are "
+          "gathered in); under replicate, run the loss under autocast (runtime::AutocastGuard) instead");
     step_options.gradient_hook = [](std::vector<at::Tensor> grads) {
       for (at::Tensor& g : grads)
         if (g.defined()) g = tag_grad(g);

@@ -9,6 +9,7 @@
 #include <crucible/spmd/error.h>
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/nn/module.h>
 
 #include <algorithm>
@@ -20,8 +21,9 @@
 
 namespace crucible::spmd::detail {
 
-FullyShard::FullyShard(ProcessGroup group, std::string group_name, std::vector<at::Tensor> params)
-    : group_(std::move(group)), group_name_(std::move(group_name)) {
+FullyShard::FullyShard(ProcessGroup group, std::string group_name, std::vector<at::Tensor> params,
+                       std::optional<c10::ScalarType> param_dtype)
+    : group_(std::move(group)), group_name_(std::move(group_name)), param_dtype_(param_dtype) {
   for (at::Tensor& t : params) {
     Param p;
     p.tensor = std::move(t);
@@ -67,10 +69,22 @@ void FullyShard::shard(const pipeline::OptimizerState& state) {
     p.sizes = p.tensor.sizes().vec();
     p.rows = p.sizes.empty() ? 1 : p.sizes[0];
     p.chunk = (p.rows + world - 1) / world;
+    p.dtype = p.tensor.scalar_type();
     for (const at::Tensor* t : buffers_of(state.params.at(i), p.tensor.sizes())) t->set_data(cut(*t, p));
     p.tensor.set_data(cut(p.tensor, p));
   }
   sharded_ = true;
+}
+
+at::Tensor FullyShard::to_gather(const at::Tensor& shard) const {
+  if (!param_dtype_) return shard;
+  // The shard a trace reads is its plain copy of the parameter, never a
+  // functional tensor, and so is all that the gather makes of it. Under
+  // functionalization (AOTAutograd's analysis) a cast would wrap its result
+  // in one, which set_data cannot put into the plain parameter: cast below
+  // it.
+  const c10::impl::ExcludeDispatchKeyGuard plain(c10::DispatchKey::Functionalize);
+  return shard.to(*param_dtype_);
 }
 
 at::Tensor FullyShard::gather(const at::Tensor& shard, const Param& p) const {
@@ -112,7 +126,8 @@ pipeline::AroundLoss FullyShard::around_loss() {
       // to point it back at once the backward is done.
       p.traced_shard = p.tensor.variable_data();
       p.grad_shard = at::Tensor();
-      const at::Tensor gathered = wait_tensor(all_gather_into_tensor(p.traced_shard, world, self->group_name_));
+      const at::Tensor gathered =
+          wait_tensor(all_gather_into_tensor(self->to_gather(p.traced_shard), world, self->group_name_));
       p.tensor.set_data(self->whole_of(gathered, p));
       // The backward calls it once with the parameter's whole gradient (the
       // sum over every use), as soon as it is complete.
@@ -120,7 +135,7 @@ pipeline::AroundLoss FullyShard::around_loss() {
         const std::shared_ptr<FullyShard> fs = weak.lock();
         if (!fs) return;
         Param& q = fs->params_[i];
-        at::Tensor rows = grad.reshape({q.rows, -1});
+        at::Tensor rows = grad.to(q.dtype).reshape({q.rows, -1});
         if (q.chunk * world != q.rows) rows = at::constant_pad_nd(rows, {0, 0, 0, q.chunk * world - q.rows});
         std::vector<int64_t> sizes = q.sizes.empty() ? std::vector<int64_t>{1} : q.sizes;
         sizes[0] = q.chunk * world;
@@ -146,7 +161,7 @@ std::function<void(bool)> FullyShard::around_pre_grad_trace() {
     at::NoGradGuard no_grad;
     try {
       for (Param& p : self->params_) {
-        const at::Tensor whole = self->gather(p.tensor, p);
+        const at::Tensor whole = self->gather(self->to_gather(p.tensor), p);
         p.untraced_shard = p.tensor.variable_data();
         p.tensor.set_data(whole);
       }
@@ -311,16 +326,42 @@ std::string bucket_key(const ir::Node* collective) {
   return key.str();
 }
 
+// The earliest of `bucket`'s gathers in graph order: what a bucket of them
+// replaces must come before every reader of each.
+ir::Node* earliest(const std::vector<Gather>& bucket, const Positions& position) {
+  ir::Node* first = bucket.front().gather();
+  for (const Gather& g : bucket)
+    if (position.at(g.gather()) < position.at(first)) first = g.gather();
+  return first;
+}
+
+// Whether `g`'s shard can be computed before `at`: it is, or the call that
+// computes it (a cast to param_dtype, traced just before its own gather)
+// reads only values computed before `at`.
+bool shard_ready(const Gather& g, const ir::Node* at, const Positions& position) {
+  const ir::Node* def = g.gather()->arg(0).value()->node();
+  if (position.at(def) < position.at(at)) return true;
+  const std::vector<ir::Value*> inputs = def->inputs();
+  return def->is_call() && std::all_of(inputs.begin(), inputs.end(),
+                                       [&](const ir::Value* v) { return position.at(v->node()) < position.at(at); });
+}
+
 // One all_gather for the gathers of `bucket`: Note [Buckets of a
-// fully-sharded step].
-Gather bucket_gathers(ir::Graph& graph, const std::vector<Gather>& bucket) {
+// fully-sharded step]. Its nodes go where the earliest of them was issued
+// (its shards' casts moved there first); schedule_fully_shard then moves
+// them.
+Gather bucket_gathers(ir::Graph& graph, const std::vector<Gather>& bucket, const Positions& position) {
   const ir::Node* first = bucket.front().gather();
   const int64_t world = first->arg(1).constant().toInt();
+  ir::Node* at_first = earliest(bucket, position);
+  for (const Gather& g : bucket)
+    if (ir::Node* def = g.gather()->arg(0).value()->node(); position.at(def) > position.at(at_first))
+      graph.move_before(def, at_first);
   Gather out;
   std::vector<int64_t> numels;
   ir::Value* gathered = nullptr;
   {
-    ir::Graph::InsertGuard at(graph, bucket.front().gather());
+    ir::Graph::InsertGuard at(graph, at_first);
     BucketNodes b(graph, first);
     ir::Argument::ValueList flat;
     for (const Gather& g : bucket) {
@@ -333,7 +374,7 @@ Gather bucket_gathers(ir::Graph& graph, const std::vector<Gather>& bucket) {
     gathered = b.call(first->op(), std::move(args), "all_gather")->result();
     out.issue = std::move(b.nodes);
   }
-  ir::Graph::InsertGuard at(graph, bucket.front().wait());
+  ir::Graph::InsertGuard at(graph, at_first);
   BucketNodes b(graph, first);
   // Rank r's shards are row r: [world, the sum of the numels].
   ir::Value* by_rank = b.rows(b.call("crucible::wait_tensor", {gathered}, "wait")->result(), world, "gathered");
@@ -424,19 +465,26 @@ size_t bucket_all_scatters(ir::Graph& graph, int64_t bucket_bytes) {
 // `bucket_bytes`.
 std::vector<Gather> bucket_all_gathers(ir::Graph& graph, const std::vector<Gather>& gathers, int64_t bucket_bytes) {
   if (bucket_bytes <= 0) return gathers;
+  const Positions position = positions_of(graph);
   auto bytes = [&](size_t i) { return gathers[i].gather()->result()->meta().nbytes(); };
   std::vector<Gather> out;
   for (size_t i = 0, end = 0; i < gathers.size(); i = end) {
     const std::string key = bucket_key(gathers[i].gather());
     int64_t held = bytes(i);
-    for (end = i + 1;
-         end < gathers.size() && held + bytes(end) <= bucket_bytes && bucket_key(gathers[end].gather()) == key; ++end)
-      held += bytes(end);
+    auto joins = [&](size_t k) {
+      if (held + bytes(k) > bucket_bytes || bucket_key(gathers[k].gather()) != key) return false;
+      std::vector<Gather> with(gathers.begin() + static_cast<std::ptrdiff_t>(i),
+                               gathers.begin() + static_cast<std::ptrdiff_t>(k) + 1);
+      const ir::Node* at = earliest(with, position);
+      return std::all_of(with.begin(), with.end(), [&](const Gather& g) { return shard_ready(g, at, position); });
+    };
+    for (end = i + 1; end < gathers.size() && joins(end); ++end) held += bytes(end);
     if (end == i + 1)
       out.push_back(gathers[i]);
     else
-      out.push_back(bucket_gathers(graph, {gathers.begin() + static_cast<std::ptrdiff_t>(i),
-                                           gathers.begin() + static_cast<std::ptrdiff_t>(end)}));
+      out.push_back(bucket_gathers(
+          graph, {gathers.begin() + static_cast<std::ptrdiff_t>(i), gathers.begin() + static_cast<std::ptrdiff_t>(end)},
+          position));
   }
   return out;
 }

@@ -22,7 +22,9 @@ class FullyShard : public std::enable_shared_from_this<FullyShard> {
  public:
   /// `params`: the optimizer's parameters in its order (the order
   /// pipeline's gradient hook gives their gradients in), whole.
-  FullyShard(ProcessGroup group, std::string group_name, std::vector<at::Tensor> params);
+  /// `param_dtype`: DataParallelOptions::param_dtype.
+  FullyShard(ProcessGroup group, std::string group_name, std::vector<at::Tensor> params,
+             std::optional<c10::ScalarType> param_dtype);
 
   /// Cuts every parameter and the tensors of `state` (the optimizer's own,
   /// TrainStep::optimizer_state(), one ParamState per parameter) of the
@@ -57,6 +59,7 @@ class FullyShard : public std::enable_shared_from_this<FullyShard> {
     std::vector<int64_t> sizes;  // the whole parameter's
     int64_t rows = 0;            // dim 0 (1 for a 0-dim parameter)
     int64_t chunk = 0;           // rows of a shard: ceil(rows / world)
+    c10::ScalarType dtype{};     // the shard's (the master copy's)
     // While the pre-grad passes trace the loss: the shard, put back after.
     at::Tensor untraced_shard;
     // While a step traces: the shard it was given, the hook on the
@@ -68,6 +71,8 @@ class FullyShard : public std::enable_shared_from_this<FullyShard> {
   at::Tensor cut(const at::Tensor& whole, const Param& p) const;
   at::Tensor whole_of(const at::Tensor& gathered, const Param& p) const;
   at::Tensor gather(const at::Tensor& shard, const Param& p) const;
+  // The shard as it is gathered: cast to param_dtype_.
+  at::Tensor to_gather(const at::Tensor& shard) const;
   // Removes the hooks and, with `point_back`, points every parameter back
   // at the shard its trace was given.
   void restore(bool point_back);
@@ -75,6 +80,7 @@ class FullyShard : public std::enable_shared_from_this<FullyShard> {
   ProcessGroup group_;
   std::string group_name_;
   std::vector<Param> params_;
+  std::optional<c10::ScalarType> param_dtype_;
   bool sharded_ = false;
 };
 

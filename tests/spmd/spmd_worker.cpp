@@ -172,6 +172,8 @@ int main(int argc, char** argv) {
   spmd::SpmdOptions options;
   options.parallel_mode.bucket_bytes = bucket_bytes;
   options.parallel_mode.style = scenario == "checkpoint" ? spmd::DataParallelStyle::FullyShard : style();
+  if (const char* dtype = std::getenv("CRUCIBLE_TEST_PARAM_DTYPE"); dtype && std::string(dtype) == "bf16")
+    options.parallel_mode.param_dtype = at::kBFloat16;
   options.builder.backend(compiler());
   pipeline::LossFn loss = models::loss_of(model);
   if (scenario == "trace_fails" && rank == world - 1)

@@ -5,8 +5,11 @@
 
 #include <crucible/ir/graph.h>
 
+#include <c10/core/ScalarType.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,7 +72,9 @@ namespace crucible::spmd {
 // the step gathers around it as around the loss.
 // schedule_fully_shard then places the gathers (Note [Scheduling a
 // fully-sharded step]) and packs them into buckets (Note [Buckets of a
-// fully-sharded step]). Not yet: mixed-precision gathers.
+// fully-sharded step]). With DataParallelOptions::param_dtype (mixed
+// precision) the shard is cast before its gather, and the gradient back
+// to the shard's dtype before its reduce_scatter.
 //
 // Note [Scheduling a fully-sharded step]
 // As traced, every gather is issued before the loss and its result is
@@ -149,6 +154,16 @@ struct DataParallelOptions {
   bool reshard_after_forward = true;
   /// FullyShard: bytes of parameters gathered ahead of the one in use.
   int64_t prefetch_bytes = 25 * 1024 * 1024;
+  /// FullyShard: the dtype parameters are gathered in, and the loss and its
+  /// backward compute in (FSDP2's MixedPrecisionPolicy::param_dtype, e.g.
+  /// bf16); nullopt: the parameters' own. The shards, the optimizer's state
+  /// and its update stay in the parameters' dtype (the fp32 master copy).
+  /// Gradients are cast back to it before the reduce_scatter, so the ranks
+  /// sum them in it (FSDP2's reduce_dtype = float32), and the batch's
+  /// floating-point tensors are cast to param_dtype before the loss
+  /// (FSDP2's cast_forward_inputs). spmd::compile throws SpmdError when it
+  /// is set under Replicate.
+  std::optional<c10::ScalarType> param_dtype;
 };
 
 /// What schedule_fully_shard made.
