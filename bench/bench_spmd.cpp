@@ -33,7 +33,10 @@
 // would: Note [Threads on a shared machine] in inductor/src/runtime/threads.cpp),
 // --dist-backend auto|gloo|nccl (the group's; ranks beyond the GPUs share
 // them, local rank modulo the count, which only Gloo allows: to compare a
-// rank's memory under replicate and fully_shard on one GPU).
+// rank's memory under replicate and fully_shard on one GPU), --param-dtype
+// off|bf16 (the fully-sharded rows: DataParallelOptions::param_dtype, the
+// parameters gathered in bf16 over float32 shards, as FSDP2's
+// MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32)).
 //
 // Under `crucible launch` the step rows count slowest_rank_ms: the most
 // milliseconds a step took on any rank (each row is rank 0's own time).
@@ -120,7 +123,7 @@ using namespace crucible;
 struct Flags {
   std::string model = "gpt", size = "small", device = "cpu", backend = "interpreter", matmul_precision = "highest",
               memory_format = "contiguous", remat = "auto", remat_ban = "off", pre_grad_passes, autocast = "off",
-              broadcast_buffers = "on", trace, dist_backend = "auto";
+              broadcast_buffers = "on", trace, dist_backend = "auto", param_dtype = "off";
   int64_t batch = 8, steps = 20, busy = 0;
   double peak_tflops = 0;  // the device's peak for the step's dtype; 0: no MFU
 };
@@ -140,7 +143,8 @@ Flags parse_flags(int& argc, char** argv) {
                                               {"--autocast", &f.autocast},
                                               {"--broadcast-buffers", &f.broadcast_buffers},
                                               {"--trace", &f.trace},
-                                              {"--dist-backend", &f.dist_backend}};
+                                              {"--dist-backend", &f.dist_backend},
+                                              {"--param-dtype", &f.param_dtype}};
   std::map<std::string, int64_t*> ints{{"--batch", &f.batch}, {"--steps", &f.steps}, {"--busy", &f.busy}};
   std::map<std::string, double*> doubles{{"--peak-tflops", &f.peak_tflops}};
   int kept = 1;
@@ -159,6 +163,8 @@ Flags parse_flags(int& argc, char** argv) {
     }
   }
   argc = kept;
+  if (f.param_dtype != "off" && f.param_dtype != "bf16")
+    throw std::runtime_error("--param-dtype must be off or bf16, not " + f.param_dtype);
   return f;
 }
 
@@ -408,6 +414,7 @@ void step_fully_shard(benchmark::State& state, int64_t prefetch_mb, int64_t buck
   o.parallel_mode.style = spmd::DataParallelStyle::FullyShard;
   o.parallel_mode.prefetch_bytes = prefetch_mb << 20;
   o.parallel_mode.bucket_bytes = bucket_mb << 20;
+  if (context().flags.param_dtype == "bf16") o.parallel_mode.param_dtype = at::kBFloat16;
   o.broadcast_buffers = context().flags.broadcast_buffers == "on";
   spmd::SpmdStep step = spmd::compile(r.model.module, *r.optimizer, loss_fn(r.model), o);
   step.compile(r.batch);

@@ -18,8 +18,9 @@ running statistics broadcast from rank 0 at every forward). Each timed
 step ends by reading the loss, which waits for the step's kernels, as the
 C++ rows do. --fused: AdamW(fused=True) instead, in every row. --fsdp adds
 FSDP2 (torch.distributed.fsdp.fully_shard on each transformer block or
-residual block, then the model; its defaults: fp32, reshard after forward),
-with --compile also compiled. Rows are printed as `name ms/step samples/s
+residual block, then the model; its defaults: fp32, reshard after forward;
+--fsdp-param-dtype bfloat16: MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=float32)), with --compile also compiled. Rows are printed as `name ms/step samples/s
 peak MiB` (samples of the global batch; the peak is
 torch.cuda.max_memory_allocated over the timed steps, the parameters,
 gradients and optimizer state included).
@@ -62,10 +63,12 @@ def main():
     ap.add_argument("--size", choices=("small", "full"), default="small")
     ap.add_argument("--batch", type=int, default=8, help="per GPU")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--buckets", default="1,4,25,100", help="DDP bucket_cap_mb values, comma-separated")
+    ap.add_argument("--buckets", default="1,4,25,100", help="DDP bucket_cap_mb values, comma-separated (empty: no DDP row)")
     ap.add_argument("--matmul-precision", default="highest", choices=["highest", "high"])
     ap.add_argument("--compile", action="store_true", help="also time torch.compile(model) (default mode)")
     ap.add_argument("--fsdp", action="store_true", help="also time FSDP2's fully_shard (with --compile, compiled too)")
+    ap.add_argument("--fsdp-param-dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="FSDP2's MixedPrecisionPolicy(param_dtype, reduce_dtype=float32)")
     ap.add_argument("--fused", action="store_true",
                     help="AdamW's fused (single-kernel) implementation in every row, as a PyTorch user chasing speed would pick")
     ap.add_argument("--dist-backend", default="nccl", choices=["nccl", "gloo"],
@@ -99,28 +102,33 @@ def main():
         return
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    for mb in (float(b) for b in args.buckets.split(",")):
+    for mb in (float(b) for b in args.buckets.split(",") if b):
         model = DDP(fresh(), device_ids=[device.index], bucket_cap_mb=mb)
         time_steps(f"ddp/{name}/{mb:g}", model, batch, args.steps, global_batch, rank, args.fused)
         if args.compile:
             model = torch.compile(DDP(fresh(), device_ids=[device.index], bucket_cap_mb=mb))
             time_steps(f"ddp-compile/{name}/{mb:g}", model, batch, args.steps, global_batch, rank, args.fused)
     if args.fsdp:
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        bf16 = args.fsdp_param_dtype == "bfloat16"
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else \
+            MixedPrecisionPolicy()
 
         def sharded():
             model = fresh()
             for m in model.modules():
                 if type(m).__name__ in ("Block", "BasicBlock"):
-                    fully_shard(m)
-            return fully_shard(model)
+                    fully_shard(m, mp_policy=policy)
+            return fully_shard(model, mp_policy=policy)
 
-        del model
+        model = None  # the last DDP row's, if any
         torch.cuda.empty_cache()
-        time_steps(f"fsdp2/{name}", sharded(), batch, args.steps, global_batch, rank, args.fused)
+        tag = "-bf16" if bf16 else ""
+        time_steps(f"fsdp2{tag}/{name}", sharded(), batch, args.steps, global_batch, rank, args.fused)
         if args.compile:
             torch.cuda.empty_cache()
-            time_steps(f"fsdp2-compile/{name}", torch.compile(sharded()), batch, args.steps, global_batch, rank, args.fused)
+            time_steps(f"fsdp2{tag}-compile/{name}", torch.compile(sharded()), batch, args.steps, global_batch, rank, args.fused)
     dist.destroy_process_group()
 
 
