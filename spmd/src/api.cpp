@@ -327,6 +327,20 @@ void SpmdStep::unshard() const {
   if (state_->fully_shard) state_->fully_shard->unshard(state_->step->optimizer_state());
 }
 
+std::vector<std::pair<std::string, at::Tensor>> SpmdStep::full_state_dict() const {
+  const bool keep = state_->group.rank() == 0;
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  auto add = [&](const std::string& name, const at::Tensor& t) {
+    const at::Tensor whole = state_->fully_shard ? state_->fully_shard->whole(t) : t;
+    if (keep) out.emplace_back(name, whole.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
+  };
+  for (const auto& p : state_->module->named_parameters(/*recurse=*/true))
+    if (p.value().defined()) add(p.key(), p.value());
+  for (const auto& b : state_->module->named_buffers(/*recurse=*/true))
+    if (b.value().defined()) add(b.key(), b.value());
+  return out;
+}
+
 const SpmdReport& SpmdStep::report() const {
   std::lock_guard lock(state_->mu);
   if (!state_->report) throw SpmdError("SpmdStep::report: nothing is compiled yet; call the step first");

@@ -92,6 +92,16 @@ at::Tensor FullyShard::gather(const at::Tensor& shard, const Param& p) const {
   return whole_of(gathered, p).clone(at::MemoryFormat::Contiguous);
 }
 
+at::Tensor FullyShard::whole(const at::Tensor& param) const {
+  if (!sharded_) return param;
+  for (const Param& p : params_)
+    if (p.tensor.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) {
+      at::NoGradGuard no_grad;
+      return gather(p.tensor, p);
+    }
+  return param;
+}
+
 void FullyShard::unshard(const pipeline::OptimizerState& state) {
   if (!sharded_) return;
   at::NoGradGuard no_grad;

@@ -37,6 +37,10 @@ class FullyShard : public std::enable_shared_from_this<FullyShard> {
   /// whole.
   void unshard(const pipeline::OptimizerState& state);
   bool sharded() const { return sharded_; }
+  /// `param` whole, gathered from the ranks' shards (a blocking all_gather:
+  /// every rank calls it alike) where it is a sharded parameter while
+  /// sharded; `param` itself otherwise.
+  at::Tensor whole(const at::Tensor& param) const;
 
   /// The step's TrainStepOptions::around_loss: whole parameters in place of
   /// the shards while the loss and its backward run (traced: all_gather,

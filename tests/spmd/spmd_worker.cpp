@@ -56,6 +56,10 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "ddp_programs.h"
 
@@ -203,6 +207,19 @@ int main(int argc, char** argv) {
       // The whole model between two steps, which the next one shards again.
       if (scenario == "train" && options.parallel_mode.style == spmd::DataParallelStyle::FullyShard && s == 3)
         step.unshard();
+    }
+    // Rank 0's full state dict, gathered from the shards, beside the whole
+    // parameters unshard() gives (rank<R>.bin): the test compares them.
+    const std::vector<std::pair<std::string, at::Tensor>> full = step.full_state_dict();
+    if (rank != 0 && !full.empty()) throw std::runtime_error("full_state_dict: a rank other than 0 got tensors");
+    if (rank == 0) {
+      std::ofstream out(dir + "/rank0.full.bin", std::ios::binary);
+      size_t i = 0;
+      for (const auto& p : model.module->named_parameters()) {
+        if (full.at(i).first != p.key()) throw std::runtime_error("full_state_dict: " + full.at(i).first + " first");
+        const at::Tensor c = full.at(i++).second.to(at::kFloat).contiguous();
+        out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+      }
     }
     step.unshard();
   } catch (const std::exception& e) {

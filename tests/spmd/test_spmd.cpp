@@ -695,6 +695,18 @@ TEST_CASE("fully_shard over 2 to 4 Gloo ranks trains as replicate and as one pro
       const Reference s = read_rank(sharded.dir, rank, ref.params.numel());
       const Reference r = read_rank(replicated.dir, rank, ref.params.numel());
       REQUIRE_EQUAL_TENSORS(s.params, s0.params);  // every rank gathers the same model
+      if (rank == 0) {
+        // Rank 0's full state dict (SpmdStep::full_state_dict, gathered
+        // while the module held its shards) is the whole model unshard()
+        // gathered after it, and the replicated run's rank 0 writes its own.
+        for (const fs::path& dir : {sharded.dir, replicated.dir}) {
+          const std::string bytes = read_file(dir / "rank0.full.bin");
+          REQUIRE(bytes.size() == static_cast<size_t>(ref.params.numel()) * sizeof(float));
+          const at::Tensor full =
+              at::from_blob(const_cast<char*>(bytes.data()), {ref.params.numel()}, at::kFloat).clone();
+          REQUIRE_EQUAL_TENSORS(full, dir == sharded.dir ? s.params : r.params);
+        }
+      }
       if (c.nproc == 2)
         REQUIRE_EQUAL_TENSORS(s.params, r.params);
       else

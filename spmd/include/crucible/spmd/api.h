@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace crucible::spmd {
@@ -126,6 +127,17 @@ class SpmdStep {
   /// per rank, for a job of the same world size.) A no-op under Replicate
   /// and while whole. Throws SpmdError when a gather fails.
   void unshard() const;
+  /// The module's state whole, on the CPU, on rank 0 alone: its parameters
+  /// then its buffers, named and ordered as named_parameters() and
+  /// named_buffers() give them (every other rank gets an empty list), as
+  /// FSDP2's get_model_state_dict(model, StateDictOptions(
+  /// full_state_dict=True, cpu_offload=True)): one checkpoint a single
+  /// process can load. Under FullyShard each sharded parameter is gathered
+  /// in turn (an all_gather: every rank calls this at the same point), so a
+  /// rank holds one whole parameter at a time on its device, and the module
+  /// keeps its shards. Under Replicate, rank 0's own tensors, copied. Throws
+  /// SpmdError when a gather fails.
+  std::vector<std::pair<std::string, at::Tensor>> full_state_dict() const;
   /// Throws SpmdError before the first compilation.
   const SpmdReport& report() const;
 
