@@ -1,8 +1,8 @@
 // One rank of the multi-process spmd tests (test_spmd.cpp starts it with
 // spmd::launch). Usage: spmd_worker SCENARIO OUT_DIR MODEL OPTIMIZER BUCKET_BYTES
-//   train     10 steps on this rank's shard of each global batch; writes
-//             OUT_DIR/rank<R>.bin: the 10 losses (float64), then every
-//             parameter (float32, module order).
+//   train     10 steps (CRUCIBLE_TEST_STEPS) on this rank's shard of each
+//             global batch; writes OUT_DIR/rank<R>.bin: the losses
+//             (float64), then every parameter (float32, module order).
 //   die       the last rank exits after 2 steps; the others keep stepping
 //             and write the error they get to OUT_DIR/rank<R>.err.
 //   mismatch  the last rank's shard is one example shorter; every rank
@@ -74,6 +74,12 @@ constexpr int kSteps = 10;
 const char* compiler() {
   const char* name = std::getenv("CRUCIBLE_TEST_COMPILER");
   return name ? name : "interpreter";
+}
+
+// CRUCIBLE_TEST_STEPS, or kSteps.
+int test_steps() {
+  const char* steps = std::getenv("CRUCIBLE_TEST_STEPS");
+  return steps ? std::stoi(steps) : kSteps;
 }
 
 // CRUCIBLE_TEST_STYLE.
@@ -186,11 +192,12 @@ int main(int argc, char** argv) {
     };
   spmd::SpmdStep step = spmd::compile(model.module, *opt, loss, options);
 
+  const int steps = test_steps();
   std::vector<double> losses;
   try {
-    for (int s = 0; s < kSteps; ++s) {
+    for (int s = 0; s < steps; ++s) {
       if (scenario == "die" && rank == world - 1 && s == 2) _exit(3);
-      if (scenario == "checkpoint" && s == kSteps / 2) {
+      if (scenario == "checkpoint" && s == steps / 2) {
         // Each rank's shards, saved and loaded by the rank alone.
         const std::string file = dir + "/rank" + std::to_string(rank);
         torch::save(model.module, file + ".module.pt");
@@ -231,15 +238,15 @@ int main(int argc, char** argv) {
       const auto it = opt->state().find(p.unsafeGetTensorImpl());
       const auto* adam =
           it == opt->state().end() ? nullptr : dynamic_cast<const torch::optim::AdamParamState*>(it->second.get());
-      if (!adam || adam->step() != kResumedSteps + kSteps) {
+      if (!adam || adam->step() != kResumedSteps + steps) {
         write_error(dir, rank,
                     "the optimizer's step count is " + (adam ? std::to_string(adam->step()) : std::string("absent")) +
-                        ", not " + std::to_string(kResumedSteps + kSteps));
+                        ", not " + std::to_string(kResumedSteps + steps));
         return 1;
       }
     }
   if (scenario != "train" && scenario != "two_steps" && scenario != "resume" && scenario != "checkpoint") {
-    write_error(dir, rank, "no error after " + std::to_string(kSteps) + " steps");
+    write_error(dir, rank, "no error after " + std::to_string(steps) + " steps");
     return 1;
   }
   if (spmd::pending_collectives() != 0) {
