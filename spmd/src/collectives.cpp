@@ -13,7 +13,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <thread>
 #include <tuple>
 #include <unordered_map>
@@ -33,6 +32,7 @@ struct Pending {
   ProcessGroup group;
   const char* what = "crucible::wait_tensor: an all_reduce";  // the collective, as a failure names it
   uint64_t issued = 0;                                        // the collectives issued before it in this process
+  bool reduce_scatter = false;                                // counted against kReduceScattersInFlight
 };
 
 std::mutex pending_mu;
@@ -97,10 +97,12 @@ void complete(Pending& p);
 constexpr int kReduceScattersInFlight = 2;
 
 // Records `work`, which writes `out` (the collective's own buffer, which
-// nothing else reads), as pending until wait_tensor. `issue` starts it.
+// nothing else reads), as pending until wait_tensor. `issue` starts it. A
+// `reduce_scatter` completes those of its group beyond
+// kReduceScattersInFlight.
 template <typename Issue>
 void issue(const at::Tensor& out, ProcessGroup group, int64_t divisor, const char* op_name, const char* what,
-           Issue&& start) {
+           Issue&& start, bool reduce_scatter = false) {
   c10::intrusive_ptr<c10d::Work> work;
   try {
     work = start(*group.state()->backend);
@@ -112,12 +114,12 @@ void issue(const at::Tensor& out, ProcessGroup group, int64_t divisor, const cha
   {
     std::lock_guard lock(pending_mu);
     const c10::StorageImpl* key = out.storage().unsafeGetStorageImpl();
-    pending().insert_or_assign(key, Pending{std::move(work), out, divisor, group, what, issued_collectives++});
-    if (std::string_view(op_name) != "crucible::reduce_scatter_tensor") return;
+    pending().insert_or_assign(
+        key, Pending{std::move(work), out, divisor, group, what, issued_collectives++, reduce_scatter});
+    if (!reduce_scatter) return;
     std::vector<decltype(pending().begin())> scatters;
     for (auto it = pending().begin(); it != pending().end(); ++it)
-      if (std::string_view(it->second.what) == what && it->second.group.state() == group.state())
-        scatters.push_back(it);
+      if (it->second.reduce_scatter && it->second.group.state() == group.state()) scatters.push_back(it);
     if (scatters.size() <= kReduceScattersInFlight) return;
     auto first = *std::min_element(scatters.begin(), scatters.end(),
                                    [](const auto& a, const auto& b) { return a->second.issued < b->second.issued; });
@@ -243,8 +245,9 @@ at::Tensor reduce_scatter_tensor_kernel(const at::Tensor& input, c10::string_vie
   o.timeout = c.group.timeout();
   int64_t divisor = 1;
   std::tie(o.reduceOp, divisor) = c10d_reduce_op(reduce_op, c.group);
-  issue(c.out, std::move(c.group), divisor, kOp, "crucible::wait_tensor: a reduce_scatter",
-        [&](c10d::Backend& b) { return b._reduce_scatter_base(c.out, c.in, o); });
+  issue(
+      c.out, std::move(c.group), divisor, kOp, "crucible::wait_tensor: a reduce_scatter",
+      [&](c10d::Backend& b) { return b._reduce_scatter_base(c.out, c.in, o); }, /*reduce_scatter=*/true);
   return c.out;
 }
 

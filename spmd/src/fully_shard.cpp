@@ -345,15 +345,15 @@ ir::Node* earliest(const std::vector<Gather>& bucket, const Positions& position)
   return first;
 }
 
-// Whether `g`'s shard can be computed before `at`: it is, or the call that
-// computes it (a cast to param_dtype, traced just before its own gather)
-// reads only values computed before `at`.
-bool shard_ready(const Gather& g, const ir::Node* at, const Positions& position) {
+// The earliest graph position `g`'s shard can be ready by: its own, or,
+// for a call (a cast to param_dtype, traced just before its own gather),
+// just past the last of its inputs, where it can be moved.
+size_t shard_ready_at(const Gather& g, const Positions& position) {
   const ir::Node* def = g.gather()->arg(0).value()->node();
-  if (position.at(def) < position.at(at)) return true;
-  const std::vector<ir::Value*> inputs = def->inputs();
-  return def->is_call() && std::all_of(inputs.begin(), inputs.end(),
-                                       [&](const ir::Value* v) { return position.at(v->node()) < position.at(at); });
+  if (!def->is_call()) return position.at(def);
+  size_t ready = 0;
+  for (const ir::Value* v : def->inputs()) ready = std::max(ready, position.at(v->node()) + 1);
+  return std::min(ready, position.at(def));
 }
 
 // One all_gather for the gathers of `bucket`: Note [Buckets of a
@@ -481,14 +481,17 @@ std::vector<Gather> bucket_all_gathers(ir::Graph& graph, const std::vector<Gathe
   for (size_t i = 0, end = 0; i < gathers.size(); i = end) {
     const std::string key = bucket_key(gathers[i].gather());
     int64_t held = bytes(i);
-    auto joins = [&](size_t k) {
-      if (held + bytes(k) > bucket_bytes || bucket_key(gathers[k].gather()) != key) return false;
-      std::vector<Gather> with(gathers.begin() + static_cast<std::ptrdiff_t>(i),
-                               gathers.begin() + static_cast<std::ptrdiff_t>(k) + 1);
-      const ir::Node* at = earliest(with, position);
-      return std::all_of(with.begin(), with.end(), [&](const Gather& g) { return shard_ready(g, at, position); });
-    };
-    for (end = i + 1; end < gathers.size() && joins(end); ++end) held += bytes(end);
+    // The bucket is issued at its earliest gather, so every shard must be
+    // ready before that.
+    size_t issue_at = position.at(gathers[i].gather()), ready_at = shard_ready_at(gathers[i], position);
+    for (end = i + 1; end < gathers.size(); ++end) {
+      const size_t at = std::min(issue_at, position.at(gathers[end].gather()));
+      const size_t ready = std::max(ready_at, shard_ready_at(gathers[end], position));
+      if (held + bytes(end) > bucket_bytes || bucket_key(gathers[end].gather()) != key || ready > at) break;
+      held += bytes(end);
+      issue_at = at;
+      ready_at = ready;
+    }
     if (end == i + 1)
       out.push_back(gathers[i]);
     else
